@@ -1,0 +1,142 @@
+"""Small, dependency-free helpers for run artifacts: hashing, atomic JSON, JSONL, provenance.
+
+Guarantees: `write_json_atomic` never leaves a half-written file under the final name (write to a
+temporary file in the same folder, fsync, then `os.replace`). `sha256_file` streams, so large files
+do not need to fit in memory. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(chunk)
+            if not block:
+                break
+            h.update(block)
+    return h.hexdigest()
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, bytes):
+        return obj.hex()
+    if isinstance(obj, set | frozenset):
+        return sorted(obj)
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+def dumps(obj: Any, indent: int | None = 2) -> str:
+    return json.dumps(obj, indent=indent, sort_keys=False, default=_json_default, ensure_ascii=False)
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    write_bytes_atomic(path, (dumps(obj) + "\n").encode("utf-8"))
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def append_jsonl(path: str | os.PathLike, record: Any) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(dumps(record, indent=None) + "\n")
+        f.flush()
+
+
+def write_jsonl(path: str | os.PathLike, records: Iterable[Any]) -> None:
+    data = "".join(dumps(r, indent=None) + "\n" for r in records)
+    write_bytes_atomic(path, data.encode("utf-8"))
+
+
+def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
+    """Yield records; a truncated last line (a killed writer) is skipped, any other bad line raises."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1 and not line.endswith("\n"):
+                return
+            raise ValueError(f"{path}: line {i + 1} is not valid JSON") from None
+
+
+def git_commit(cwd: str | os.PathLike | None = None) -> dict:
+    """The commit of the sqlrl checkout (if any) and whether the tree was dirty."""
+    cwd = cwd or Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5)
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=cwd, capture_output=True, text=True, timeout=5)
+        if commit.returncode != 0:
+            return {"commit": None, "dirty": None}
+        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def machine_info() -> dict:
+    """Where a number was produced: host, CPU count, Python, and the accelerator if torch is already loaded."""
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "accelerator": None,
+    }
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["accelerator"] = torch.cuda.get_device_name(0)
+            info["cuda"] = torch.version.cuda
+    return info

@@ -1,0 +1,336 @@
+"""Run configuration: frozen dataclasses with one doc line per field, loaded from TOML.
+
+A run file has the sections `[model]`, `[data]`, `[agent]`, `[grpo]` and `[run]`; every key is
+optional and falls back to the default documented here. Unknown sections or keys, wrong types and
+out-of-range values raise `ConfigError` with what is wrong, why, and how to fix it (including the
+closest valid key name). `resolve()` returns the fully resolved config as a plain dict, which every
+run saves as `config.json`; `config_hash()` is the sha256 of that JSON and goes into checkpoints.
+
+Guaranteed: a config that loads is internally consistent (e.g. multi-turn has max_turns >= 2).
+Not guaranteed: that the model name or data folder exist; those are checked when the run starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a message that says what, why and how to fix it."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "qwen2.5-coder-0.5b-instruct"
+    """Built-in model name (`sqlrl model list`), a local folder/.gguf path, or a Hugging Face hub id."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Generation dtype; `auto` is bfloat16 on CUDA and float32 on CPU. Training keeps float32 master weights."""
+    lora_rank: int = 0
+    """LoRA rank; 0 means full fine-tuning."""
+    lora_alpha: int = 32
+    """LoRA alpha (scale = alpha / rank)."""
+    lora_dropout: float = 0.0
+    """LoRA dropout."""
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Module names LoRA adapts."""
+    gradient_checkpointing: bool = False
+    """Trade compute for memory in the update pass."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    path: str = "embedded"
+    """A folder in the official Spider layout, or `embedded` for the demo subset shipped in the package."""
+    train_split: str = "train"
+    """Split to train on: `train` (by-database split of the training file) or a json stem in the folder."""
+    eval_split: str = "validation"
+    """Split to evaluate on: `validation` (held-out databases) or a json stem such as `dev`."""
+    split_seed: int = 0
+    """Seed of the by-database train/validation split."""
+    val_fraction: float = 0.1
+    """Fraction of databases held out for validation."""
+    max_train_tasks: int = 0
+    """Use at most this many training tasks (0 = all), chosen by a seeded shuffle."""
+    max_eval_tasks: int = 0
+    """Evaluate on at most this many tasks (0 = the whole split), chosen by a seeded shuffle."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    turns: int = 1
+    """1 = single-turn (write SQL, done); >= 2 = multi-turn write -> execute -> check -> rewrite."""
+    max_new_tokens: int = 256
+    """Token budget for each policy turn."""
+    max_sql_executions: int = 3
+    """How many `inspect` executions a multi-turn trajectory may run (final scoring not counted)."""
+    max_schema_chars: int = 8000
+    """Schema text budget; whole CREATE statements are kept in order while they fit, then a truncation line."""
+    max_context_tokens: int = 4096
+    """Total token budget of a trajectory (prompt + completions + observations)."""
+    observation_rows: int = 10
+    """Rows of a query result shown to the policy."""
+    observation_chars: int = 1500
+    """Characters of a query result shown to the policy."""
+    sql_timeout_s: float = 5.0
+    """Per-execution time limit for policy SQL."""
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    steps: int = 30
+    """Optimizer steps."""
+    prompts_per_step: int = 32
+    """Distinct tasks per step."""
+    group_size: int = 8
+    """Rollouts per task (G)."""
+    lr: float = 1e-6
+    """AdamW learning rate (0 is only allowed with control = 'no-update')."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Linear warm-up steps, then constant."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping (global L2 norm)."""
+    clip_low: float = 0.2
+    """Lower clip ratio epsilon_low of the surrogate."""
+    clip_high: float = 0.28
+    """Upper clip ratio epsilon_high (clip-higher)."""
+    kl_coef: float = 0.0
+    """Coefficient of the k3 KL penalty to the frozen base model (0 = no reference model kept)."""
+    adv_scale: Literal["std", "none"] = "std"
+    """Divide advantages by the group std (GRPO) or not (Dr. GRPO)."""
+    loss_agg: Literal["token-mean", "seq-mean"] = "token-mean"
+    """Loss aggregation over tokens."""
+    micro_batch: int = 8
+    """Trajectories per forward/backward pass (gradient accumulation covers the rest)."""
+    temperature: float = 1.0
+    """Sampling temperature for rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling for rollouts."""
+    reward: Literal["execution", "validity"] = "execution"
+    """`execution`: execution match with the gold; `validity`: 1 when the SQL executes (control arm)."""
+    control: Literal["none", "no-update"] = "none"
+    """`no-update`: every step runs with learning rate 0 (weights must stay bit-identical)."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    seed: int = 0
+    """Seed for task sampling, generation and initialisation."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to run; `auto` picks CUDA when available."""
+    checkpoint_every: int = 10
+    """Save a checkpoint every N steps (and at the end)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk."""
+    sandbox_workers: int = 2
+    """SQL sandbox worker processes."""
+    gen_engine: Literal["fast", "hf"] = "fast"
+    """Generation engine: sqlrl's fast decode loop or plain `model.generate`."""
+    gen_max_batch: int = 256
+    """Largest generation batch of the fast engine."""
+    loggers: tuple[str, ...] = ("tensorboard",)
+    """Metric sinks: any of tensorboard, wandb, swanlab (the last two only when installed and asked for)."""
+    log_rollouts: int = 4
+    """Trajectories per step written to rollouts.jsonl (text and token ids) for inspection."""
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def resolve(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def config_hash(self) -> str:
+        import hashlib
+
+        blob = json.dumps(self.resolve(), sort_keys=True).encode()
+        return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+    def replace(self, **sections: dict) -> Config:
+        """Return a copy with some fields of some sections replaced, validated like a loaded file."""
+        raw = self.resolve()
+        for name, values in sections.items():
+            if name not in raw:
+                raise ConfigError(f"unknown section [{name}]")
+            raw[name].update(values)
+        return from_dict(raw, source="<override>")
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "agent": AgentConfig,
+    "grpo": GRPOConfig,
+    "run": RunConfig,
+}
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The doc line under each field, read from the source (used by `--help` style listings)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(cls))
+    docs: dict[str, str] = {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for i, node in enumerate(body):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and i + 1 < len(body):
+            nxt = body[i + 1]
+            if isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant):
+                docs[node.target.id] = str(nxt.value.value).strip()
+    return docs
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{where} = {value!r} is not allowed; choose one of {', '.join(map(repr, args))}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for a in args:
+            try:
+                return _coerce(value, a, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where} = {value!r} has the wrong type; expected {tp}")
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where} must be a list, got {type(value).__name__} {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ConfigError(f"{where} must have {len(args)} items, got {len(value)}")
+        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string, got {value!r}")
+        return value
+    return value
+
+
+def _section(cls: type, raw: dict, name: str, source: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: [{name}] must be a table of keys, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(known))}"
+            raise ConfigError(f"{source}: unknown key {name}.{key}{hint}")
+        kwargs[key] = _coerce(value, hints[key], f"{source}: {name}.{key}")
+    return cls(**kwargs)
+
+
+def from_dict(raw: dict, source: str = "<dict>") -> Config:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: a config is a table of sections")
+    for key in raw:
+        if key not in SECTIONS:
+            close = difflib.get_close_matches(key, SECTIONS, n=1)
+            hint = f"; did you mean [{close[0]}]?" if close else f"; sections are {', '.join(SECTIONS)}"
+            raise ConfigError(f"{source}: unknown section [{key}]{hint}")
+    cfg = Config(**{name: _section(cls, raw.get(name, {}), name, source) for name, cls in SECTIONS.items()})
+    validate(cfg, source)
+    return cfg
+
+
+def load(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Load a TOML run file; `overrides` are `section.key=value` strings (value parsed as TOML)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; pass a TOML run file such as configs/quickstart.toml")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e}); fix the syntax at the position shown") from None
+    for ov in overrides or []:
+        apply_override(raw, ov)
+    return from_dict(raw, source=str(path))
+
+
+def apply_override(raw: dict, override: str) -> None:
+    if "=" not in override or "." not in override.split("=", 1)[0]:
+        raise ConfigError(f"override {override!r} must look like section.key=value, e.g. grpo.steps=10")
+    key, value = override.split("=", 1)
+    section, name = key.strip().split(".", 1)
+    try:
+        parsed = tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value  # a bare string
+    raw.setdefault(section, {})[name] = parsed
+
+
+def validate(cfg: Config, source: str = "<config>") -> None:
+    g, a, d = cfg.grpo, cfg.agent, cfg.data
+
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise ConfigError(f"{source}: {msg}")
+
+    need(g.steps >= 1, f"grpo.steps = {g.steps}: at least one step is needed")
+    need(g.prompts_per_step >= 1, "grpo.prompts_per_step must be >= 1")
+    need(g.group_size >= 2, f"grpo.group_size = {g.group_size}: GRPO compares rollouts within a group, use >= 2")
+    need(g.micro_batch >= 1, "grpo.micro_batch must be >= 1")
+    need(g.lr >= 0, f"grpo.lr = {g.lr} is negative")
+    if g.control == "no-update":
+        need(g.lr == 0.0, f"grpo.control = 'no-update' requires grpo.lr = 0 (got {g.lr}); the control proves "
+             "that running the loop without learning changes nothing")
+    else:
+        need(g.lr > 0, "grpo.lr = 0 only makes sense for the no-update control; set grpo.control = 'no-update' "
+             "or a positive learning rate")
+    need(0 <= g.clip_low < 1 and g.clip_high >= 0, "grpo.clip_low must be in [0, 1) and clip_high >= 0")
+    need(g.kl_coef >= 0, "grpo.kl_coef must be >= 0")
+    need(g.temperature > 0, "grpo.temperature must be > 0 for sampling rollouts (greedy is for evaluation)")
+    need(0 < g.top_p <= 1, "grpo.top_p must be in (0, 1]")
+    need(g.max_grad_norm > 0, "grpo.max_grad_norm must be > 0")
+    need(a.turns >= 1, "agent.turns must be >= 1")
+    need(a.max_new_tokens >= 8, "agent.max_new_tokens must be >= 8")
+    need(a.turns == 1 or a.max_sql_executions >= 1, "multi-turn (agent.turns >= 2) needs agent.max_sql_executions >= 1")
+    need(a.max_context_tokens > a.max_new_tokens, "agent.max_context_tokens must exceed agent.max_new_tokens")
+    need(a.max_schema_chars >= 200, "agent.max_schema_chars must be >= 200")
+    need(0 < d.val_fraction < 1, f"data.val_fraction = {d.val_fraction} must be in (0, 1)")
+    need(cfg.model.lora_rank >= 0, "model.lora_rank must be >= 0")
+    for lg in cfg.run.loggers:
+        need(lg in ("tensorboard", "wandb", "swanlab"), f"run.loggers: unknown logger {lg!r}; use tensorboard, wandb or swanlab")
+
+
+def describe(cls: type) -> str:
+    """One line per field: name, default, doc (for documentation and errors)."""
+    docs = field_docs(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        out.append(f"{f.name} = {default!r}  # {docs.get(f.name, '')}")
+    return "\n".join(out)

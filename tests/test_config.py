@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sqlrl import config as C
+from sqlrl.experiment import load_experiment
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.toml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_and_resolved_json_roundtrip(tmp_path):
+    cfg = C.load(write(tmp_path, "[grpo]\nsteps = 3\n"))
+    assert cfg.grpo.steps == 3 and cfg.grpo.group_size == 8
+    again = C.from_dict(cfg.resolve())
+    assert again == cfg and again.config_hash() == cfg.config_hash()
+    assert cfg.replace(grpo={"steps": 4}).config_hash() != cfg.config_hash()
+
+
+@pytest.mark.parametrize(
+    "text,msg",
+    [
+        ("[grpo]\nstep = 3\n", "did you mean 'steps'"),
+        ("[grop]\nsteps = 3\n", "did you mean [grpo]"),
+        ("[grpo]\nsteps = 'many'\n", "must be an integer"),
+        ("[grpo]\nlr = 0.0\n", "no-update"),
+        ("[grpo]\ncontrol = 'no-update'\nlr = 1e-6\n", "requires grpo.lr = 0"),
+        ("[grpo]\ngroup_size = 1\n", "use >= 2"),
+        ("[grpo]\nreward = 'vibes'\n", "choose one of"),
+        ("[agent]\nturns = 2\nmax_sql_executions = 0\n", "max_sql_executions >= 1"),
+        ("[run]\nloggers = ['mlflow']\n", "unknown logger"),
+        ("[grpo\n", "not valid TOML"),
+    ],
+)
+def test_errors_say_what_and_how(tmp_path, text, msg):
+    with pytest.raises(C.ConfigError, match=msg.replace("[", r"\[").replace("(", r"\(")):
+        C.load(write(tmp_path, text))
+
+
+def test_missing_file():
+    with pytest.raises(C.ConfigError, match="does not exist"):
+        C.load("nope.toml")
+
+
+def test_overrides(tmp_path):
+    cfg = C.load(write(tmp_path, ""), ["grpo.steps=7", "model.name=smollm2-135m-instruct", "run.loggers=[]"])
+    assert cfg.grpo.steps == 7 and cfg.model.name == "smollm2-135m-instruct" and cfg.run.loggers == ()
+    with pytest.raises(C.ConfigError, match="section.key=value"):
+        C.load(write(tmp_path, ""), ["steps=7"])
+
+
+def test_every_field_has_a_doc_line():
+    for cls in C.SECTIONS.values():
+        docs = C.field_docs(cls)
+        import dataclasses
+
+        missing = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]
+        assert not missing, f"{cls.__name__} fields without a doc line: {missing}"
+
+
+@pytest.mark.parametrize("name", ["quickstart.toml", "spider-0.5b-gpu.toml"])
+def test_shipped_configs_validate(name):
+    cfg, exp = load_experiment(ROOT / "configs" / name)
+    assert set(exp.arms) == {"base", "grpo", "no_update", "validity"}
+    assert cfg.grpo.lr > 0
+
+
+def test_repo_configs_are_the_packaged_ones():
+    from sqlrl.experiment import packaged_config
+
+    assert (ROOT / "configs" / "quickstart.toml").read_text() == packaged_config("quickstart.toml").read_text()
+
+
+def test_quickstart_uses_default_model_and_embedded_data():
+    cfg, exp = load_experiment(ROOT / "configs" / "quickstart.toml")
+    assert cfg.model.name == C.ModelConfig().name and cfg.data.path == "embedded" and exp.smoke
