@@ -75,7 +75,9 @@ def test_shipped_configs_validate(name):
 def test_repo_configs_are_the_packaged_ones():
     from sqlrl.experiment import packaged_config
 
-    assert (ROOT / "configs" / "quickstart.toml").read_text() == packaged_config("quickstart.toml").read_text()
+    assert (ROOT / "configs" / "quickstart.toml").read_text() == packaged_config(
+        "quickstart.toml"
+    ).read_text()
 
 
 def test_quickstart_uses_default_model_and_embedded_data():

@@ -39,7 +39,15 @@ class ModelConfig:
     """LoRA alpha (scale = alpha / rank)."""
     lora_dropout: float = 0.0
     """LoRA dropout."""
-    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    lora_targets: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
     """Module names LoRA adapts."""
     gradient_checkpointing: bool = False
     """Trade compute for memory in the update pass."""
@@ -202,7 +210,9 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     args = typing.get_args(tp)
     if origin is Literal:
         if value not in args:
-            raise ConfigError(f"{where} = {value!r} is not allowed; choose one of {', '.join(map(repr, args))}")
+            raise ConfigError(
+                f"{where} = {value!r} is not allowed; choose one of {', '.join(map(repr, args))}"
+            )
         return value
     if origin in (typing.Union, types.UnionType):
         for a in args:
@@ -270,7 +280,9 @@ def load(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Load a TOML run file; `overrides` are `section.key=value` strings (value parsed as TOML)."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist; pass a TOML run file such as configs/quickstart.toml")
+        raise ConfigError(
+            f"config file {path} does not exist; pass a TOML run file such as configs/quickstart.toml"
+        )
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
@@ -301,15 +313,24 @@ def validate(cfg: Config, source: str = "<config>") -> None:
 
     need(g.steps >= 1, f"grpo.steps = {g.steps}: at least one step is needed")
     need(g.prompts_per_step >= 1, "grpo.prompts_per_step must be >= 1")
-    need(g.group_size >= 2, f"grpo.group_size = {g.group_size}: GRPO compares rollouts within a group, use >= 2")
+    need(
+        g.group_size >= 2,
+        f"grpo.group_size = {g.group_size}: GRPO compares rollouts within a group, use >= 2",
+    )
     need(g.micro_batch >= 1, "grpo.micro_batch must be >= 1")
     need(g.lr >= 0, f"grpo.lr = {g.lr} is negative")
     if g.control == "no-update":
-        need(g.lr == 0.0, f"grpo.control = 'no-update' requires grpo.lr = 0 (got {g.lr}); the control proves "
-             "that running the loop without learning changes nothing")
+        need(
+            g.lr == 0.0,
+            f"grpo.control = 'no-update' requires grpo.lr = 0 (got {g.lr}); the control proves "
+            "that running the loop without learning changes nothing",
+        )
     else:
-        need(g.lr > 0, "grpo.lr = 0 only makes sense for the no-update control; set grpo.control = 'no-update' "
-             "or a positive learning rate")
+        need(
+            g.lr > 0,
+            "grpo.lr = 0 only makes sense for the no-update control; set grpo.control = 'no-update' "
+            "or a positive learning rate",
+        )
     need(0 <= g.clip_low < 1 and g.clip_high >= 0, "grpo.clip_low must be in [0, 1) and clip_high >= 0")
     need(g.kl_coef >= 0, "grpo.kl_coef must be >= 0")
     need(g.temperature > 0, "grpo.temperature must be > 0 for sampling rollouts (greedy is for evaluation)")
@@ -317,13 +338,19 @@ def validate(cfg: Config, source: str = "<config>") -> None:
     need(g.max_grad_norm > 0, "grpo.max_grad_norm must be > 0")
     need(a.turns >= 1, "agent.turns must be >= 1")
     need(a.max_new_tokens >= 8, "agent.max_new_tokens must be >= 8")
-    need(a.turns == 1 or a.max_sql_executions >= 1, "multi-turn (agent.turns >= 2) needs agent.max_sql_executions >= 1")
+    need(
+        a.turns == 1 or a.max_sql_executions >= 1,
+        "multi-turn (agent.turns >= 2) needs agent.max_sql_executions >= 1",
+    )
     need(a.max_context_tokens > a.max_new_tokens, "agent.max_context_tokens must exceed agent.max_new_tokens")
     need(a.max_schema_chars >= 200, "agent.max_schema_chars must be >= 200")
     need(0 < d.val_fraction < 1, f"data.val_fraction = {d.val_fraction} must be in (0, 1)")
     need(cfg.model.lora_rank >= 0, "model.lora_rank must be >= 0")
     for lg in cfg.run.loggers:
-        need(lg in ("tensorboard", "wandb", "swanlab"), f"run.loggers: unknown logger {lg!r}; use tensorboard, wandb or swanlab")
+        need(
+            lg in ("tensorboard", "wandb", "swanlab"),
+            f"run.loggers: unknown logger {lg!r}; use tensorboard, wandb or swanlab",
+        )
 
 
 def describe(cls: type) -> str:

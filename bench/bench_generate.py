@@ -1,0 +1,283 @@
+"""Benchmark sqlrl.fastgen against plain HF generate.
+
+Runs (a) ``generate_reference`` greedy, (b) ``generate_fast`` greedy on the same prompts,
+(c) ``generate_fast`` GRPO-style sampling (G prompts x S samples, temperature 1.0), and prints a
+human table plus one JSON line (``--out FILE`` also writes the JSON). Generated tokens are counted up to
+and including the first eos.
+
+GPU (H200)::
+
+    python bench/bench_generate.py --model qwen2.5-coder-0.5b-instruct --prompts-from data/spider \\
+        --out bench_generate.json
+
+CPU smoke test with a tiny random model::
+
+    python bench/bench_generate.py --tiny --n-prompts 8 --max-new-tokens 16 --group-prompts 4 \\
+        --samples 2 --sample-max-new-tokens 16 --device cpu --dtype float32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+SYSTEM = (
+    "You are an expert SQLite assistant. Given a database schema and a question, "
+    "write one SQLite query that answers the question. Reply with the SQL only."
+)
+
+
+def _load(args):
+    import torch
+    import transformers
+
+    dtype = getattr(torch, args.dtype)
+    tok = None
+    if args.tiny:
+        torch.manual_seed(0)
+        cfg = transformers.Qwen2Config(
+            vocab_size=2048,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=4096,
+        )
+        model = transformers.Qwen2ForCausalLM(cfg)
+        name = "tiny-random-qwen2"
+    elif args.path:
+        model = transformers.AutoModelForCausalLM.from_pretrained(args.path, dtype=dtype)
+        tok = transformers.AutoTokenizer.from_pretrained(args.path)
+        name = args.path
+    else:
+        from sqlrl.models import load_model
+
+        try:
+            loaded = load_model(args.model, device=args.device, dtype=args.dtype)
+        except TypeError:  # older signature
+            loaded = load_model(args.model)
+        if isinstance(loaded, tuple):
+            model, tok = loaded[0], (loaded[1] if len(loaded) > 1 else None)
+        elif isinstance(loaded, dict):
+            model, tok = loaded["model"], loaded.get("tokenizer")
+        else:
+            model, tok = getattr(loaded, "model", loaded), getattr(loaded, "tokenizer", None)
+        name = args.model
+    model = model.to(device=args.device, dtype=dtype).eval()
+    return model, tok, name
+
+
+def _schema(db_path: Path) -> str:
+    con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        rows = con.execute("SELECT sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY rowid").fetchall()
+    finally:
+        con.close()
+    return "\n".join(r[0].strip() + ";" for r in rows)
+
+
+def _spider_prompts(root: Path, split: str, n: int, tok, seed: int) -> list[list[int]]:
+    items = json.loads((root / f"{split}.json").read_text())
+    random.Random(seed).shuffle(items)
+    cache: dict[str, str] = {}
+    out: list[list[int]] = []
+    for it in items:
+        if len(out) >= n:
+            break
+        db = it["db_id"]
+        if db not in cache:
+            path = root / "database" / db / f"{db}.sqlite"
+            if not path.exists():
+                continue
+            cache[db] = _schema(path)
+        msgs = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"Schema:\n{cache[db]}\n\nQuestion: {it['question']}"},
+        ]
+        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        out.append(list(tok(text, add_special_tokens=False)["input_ids"]))
+    return out
+
+
+def _synthetic_prompts(n: int, vocab: int, lo: int, hi: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def _identity(a, b) -> dict:
+    same = sum(x[0] == y[0] for x, y in zip(a, b))
+    prefix = []
+    for x, y in zip(a, b):
+        k = 0
+        while k < min(len(x[0]), len(y[0])) and x[0][k] == y[0][k]:
+            k += 1
+        prefix.append(k / max(1, max(len(x[0]), len(y[0]))))
+    return {
+        "identical": same,
+        "n": len(a),
+        "identity_rate": same / max(1, len(a)),
+        "mean_common_prefix_frac": sum(prefix) / max(1, len(prefix)),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument(
+        "--model", default="qwen2.5-coder-0.5b-instruct", help="name for sqlrl.models.load_model"
+    )
+    src.add_argument("--path", help="local Hugging Face model folder")
+    src.add_argument("--tiny", action="store_true", help="tiny random Qwen2 (smoke test)")
+    ap.add_argument("--prompts-from", type=Path, help="Spider-layout folder (<split>.json + database/)")
+    ap.add_argument("--split", default="dev")
+    ap.add_argument("--n-prompts", type=int, default=128, help="prompts for the greedy runs (a, b)")
+    ap.add_argument("--max-new-tokens", type=int, default=192)
+    ap.add_argument("--batch-size", type=int, default=128, help="batch of the plain generate run")
+    ap.add_argument("--max-batch", type=int, default=256, help="max rows of generate_fast")
+    ap.add_argument("--check-every", type=int, default=8)
+    ap.add_argument("--prefill-tokens", type=int, default=32768)
+    ap.add_argument("--group-prompts", type=int, default=64)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--sample-max-new-tokens", type=int, default=256)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--synthetic-min-len", type=int, default=300)
+    ap.add_argument("--synthetic-max-len", type=int, default=1500)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda" if cuda else "cpu")
+    ap.add_argument("--dtype", default="bfloat16" if cuda else "float32")
+    ap.add_argument("--skip-reference", action="store_true")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+
+    from sqlrl import fastgen
+
+    model, tok, name = _load(args)
+    n_needed = max(args.n_prompts, args.group_prompts)
+    prompt_source = "synthetic"
+    if args.prompts_from and tok is not None:
+        prompts = _spider_prompts(args.prompts_from, args.split, n_needed, tok, args.seed)
+        prompt_source = f"spider:{args.prompts_from}/{args.split}"
+    else:
+        if args.prompts_from:
+            print("no tokenizer available: falling back to synthetic prompts", file=sys.stderr)
+        hi = min(
+            args.synthetic_max_len, model.config.max_position_embeddings - args.sample_max_new_tokens - 1
+        )
+        lo = min(args.synthetic_min_len, hi)
+        prompts = _synthetic_prompts(n_needed, model.config.vocab_size, lo, hi, args.seed)
+    if tok is not None:
+        eos = {tok.eos_token_id}
+        gc = getattr(model, "generation_config", None)
+        ge = getattr(gc, "eos_token_id", None) if gc is not None else None
+        eos |= set(ge if isinstance(ge, list) else [ge]) if ge is not None else set()
+        eos_ids = sorted(e for e in eos if e is not None)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
+    else:
+        eos_ids, pad = [1], 0
+    greedy_prompts = prompts[: args.n_prompts]
+    group = [p for p in prompts[: args.group_prompts] for _ in range(args.samples)]
+    common = dict(eos_token_ids=eos_ids, pad_token_id=pad)
+    fast_kw = dict(max_batch=args.max_batch, check_every=args.check_every, prefill_tokens=args.prefill_tokens)
+
+    # warm-up (CUDA context, kernels, allocator)
+    fastgen.generate_fast(model, prompts[:2], max_new_tokens=4, **common, **fast_kw)
+    if not args.skip_reference:
+        fastgen.generate_reference(model, prompts[:2], max_new_tokens=4, batch_size=2, **common)
+
+    runs: dict[str, dict] = {}
+    ref = None
+    if not args.skip_reference:
+        st = fastgen.GenStats()
+        ref = fastgen.generate_reference(
+            model,
+            greedy_prompts,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            stats=st,
+            **common,
+        )
+        runs["a_reference_greedy"] = st.to_dict()
+    st = fastgen.GenStats()
+    fast = fastgen.generate_fast(
+        model, greedy_prompts, max_new_tokens=args.max_new_tokens, stats=st, **common, **fast_kw
+    )
+    runs["b_fast_greedy"] = st.to_dict()
+    st = fastgen.GenStats()
+    t = time.perf_counter()
+    sampled = fastgen.generate_fast(
+        model,
+        group,
+        max_new_tokens=args.sample_max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        stats=st,
+        **common,
+        **fast_kw,
+    )
+    runs["c_fast_sampling"] = st.to_dict()
+    lens = sorted(len(s[0]) for s in sampled)
+    runs["c_fast_sampling"]["extra"].update(
+        median_len=lens[len(lens) // 2],
+        stop_rate=sum(s[2] == "stop" for s in sampled) / len(sampled),
+        distinct_in_group=sum(
+            len({tuple(s[0]) for s in sampled[g * args.samples : (g + 1) * args.samples]})
+            for g in range(args.group_prompts)
+        )
+        / max(1, args.group_prompts),
+        elapsed_s=time.perf_counter() - t,
+    )
+
+    plens = [len(p) for p in greedy_prompts]
+    result = {
+        "model": name,
+        "device": args.device,
+        "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "dtype": args.dtype,
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "prompt_source": prompt_source,
+        "prompt_len": {"min": min(plens), "mean": sum(plens) / len(plens), "max": max(plens)},
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "runs": runs,
+    }
+    if ref is not None:
+        result["greedy_identity"] = _identity(ref, fast)
+        result["speedup_fast_over_plain_greedy"] = runs["b_fast_greedy"]["tokens_per_s"] / max(
+            1e-9, runs["a_reference_greedy"]["tokens_per_s"]
+        )
+
+    print(f"\nmodel={name} device={result['device_name']} dtype={args.dtype} prompts={prompt_source}")
+    print(f"prompt tokens min/mean/max = {min(plens)}/{sum(plens) / len(plens):.0f}/{max(plens)}")
+    print(f"{'run':<22}{'seqs':>6}{'gen tokens':>12}{'wall s':>10}{'tok/s':>11}{'peak GB':>9}")
+    for k, r in runs.items():
+        print(
+            f"{k:<22}{r['n_prompts']:>6}{r['tokens_generated']:>12}{r['wall_s']:>10.2f}"
+            f"{r['tokens_per_s']:>11.1f}{r['peak_memory_gb']:>9.2f}"
+        )
+    if ref is not None:
+        gi = result["greedy_identity"]
+        print(f"speedup fast/plain (greedy): {result['speedup_fast_over_plain_greedy']:.2f}x")
+        print(
+            f"greedy token identity a vs b: {gi['identical']}/{gi['n']} = {gi['identity_rate']:.3f}"
+            f" (mean common-prefix fraction {gi['mean_common_prefix_frac']:.3f})"
+        )
+    line = json.dumps(result, sort_keys=True)
+    print(line)
+    if args.out:
+        args.out.write_text(line + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,390 @@
+"""`sqlrl experiment CONFIG.toml`: the equal-budget arm matrix, and `sqlrl quickstart` (the main job).
+
+Arms, all with the same model, locked task ids, dataset fingerprint, prompts, turns, token and SQL
+budgets and the same number of steps, prompts and rollouts:
+- `base`: the model as loaded, no training;
+- `grpo`: GRPO with the execution-match reward;
+- `no_update`: the same loop with learning rate 0 (weights must stay bit-identical);
+- `validity`: GRPO with the validity-only reward (1 when the SQL executes).
+With `turns = [1, 3]` the matrix is run once per turn budget (arm names get a `_t3` suffix).
+
+Every arm is a normal run folder (train and/or eval) under `arms/<arm>/`; `experiment.json` links
+them. Then the weight audit (base vs GRPO vs No-update, reloaded identity), the leakage audit (gold
+mutation, on a slice of the evaluation tasks, per turn budget) and the report with the evidence gate.
+
+The command is resumable: a finished arm (its `summary.json` exists) is skipped, an unfinished
+training run resumes from its last checkpoint. This is how long experiments fit into time-limited
+sessions. Guaranteed: arms with different budgets, tasks or fingerprints are refused, naming the
+difference. Not guaranteed: that a quickstart-sized experiment supports any claim; its report
+will usually say "no claim", which is the honest outcome at that size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from sqlrl.artifacts import git_commit, machine_info, read_json, write_json_atomic
+from sqlrl.config import Config, ConfigError, from_dict
+
+ARM_KINDS = ("base", "grpo", "no_update", "validity")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    name: str = "experiment"
+    """Name shown in the report."""
+    arms: tuple[str, ...] = ARM_KINDS
+    """Arms to run; base, grpo, no_update and validity are needed for a claim."""
+    turns: tuple[int, ...] = (1,)
+    """Turn budgets; the matrix runs once per value (1 = single-turn)."""
+    leakage_tasks: int = 16
+    """Evaluation tasks used by the gold-mutation leakage audit (per turn budget)."""
+    smoke: bool = False
+    """Mark the experiment as a smoke run: the gate will never turn it into a claim."""
+    extra: dict = field(default_factory=dict)
+    """Free-form notes copied into experiment.json."""
+
+
+def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tuple[Config, ExperimentConfig]:
+    from sqlrl.config import apply_override
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"experiment file {path} does not exist")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+    for ov in overrides or []:
+        apply_override(raw, ov)
+    exp_raw = raw.pop("experiment", {})
+    cfg = from_dict(raw, source=str(path))
+    known = set(ExperimentConfig.__dataclass_fields__)
+    for k in exp_raw:
+        if k not in known:
+            raise ConfigError(f"{path}: unknown key experiment.{k}; valid keys: {', '.join(sorted(known))}")
+    exp = ExperimentConfig(
+        name=str(exp_raw.get("name", path.stem)),
+        arms=tuple(exp_raw.get("arms", ARM_KINDS)),
+        turns=tuple(int(t) for t in exp_raw.get("turns", (cfg.agent.turns,))),
+        leakage_tasks=int(exp_raw.get("leakage_tasks", 16)),
+        smoke=bool(exp_raw.get("smoke", False)),
+        extra=dict(exp_raw.get("extra", {})),
+    )
+    for arm in exp.arms:
+        if arm not in ARM_KINDS:
+            raise ConfigError(
+                f"{path}: experiment.arms has unknown arm {arm!r}; arms are {', '.join(ARM_KINDS)}"
+            )
+    if any(t < 1 for t in exp.turns):
+        raise ConfigError(f"{path}: experiment.turns must be >= 1")
+    return cfg, exp
+
+
+def arm_config(cfg: Config, kind: str, turns: int) -> Config:
+    agent = {"turns": turns}
+    if kind == "no_update":
+        return cfg.replace(agent=agent, grpo={"control": "no-update", "lr": 0.0, "reward": "execution"})
+    if kind == "validity":
+        return cfg.replace(agent=agent, grpo={"control": "none", "reward": "validity"})
+    return cfg.replace(agent=agent, grpo={"control": "none", "reward": "execution"})
+
+
+def _free_memory() -> None:
+    gc.collect()
+    with contextlib.suppress(Exception):
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+class Unfinished(Exception):
+    """The time budget ran out; rerunning the same command resumes where this one stopped."""
+
+
+def run_experiment(
+    cfg: Config,
+    exp: ExperimentConfig,
+    out_dir: str | Path,
+    *,
+    command: list[str] | None = None,
+    report: bool = True,
+    deadline: float | None = None,
+) -> dict:
+    from sqlrl.agent import Budgets
+    from sqlrl.audit import audit_weights
+    from sqlrl.data import SpiderData
+    from sqlrl.evaluate import load_policy, resolve_data_root, run_eval, select_tasks
+    from sqlrl.leakage import leakage_audit
+    from sqlrl.sandbox import Sandbox
+    from sqlrl.trainer import train
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    root = resolve_data_root(cfg.data.path)
+    ds = SpiderData(root)
+    eval_tasks = select_tasks(
+        ds.load(cfg.data.eval_split, seed=cfg.data.split_seed, val_fraction=cfg.data.val_fraction),
+        cfg.data.max_eval_tasks,
+        cfg.run.seed,
+    )
+    if not eval_tasks:
+        raise ConfigError(f"evaluation split {cfg.data.eval_split!r} of {root} is empty")
+    fingerprint = ds.fingerprint(
+        cfg.data.eval_split, seed=cfg.data.split_seed, val_fraction=cfg.data.val_fraction
+    )
+    exp_path = out / "experiment.json"
+    state = read_json(exp_path) if exp_path.exists() else {}
+    if state and state.get("config") != json.loads(json.dumps(cfg.resolve())):
+        raise ConfigError(f"{out} holds an experiment with a different config; use a new --out folder")
+    state.update(
+        {
+            "name": exp.name,
+            "config": cfg.resolve(),
+            "experiment": {
+                "arms": list(exp.arms),
+                "turns": list(exp.turns),
+                "leakage_tasks": exp.leakage_tasks,
+                "extra": exp.extra,
+            },
+            "smoke": exp.smoke,
+            "synthetic": False,
+            "data": str(root),
+            "split": cfg.data.eval_split,
+            "fingerprint": fingerprint,
+            "tasks": [t.public.task_id for t in eval_tasks],
+            "model": {"name": cfg.model.name},
+            "git": git_commit(),
+            "machine": machine_info(),
+            "command": command or sys.argv,
+        }
+    )
+    state.setdefault("arms", {})
+    state.setdefault("started", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    write_json_atomic(exp_path, state)
+
+    for turns in exp.turns:
+        suffix = "" if turns == 1 else f"_t{turns}"
+        for kind in exp.arms:
+            name = f"{kind}{suffix}"
+            arm_dir = out / "arms" / name
+            acfg = arm_config(cfg, kind, turns)
+            budgets = Budgets.from_config(acfg.agent)
+            entry = {
+                "kind": kind,
+                "turns": turns,
+                "budgets": budgets.to_dict(),
+                "train_run": None,
+                "eval_run": f"arms/{name}/eval",
+            }
+            model_for_eval = cfg.model.name
+            if kind != "base":
+                train_dir = arm_dir / "train"
+                entry["train_run"] = f"arms/{name}/train"
+                run_json = train_dir / "run.json"
+                finished = run_json.exists() and read_json(run_json).get("status") == "finished"
+                if not finished:
+                    _check_time(deadline, 60, f"training arm {name}")
+                    resume = (train_dir / "config.json").exists()
+                    print(
+                        f"[experiment] training arm {name} ({'resume' if resume else 'new'})", file=sys.stderr
+                    )
+                    res = train(acfg, train_dir, resume=resume, command=command, deadline=deadline)
+                    _free_memory()
+                    if not res["finished"]:
+                        raise Unfinished(f"arm {name} stopped at step {res['steps']} of {acfg.grpo.steps}")
+                model_for_eval = str(train_dir / "final")
+            if not (arm_dir / "eval" / "summary.json").exists():
+                _check_time(deadline, 45, f"evaluating arm {name}")
+                print(f"[experiment] evaluating arm {name} on {len(eval_tasks)} tasks", file=sys.stderr)
+                policy = load_policy(
+                    model_for_eval,
+                    device=cfg.run.device,
+                    dtype=cfg.model.dtype,
+                    engine=cfg.run.gen_engine,
+                    max_batch=cfg.run.gen_max_batch,
+                )
+                run_eval(
+                    model=model_for_eval,
+                    data=str(root),
+                    split=cfg.data.eval_split,
+                    out=arm_dir / "eval",
+                    budgets=budgets,
+                    limit=cfg.data.max_eval_tasks,
+                    seed=cfg.run.seed,
+                    split_seed=cfg.data.split_seed,
+                    val_fraction=cfg.data.val_fraction,
+                    policy=policy,
+                    sandbox_workers=cfg.run.sandbox_workers,
+                    command=command,
+                )
+                del policy
+                _free_memory()
+            state["arms"][name] = entry
+            write_json_atomic(exp_path, state)
+
+        # leakage audit for this turn budget, with the base model
+        leak_path = out / f"leakage{suffix}.json"
+        if not leak_path.exists():
+            budgets = Budgets.from_config(arm_config(cfg, "base", turns).agent)
+            policy = load_policy(
+                cfg.model.name,
+                device=cfg.run.device,
+                dtype=cfg.model.dtype,
+                engine=cfg.run.gen_engine,
+                max_batch=cfg.run.gen_max_batch,
+            )
+            with Sandbox(workers=cfg.run.sandbox_workers, timeout_s=budgets.sql_timeout_s) as sandbox:
+                res = leakage_audit(
+                    eval_tasks[: exp.leakage_tasks],
+                    policy,
+                    sandbox,
+                    budgets,
+                    work_dir=out / f".leakage{suffix}",
+                )
+            write_json_atomic(leak_path, res)
+            del policy
+            _free_memory()
+
+    # combined leakage verdict
+    parts = {f"t{t}": read_json(out / f"leakage{'' if t == 1 else f'_t{t}'}.json") for t in exp.turns}
+    write_json_atomic(
+        out / "leakage.json",
+        {
+            "passed": all(p["passed"] for p in parts.values()),
+            "tasks": sum(p["tasks"] for p in parts.values()),
+            "first_difference": next(
+                (p["first_difference"] for p in parts.values() if p["first_difference"]), None
+            ),
+            "static_check": {"passed": all(p["static_check"]["passed"] for p in parts.values())},
+            "per_turn_budget": {k: {"passed": v["passed"], "tasks": v["tasks"]} for k, v in parts.items()},
+        },
+    )
+
+    # weight audit: base vs grpo vs no-update (single-turn arms, or the first turn budget)
+    suffix = "" if exp.turns[0] == 1 else f"_t{exp.turns[0]}"
+    if "grpo" in exp.arms:
+        base_path = load_model_path(cfg.model.name)
+        trained = out / "arms" / f"grpo{suffix}" / "train" / "final"
+        no_upd = out / "arms" / f"no_update{suffix}" / "train" / "final"
+        expect = (
+            read_json(trained / "identity.json").get("weights_hash")
+            if (trained / "identity.json").exists()
+            else None
+        )
+        wa = audit_weights(
+            str(base_path),
+            str(trained),
+            str(no_upd) if no_upd.exists() else None,
+            reloaded=str(trained),
+            expect_hash=expect,
+        )
+        write_json_atomic(out / "weights_audit.json", wa)
+    state["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    write_json_atomic(exp_path, state)
+    result = {"out": str(out)}
+    if report:
+        from sqlrl.report import write_report
+
+        result["report"] = write_report(out)
+    return result
+
+
+def _check_time(deadline: float | None, need_s: float, what: str) -> None:
+    if deadline is not None and time.monotonic() + need_s > deadline:
+        raise Unfinished(f"not enough time left for {what}")
+
+
+def load_model_path(name: str) -> Path:
+    from sqlrl.models import resolve_model
+
+    return Path(resolve_model(name))
+
+
+QUICKSTART = "quickstart.toml"
+
+
+def packaged_config(name: str) -> Path:
+    return Path(str(resources.files("sqlrl") / "configs" / name))
+
+
+def cli_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="sqlrl experiment", description="Run the equal-budget arm matrix.")
+    p.add_argument("config", help="TOML experiment file (run sections + [experiment])")
+    p.add_argument("--out", help="experiment folder (default runs/<config stem>)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--no-report", action="store_true")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop cleanly (checkpointed) before this many seconds; rerun the same command to resume",
+    )
+    a = p.parse_args(argv)
+    return _run(
+        a.config,
+        a.out or f"runs/{Path(a.config).stem}",
+        a.set,
+        not a.no_report,
+        ["sqlrl", "experiment", *argv],
+        a.time_budget,
+    )
+
+
+def _run(
+    config: str | Path,
+    out: str,
+    overrides: list[str],
+    report: bool,
+    command: list[str],
+    time_budget: float | None = None,
+) -> int:
+    t0 = time.perf_counter()
+    deadline = time.monotonic() + time_budget if time_budget else None
+    try:
+        cfg, exp = load_experiment(config, overrides)
+        res = run_experiment(cfg, exp, out, command=command, report=report, deadline=deadline)
+    except Unfinished as e:
+        print(f"sqlrl: time budget reached ({e}); rerun the same command to resume -> {out}", file=sys.stderr)
+        return 3
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"sqlrl: {e}", file=sys.stderr)
+        return 2
+    took = time.perf_counter() - t0
+    print(f"experiment finished in {took / 60:.1f} min -> {out}")
+    rep = res.get("report") or {}
+    if rep:
+        print(f"report: {rep.get('html', '')}")
+        verdict = read_json(Path(out) / "verdict.json") if (Path(out) / "verdict.json").exists() else {}
+        claim = verdict.get("claim_allowed")
+        print("verdict: " + ("claim allowed" if claim else "no claim (see the report for what is missing)"))
+    return 0
+
+
+def cli_quickstart(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="sqlrl quickstart",
+        description="The main job on embedded defaults: the quickstart experiment (Base, GRPO, No-update, "
+        "validity-only) on the embedded Spider demo subset with the default model, ending with the report.",
+    )
+    p.add_argument("--out", default="runs/quickstart", help="experiment folder (default runs/quickstart)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override, e.g. --set model.name=smollm2-135m-instruct",
+    )
+    a = p.parse_args(argv)
+    return _run(packaged_config(QUICKSTART), a.out, a.set, True, ["sqlrl", "quickstart", *argv])

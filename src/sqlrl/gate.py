@@ -1,0 +1,635 @@
+"""The evidence gate: may this experiment folder state a learning result, or is it "no claim"?
+
+`evidence_gate(exp_dir) -> Verdict` reads an experiment folder (layout: docs/DESIGN.md, "Run folders")
+and runs a fixed list of checks. A claim is allowed only when every check passes; otherwise the verdict
+is "no claim" and `Verdict.missing` lists, in plain words, every problem found (one string per problem,
+prefixed with the check name).
+
+Checks, in order (names are stable; tests and CI match on them):
+
+- `real_run`: experiment.json (and every run.json) is not flagged `smoke`, `synthetic` or `partial`, an
+  experiment.json with a `started` timestamp also has `finished`, and no train run.json has a `status`
+  other than "finished". Such runs never become claims, however good
+  their numbers look.
+- `core_arms`: an arm of kind `base` and an arm of kind `grpo` exist, each with an eval run, and every
+  GRPO-kind arm has a base arm with the same `turns`.
+- `controls`: `no_update` and `validity` control arms exist for the `turns` of every GRPO-kind arm, and
+  every control arm has a train run and an eval run.
+- `optimizer_steps`: every `grpo`-kind arm's train/steps.jsonl has > 0 optimizer steps, each step records a
+  finite `grad_norm`, and at least one is non-zero.
+- `weights_audit`: weights_audit.json exists, `passed` is true and each verdict (`trained_changed`,
+  `no_update_identical`, `reloaded_identity`) is true.
+- `trajectories`: every arm's eval has a non-empty trajectories.jsonl whose record count equals
+  results.jsonl's (and, when trajectories carry `task_id`, the same task ids).
+- `equal_budgets`: within each turn group (arms with equal `turns`; `sqlrl experiment` writes one full arm
+  matrix per turn budget, e.g. `grpo` and `grpo_t3`), the `budgets` dicts in experiment.json are identical
+  (differences are named by arm and field, against the group's base arm); each eval run's recorded budgets
+  match its declared ones. Arms are only ever compared within their turn group.
+- `same_tasks`: every arm's results.jsonl covers exactly the same task ids (no duplicates), and the
+  experiment's `tasks` list when present.
+- `same_fingerprint`: every arm's eval records the same dataset fingerprint, equal to experiment.json's.
+- `leakage_audit`: leakage.json exists and `passed` is true.
+
+Guaranteed: no torch import; the gate only reads files; a folder that is not an experiment folder (missing,
+not a directory, no experiment.json, or one that is not a JSON object) raises `ExperimentError` (CLI exit 2), while every
+other defect becomes a failed check. Not guaranteed: the gate does not recompute hashes or re-run audits;
+it trusts the audit files' contents, and it checks structure and consistency, not statistical significance.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlrl.artifacts import read_json, read_jsonl
+
+CONTROL_KINDS = ("no_update", "validity")
+RUN_FLAGS = ("smoke", "synthetic", "partial")
+AUDIT_VERDICTS = {
+    "trained_changed": "GRPO weights did not change (trained_changed=false)",
+    "no_update_identical": "No-update weights are not bit-identical to the base (no_update_identical=false)",
+    "reloaded_identity": "reloaded weights do not match the evaluated identity (reloaded_identity=false)",
+}
+
+
+class ExperimentError(ValueError):
+    """The folder is not an experiment folder at all (CLI exit code 2)."""
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    detail: str
+    problems: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "passed": self.passed,
+            "detail": self.detail,
+            "problems": list(self.problems),
+        }
+
+
+@dataclass
+class Verdict:
+    claim_allowed: bool
+    checks: list[Check]
+    missing: list[str]
+    experiment: str = ""
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        return "claim" if self.claim_allowed else "no claim"
+
+    def to_dict(self) -> dict:
+        return {
+            "claim_allowed": self.claim_allowed,
+            "verdict": self.label,
+            "experiment": self.experiment,
+            "name": self.name,
+            "missing": list(self.missing),
+            "checks": [c.to_dict() for c in self.checks],
+        }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading
+
+
+@dataclass
+class Arm:
+    name: str
+    kind: str
+    budgets: dict | None
+    turns: Any
+    train_dir: Path | None
+    eval_dir: Path | None
+    spec: dict
+
+
+def _resolve_run(exp_dir: Path, spec: dict, key: str, arm: str, sub: str) -> Path | None:
+    default = exp_dir / "arms" / arm / sub
+    if key not in spec:
+        return default if default.is_dir() else None
+    value = spec[key]
+    if value is None:
+        return None
+    p = Path(value)
+    if p.is_absolute():
+        return p
+    for cand in (exp_dir / p, Path.cwd() / p):
+        if cand.is_dir():
+            return cand
+    # Declared but absent: fall back to the conventional place, else report the declared path.
+    return default if default.is_dir() else exp_dir / p
+
+
+class Experiment:
+    """Read-only view of an experiment folder with cached, tolerant readers (None when absent/bad)."""
+
+    def __init__(self, exp_dir: str | Path):
+        self.dir = Path(exp_dir)
+        if not self.dir.exists():
+            raise ExperimentError(f"{self.dir}: no such folder")
+        if not self.dir.is_dir():
+            raise ExperimentError(f"{self.dir}: not a folder")
+        meta_path = self.dir / "experiment.json"
+        if not meta_path.is_file():
+            raise ExperimentError(f"{self.dir}: no experiment.json (is this an experiment folder?)")
+        try:
+            self.meta = read_json(meta_path)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ExperimentError(f"{meta_path}: not valid JSON ({e})") from None
+        if not isinstance(self.meta, dict):
+            raise ExperimentError(f"{meta_path}: not a JSON object")
+        if not isinstance(self.meta.get("arms", {}), dict):
+            raise ExperimentError(f"{meta_path}: 'arms' is not a mapping")
+        self.arms: dict[str, Arm] = {}
+        for name, spec in (self.meta.get("arms") or {}).items():
+            if not isinstance(spec, dict):
+                raise ExperimentError(f"{meta_path}: arm {name!r} is not an object")
+            self.arms[name] = Arm(
+                name=name,
+                kind=str(spec.get("kind", "")),
+                budgets=spec.get("budgets") if isinstance(spec.get("budgets"), dict) else None,
+                turns=spec.get("turns"),
+                train_dir=_resolve_run(self.dir, spec, "train_run", name, "train"),
+                eval_dir=_resolve_run(self.dir, spec, "eval_run", name, "eval"),
+                spec=spec,
+            )
+        self._cache: dict[tuple, Any] = {}
+
+    @property
+    def name(self) -> str:
+        return str(self.meta.get("name") or self.dir.name)
+
+    def flags(self) -> dict[str, bool]:
+        return {f: bool(self.meta.get(f)) for f in RUN_FLAGS}
+
+    def arms_of(self, kind: str) -> list[Arm]:
+        return [a for a in self.arms.values() if a.kind == kind]
+
+    def primary(self, kind: str) -> Arm | None:
+        """The arm named like its kind if there is one, else the first arm of that kind."""
+        arm = self.arms.get(kind)
+        if arm is not None and arm.kind == kind:
+            return arm
+        arms = self.arms_of(kind)
+        return arms[0] if arms else None
+
+    def same_turns(self, arm: Arm, kind: str) -> list[Arm]:
+        """Arms of `kind` evaluated with the same `turns` as `arm` (its comparison group)."""
+        return [a for a in self.arms.values() if a.kind == kind and a.turns == arm.turns]
+
+    def base_for(self, arm: Arm) -> Arm | None:
+        """The base arm `arm` is compared against: the primary base if it has the same turns, else the
+        first base arm with the same turns, else None."""
+        primary = self.primary("base")
+        if primary is not None and primary.turns == arm.turns:
+            return primary
+        bases = self.same_turns(arm, "base")
+        return bases[0] if bases else None
+
+    def _json(self, path: Path | None) -> Any:
+        if path is None:
+            return None
+        key = ("json", str(path))
+        if key not in self._cache:
+            try:
+                self._cache[key] = read_json(path) if path.is_file() else None
+            except (OSError, ValueError):
+                self._cache[key] = None
+        return self._cache[key]
+
+    def _jsonl(self, path: Path | None) -> list[dict] | None:
+        if path is None:
+            return None
+        key = ("jsonl", str(path))
+        if key not in self._cache:
+            try:
+                self._cache[key] = list(read_jsonl(path)) if path.is_file() else None
+            except (OSError, ValueError):
+                self._cache[key] = None
+        return self._cache[key]
+
+    def eval_file(self, arm: str, name: str) -> Path | None:
+        d = self.arms[arm].eval_dir
+        return d / name if d is not None else None
+
+    def train_file(self, arm: str, name: str) -> Path | None:
+        d = self.arms[arm].train_dir
+        return d / name if d is not None else None
+
+    def eval_run(self, arm: str) -> dict | None:
+        return self._json(self.eval_file(arm, "run.json"))
+
+    def summary(self, arm: str) -> dict | None:
+        return self._json(self.eval_file(arm, "summary.json"))
+
+    def results(self, arm: str) -> list[dict] | None:
+        return self._jsonl(self.eval_file(arm, "results.jsonl"))
+
+    def trajectories(self, arm: str) -> list[dict] | None:
+        return self._jsonl(self.eval_file(arm, "trajectories.jsonl"))
+
+    def train_run(self, arm: str) -> dict | None:
+        return self._json(self.train_file(arm, "run.json"))
+
+    def train_config(self, arm: str) -> dict | None:
+        return self._json(self.train_file(arm, "config.json"))
+
+    def steps(self, arm: str) -> list[dict] | None:
+        return self._jsonl(self.train_file(arm, "steps.jsonl"))
+
+    def audit(self, name: str) -> dict | None:
+        return self._json(self.dir / name)
+
+    def has_train(self, arm: str) -> bool:
+        d = self.arms[arm].train_dir
+        return d is not None and (d / "run.json").is_file()
+
+    def has_eval(self, arm: str) -> bool:
+        d = self.arms[arm].eval_dir
+        return d is not None and (d / "run.json").is_file() and (d / "results.jsonl").is_file()
+
+    def fingerprint(self, arm: str) -> str | None:
+        for src in (self.summary(arm), self.eval_run(arm)):
+            if isinstance(src, dict):
+                for key in ("fingerprint", "dataset_fingerprint"):
+                    if src.get(key):
+                        return str(src[key])
+        return None
+
+    def eval_budgets(self, arm: str) -> dict | None:
+        for src in (self.eval_run(arm), self.summary(arm)):
+            if isinstance(src, dict) and isinstance(src.get("budgets"), dict):
+                return src["budgets"]
+        return None
+
+
+def load_experiment(exp_dir: str | Path) -> Experiment:
+    return Experiment(exp_dir)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checks
+
+
+def _rel(exp: Experiment, path: Path | None) -> str:
+    if path is None:
+        return "(none)"
+    try:
+        return str(path.relative_to(exp.dir))
+    except ValueError:
+        return str(path)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+_ABSENT = object()
+
+
+def budget_differences(a: dict, b: dict) -> list[tuple[str, Any, Any]]:
+    """Fields (dotted for nested dicts) whose values differ; absent fields are reported as '(absent)'."""
+    fa, fb = _flatten(a), _flatten(b)
+    diffs = []
+    for k in sorted(set(fa) | set(fb)):
+        va, vb = fa.get(k, _ABSENT), fb.get(k, _ABSENT)
+        if va != vb:
+            diffs.append((k, "(absent)" if va is _ABSENT else va, "(absent)" if vb is _ABSENT else vb))
+    return diffs
+
+
+def _fmt_diffs(diffs: list[tuple[str, Any, Any]]) -> str:
+    return ", ".join(
+        f"{k} ({json.dumps(vb, default=str)} vs {json.dumps(va, default=str)})" for k, va, vb in diffs
+    )
+
+
+def _check(name: str, problems: list[str], ok_detail: str) -> Check:
+    if problems:
+        return Check(name, False, "; ".join(problems), problems)
+    return Check(name, True, ok_detail, [])
+
+
+def check_real_run(exp: Experiment) -> Check:
+    problems = []
+    for flag, on in exp.flags().items():
+        if on:
+            problems.append(
+                f'{flag} run: experiment.json has "{flag}": true, and {flag} runs never become claims'
+            )
+    if exp.meta.get("started") and not exp.meta.get("finished"):
+        problems.append(
+            "partial run: experiment.json has no 'finished' timestamp (the experiment did not complete)"
+        )
+    for arm in exp.arms:
+        for label, run in (("train", exp.train_run(arm)), ("eval", exp.eval_run(arm))):
+            if isinstance(run, dict):
+                for flag in RUN_FLAGS:
+                    if run.get(flag) and not exp.flags()[flag]:
+                        problems.append(f"{flag} run: arm '{arm}' {label} run.json has \"{flag}\": true")
+        train = exp.train_run(arm)
+        if isinstance(train, dict) and "status" in train and train["status"] != "finished":
+            problems.append(
+                f"partial run: arm '{arm}' train run.json status is {train['status']!r} (training did not finish)"
+            )
+    return _check("real_run", problems, "not a smoke, synthetic or partial run")
+
+
+def check_core_arms(exp: Experiment) -> Check:
+    problems = []
+    for kind in ("base", "grpo"):
+        arm = exp.primary(kind)
+        if arm is None:
+            problems.append(f"no arm of kind '{kind}' in experiment.json")
+        elif not exp.has_eval(arm.name):
+            problems.append(
+                f"arm '{arm.name}': eval run missing ({_rel(exp, arm.eval_dir)}/run.json + results.jsonl)"
+            )
+    if exp.primary("base") is not None:
+        for arm in exp.arms_of("grpo"):
+            if exp.base_for(arm) is None:
+                problems.append(
+                    f"arm '{arm.name}' (turns={arm.turns!r}) has no base arm with the same turns to compare against"
+                )
+    return _check("core_arms", problems, "base and GRPO arms present with eval runs")
+
+
+def check_controls(exp: Experiment) -> Check:
+    problems = []
+    for kind in CONTROL_KINDS:
+        arms = exp.arms_of(kind)
+        if not arms:
+            problems.append(f"control '{kind}' missing: no arm of kind '{kind}' in experiment.json")
+            continue
+        for g in exp.arms_of("grpo"):
+            if not exp.same_turns(g, kind):
+                problems.append(
+                    f"control '{kind}' missing for turns={g.turns!r}: "
+                    f"arm '{g.name}' has no '{kind}' arm with the same turns"
+                )
+        for arm in arms:
+            if not exp.has_train(arm.name):
+                problems.append(
+                    f"control '{arm.name}': train run missing ({_rel(exp, arm.train_dir)}/run.json)"
+                )
+            if not exp.has_eval(arm.name):
+                problems.append(
+                    f"control '{arm.name}': eval run missing ({_rel(exp, arm.eval_dir)}/run.json + results.jsonl)"
+                )
+    return _check("controls", problems, "No-update and validity-only controls present (train + eval)")
+
+
+def check_optimizer_steps(exp: Experiment) -> Check:
+    problems = []
+    arms = exp.arms_of("grpo")
+    if not arms:
+        problems.append("no arm of kind 'grpo' to check for optimizer steps")
+    for arm in arms:
+        path = exp.train_file(arm.name, "steps.jsonl")
+        if arm.train_dir is None:
+            problems.append(f"arm '{arm.name}': no train run, so no optimizer steps")
+            continue
+        steps = exp.steps(arm.name)
+        if steps is None:
+            problems.append(
+                f"arm '{arm.name}': {_rel(exp, path)} missing or unreadable, so no optimizer steps"
+            )
+            continue
+        steps = [s for s in steps if isinstance(s, dict) and "step" in s]
+        if not steps:
+            problems.append(f"arm '{arm.name}': 0 optimizer steps in {_rel(exp, path)}")
+            continue
+        norms = [s.get("grad_norm") for s in steps]
+        unrecorded = sum(1 for g in norms if not isinstance(g, int | float) or isinstance(g, bool))
+        nonfinite = sum(1 for g in norms if isinstance(g, int | float) and not math.isfinite(g))
+        if unrecorded:
+            problems.append(f"arm '{arm.name}': grad_norm not recorded in {unrecorded} of {len(steps)} steps")
+        if nonfinite:
+            problems.append(f"arm '{arm.name}': non-finite grad_norm in {nonfinite} of {len(steps)} steps")
+        if not unrecorded and not nonfinite and all(g == 0 for g in norms):
+            problems.append(
+                f"arm '{arm.name}': all {len(steps)} grad norms are zero (no gradient ever flowed)"
+            )
+    n = {a.name: len(exp.steps(a.name) or []) for a in arms}
+    return _check(
+        "optimizer_steps",
+        problems,
+        "optimizer steps with non-zero grad norms: " + ", ".join(f"{k}={v}" for k, v in n.items()),
+    )
+
+
+def check_weights_audit(exp: Experiment) -> Check:
+    problems = []
+    audit = exp.audit("weights_audit.json")
+    if not isinstance(audit, dict):
+        exists = (exp.dir / "weights_audit.json").is_file()
+        problems.append(
+            "weights_audit.json " + ("unreadable" if exists else "missing: the weight audit was not run")
+        )
+        return _check("weights_audit", problems, "")
+    verdicts = audit.get("verdicts") if isinstance(audit.get("verdicts"), dict) else {}
+    for key, message in AUDIT_VERDICTS.items():
+        if key not in verdicts:
+            problems.append(f"weight audit verdict '{key}' not recorded")
+        elif verdicts[key] is None:
+            problems.append(f"weight audit verdict '{key}' was not determined (null)")
+        elif verdicts[key] is not True:
+            problems.append(message)
+    if audit.get("passed") is not True:
+        problems.append("weight audit did not pass (passed=false)")
+    return _check(
+        "weights_audit",
+        problems,
+        "GRPO changed, No-update bit-identical, reloaded identity matches evaluation",
+    )
+
+
+def check_trajectories(exp: Experiment) -> Check:
+    problems = []
+    for arm in exp.arms:
+        tpath, rpath = exp.eval_file(arm, "trajectories.jsonl"), exp.eval_file(arm, "results.jsonl")
+        if tpath is None or not tpath.is_file():
+            problems.append(f"arm '{arm}': raw trajectories missing ({_rel(exp, tpath)})")
+            continue
+        trajs = exp.trajectories(arm)
+        if trajs is None:
+            problems.append(f"arm '{arm}': {_rel(exp, tpath)} is unreadable")
+            continue
+        if not trajs:
+            problems.append(f"arm '{arm}': {_rel(exp, tpath)} is empty")
+            continue
+        results = exp.results(arm)
+        if results is None:
+            problems.append(f"arm '{arm}': {_rel(exp, rpath)} missing or unreadable")
+            continue
+        if len(trajs) != len(results):
+            problems.append(f"arm '{arm}': {len(trajs)} trajectories but {len(results)} results")
+            continue
+        if all(isinstance(t, dict) and "task_id" in t for t in trajs):
+            if sorted(str(t["task_id"]) for t in trajs) != sorted(str(r.get("task_id")) for r in results):
+                problems.append(f"arm '{arm}': trajectory task ids differ from results task ids")
+    return _check("trajectories", problems, "raw trajectories present for every arm, counts match results")
+
+
+def check_equal_budgets(exp: Experiment) -> Check:
+    problems = []
+    for arm in exp.arms.values():
+        if arm.budgets is None:
+            problems.append(f"arm '{arm.name}': no budgets declared in experiment.json")
+    groups: dict[str, list[Arm]] = {}
+    for arm in exp.arms.values():
+        groups.setdefault(json.dumps(arm.turns, sort_keys=True, default=str), []).append(arm)
+    for members in groups.values():
+        ref = exp.base_for(members[0]) or members[0]
+        if ref.budgets is None:
+            continue
+        for arm in members:
+            if arm is ref or arm.budgets is None:
+                continue
+            diffs = budget_differences(ref.budgets, arm.budgets)
+            if diffs:
+                problems.append(f"budgets differ: arm '{arm.name}' vs '{ref.name}' in {_fmt_diffs(diffs)}")
+    for arm in exp.arms.values():
+        recorded = exp.eval_budgets(arm.name)
+        if arm.budgets is not None and recorded is not None:
+            diffs = budget_differences(arm.budgets, recorded)
+            if diffs:
+                problems.append(
+                    f"arm '{arm.name}': eval run used budgets that differ from experiment.json in "
+                    f"{_fmt_diffs(diffs)} (recorded vs declared)"
+                )
+    detail = f"identical budgets across {len(exp.arms)} arms"
+    if len(groups) > 1:
+        detail = f"identical budgets within each of {len(groups)} turn groups ({len(exp.arms)} arms)"
+    return _check("equal_budgets", problems, detail)
+
+
+def check_same_tasks(exp: Experiment) -> Check:
+    problems = []
+    sets: dict[str, set[str]] = {}
+    for arm in exp.arms:
+        results = exp.results(arm)
+        if results is None:
+            problems.append(f"arm '{arm}': results.jsonl missing, task set unknown")
+            continue
+        ids = [str(r.get("task_id")) for r in results]
+        if len(set(ids)) != len(ids):
+            problems.append(f"arm '{arm}': results.jsonl has {len(ids) - len(set(ids))} duplicate task ids")
+        sets[arm] = set(ids)
+
+    def describe(arm: str, got: set[str], want: set[str], against: str) -> str | None:
+        lacks, extra = sorted(want - got), sorted(got - want)
+        if not lacks and not extra:
+            return None
+        parts = []
+        if lacks:
+            parts.append(f"{len(lacks)} missing (e.g. {lacks[0]})")
+        if extra:
+            parts.append(f"{len(extra)} extra (e.g. {extra[0]})")
+        return f"task sets differ: arm '{arm}' vs {against}: " + ", ".join(parts)
+
+    declared = exp.meta.get("tasks")
+    if isinstance(declared, list) and declared:
+        want = {str(t) for t in declared}
+        for arm, got in sets.items():
+            msg = describe(arm, got, want, "experiment.json tasks")
+            if msg:
+                problems.append(msg)
+    elif sets:
+        ref_arm = (
+            exp.primary("base").name if exp.primary("base") and exp.primary("base").name in sets else None
+        ) or next(iter(sets))
+        for arm, got in sets.items():
+            if arm != ref_arm:
+                msg = describe(arm, got, sets[ref_arm], f"arm '{ref_arm}'")
+                if msg:
+                    problems.append(msg)
+    n = len(next(iter(sets.values()))) if sets else 0
+    return _check("same_tasks", problems, f"same {n} task ids in every arm's eval")
+
+
+def check_same_fingerprint(exp: Experiment) -> Check:
+    problems = []
+    fps = {}
+    for arm in exp.arms:
+        fp = exp.fingerprint(arm)
+        if fp is None:
+            problems.append(f"arm '{arm}': eval records no dataset fingerprint")
+        else:
+            fps[arm] = fp
+    declared = exp.meta.get("fingerprint")
+    if declared:
+        for arm, fp in fps.items():
+            if fp != declared:
+                problems.append(
+                    f"dataset fingerprint differs: arm '{arm}' has {fp[:12]} but experiment.json has {str(declared)[:12]}"
+                )
+    elif len(set(fps.values())) > 1:
+        problems.append(
+            "dataset fingerprints differ across arms: " + ", ".join(f"{a}={fp[:12]}" for a, fp in fps.items())
+        )
+    return _check(
+        "same_fingerprint",
+        problems,
+        f"one dataset fingerprint: {str(declared or next(iter(fps.values()), ''))[:16]}",
+    )
+
+
+def check_leakage(exp: Experiment) -> Check:
+    problems = []
+    leak = exp.audit("leakage.json")
+    if not isinstance(leak, dict):
+        exists = (exp.dir / "leakage.json").is_file()
+        problems.append(
+            "leakage.json " + ("unreadable" if exists else "missing: the leakage audit was not run")
+        )
+    elif leak.get("passed") is not True:
+        first = leak.get("first_difference")
+        extra = f" (first difference: {json.dumps(first, default=str)[:200]})" if first else ""
+        problems.append(f"leakage audit failed (passed=false){extra}")
+    return _check("leakage_audit", problems, "gold-mutation leakage audit passed")
+
+
+CHECKS = (
+    check_real_run,
+    check_core_arms,
+    check_controls,
+    check_optimizer_steps,
+    check_weights_audit,
+    check_trajectories,
+    check_equal_budgets,
+    check_same_tasks,
+    check_same_fingerprint,
+    check_leakage,
+)
+
+
+def evidence_gate(exp_dir: str | Path | Experiment) -> Verdict:
+    """Apply every check; a claim is allowed only if all pass. Raises ExperimentError for a non-experiment folder."""
+    exp = exp_dir if isinstance(exp_dir, Experiment) else Experiment(exp_dir)
+    checks = [fn(exp) for fn in CHECKS]
+    missing = [f"{c.name}: {p}" for c in checks for p in c.problems]
+    return Verdict(
+        claim_allowed=all(c.passed for c in checks),
+        checks=checks,
+        missing=missing,
+        experiment=str(exp.dir),
+        name=exp.name,
+    )

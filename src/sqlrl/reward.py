@@ -1,0 +1,894 @@
+"""Deciding whether a final SQL answers the task: execution match, validity reward, test-suite metric.
+
+Standard library + sqlglot only (never torch). The gold SQL is never executed here on a connection the
+policy touched: gold results come from `GoldCache.get(db_path, sql)` (executed once, cached); the
+prediction runs through `Sandbox.execute(db_path, sql)`.
+
+Execution match (our metric, `execution_match`), exact rules
+-------------------------------------------------------------
+Inputs are the gold result (columns, rows) and the predicted result (columns, rows) plus the gold's
+*shape* (`gold_shape(gold_sql)`: whether order matters, which output columns hold the ORDER BY keys,
+LIMIT/OFFSET).
+
+1. Column count. A different number of columns is a mismatch, even when both results are empty
+   (`reason="column_count"`). Column *names* are ignored.
+2. Values. Two cells are equal when Python `==` says so (so NULL equals NULL, int 1 equals float 1.0),
+   or when at least one is a float, both are numbers (int/float, not str/bytes) and
+   `math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)`. Two ints are compared exactly (10**6 != 10**6+1).
+   Strings, bytes and numbers never equal each other ('1' != 1). Strings are case-sensitive.
+3. Rows are a multiset: duplicates count (two copies of a row are not one), row order is ignored ...
+4. ... unless the gold's TOP-LEVEL query has ORDER BY: the outermost SELECT's ORDER BY, or, for a
+   top-level compound (UNION/INTERSECT/EXCEPT), the ORDER BY attached to the compound. An ORDER BY inside
+   a subquery, CTE, IN (...) or derived table does not count. Gold parsed with sqlglot (dialect sqlite);
+   if sqlglot cannot parse it, an ORDER BY token at parenthesis depth 0 counts.
+   When order matters:
+   a. If every ORDER BY key of the gold resolves to an output column of the gold (same alias, same
+      expression text, `ORDER BY <n>` position, or the same column name where one side is unqualified)
+      we know the sort key of every gold row. The gold rows are cut into *runs* of consecutive rows
+      with equal key (rule 2 equality). The prediction must have the same number of rows and, for
+      every run, the prediction's rows at those positions must equal the gold run as a multiset
+      (rows tied on the key may come in any order).
+      LIMIT ties: if the gold has a top-level LIMIT and the limit was reached (row count == the literal
+      limit, or the limit is not a literal), the LAST run is a *boundary run*; with a top-level OFFSET
+      (not literal 0) the FIRST run is one too. At a boundary run the database may have more rows tied
+      on the key than were returned, and any of them is a correct answer, so the prediction's rows at
+      those positions only have to carry the same key values (their other columns are not checked).
+      This is an approximation from results alone: we cannot check that such a predicted row exists in
+      the database with that key (a prediction fabricating a tied row with the right key would pass).
+   b. Otherwise (a key is an expression that is not in the output, e.g. `ORDER BY count(*)`, or the
+      gold projects `*`) the prediction must equal the gold as a sequence (position by position). Ties
+      in unseen keys are then NOT relaxed: a correct prediction that orders tied rows differently, or
+      picks a different tied row at a LIMIT cut, is scored as a mismatch (conservative).
+   LIMIT without top-level ORDER BY: plain multiset comparison of what was returned.
+5. Column permutation. The prediction may list the gold's columns in another order. Gold column j is
+   *compatible* with predicted column i when their values, restricted to every compared segment (the
+   whole result, each run, or each position), are equal as multisets. Among compatible assignments we
+   search depth-first (most constrained gold column first, identity first, identical predicted columns
+   tried once, partial assignments pruned by comparing the projected rows), and accept the first
+   permutation under which rules 3/4 hold. The search is bounded: at most `max_tries` (5040) checks and
+   `max_work` (500,000) row visits; past either bound the answer is mismatch with
+   `reason="permutation_bound"` (a possible false negative, reported as such in parts).
+6. DISTINCT is NOT stripped: `SELECT DISTINCT a` and `SELECT a` match only if their results do.
+7. Float tolerance for multisets: rows are grouped by their non-numeric cells, then sorted by their
+   numeric cells and compared pairwise; if that fails and a group has <= 64 rows, an exact bipartite
+   matching is tried. A group larger than 64 whose near-equal floats sort differently between gold and
+   prediction may be a false negative (never a false positive).
+Guaranteed: the comparison is symmetric up to the float/ties rules, deterministic, never raises on
+sqlite3 values (int/float/str/bytes/None), and finishes in bounded time (wide, NULL-heavy results
+included: 30 columns x 2000 rows of mostly NULLs in well under 2 s).
+
+Reward statuses (`Evaluator.score`)
+------------------------------------
+gold unscorable (GoldResult.scorable False) -> `gold_unscorable`, value None (excluded; decided
+before looking at the prediction, so every arm is scored on the same tasks). No/empty SQL (or sandbox
+`empty_sql`) -> `no_sql`, 0. Sandbox syntax_error / forbidden / multiple_statements / runtime_error /
+too_many_rows / too_large -> `exec_error`, 0 (parts["sandbox_status"] records which). timeout ->
+`timeout`, 0. worker_crash, an unknown sandbox status, or an exception from the sandbox or gold cache
+-> `infra_error`, value None (excluded, never 0 or 1). ok -> `match` (1.0) or `mismatch` (0.0).
+`Evaluator.score_many([(sql, task), ...])` gives exactly what `score` gives on each pair, but runs the
+predictions through `sandbox.execute_many` (parallel across sandbox workers) when the sandbox has it.
+`kind="validity"`: value 1.0 when the SQL executes with status ok (status still says match/mismatch as
+a diagnostic), 0 otherwise; the other statuses are as above.
+
+Test-suite metric (literature, `parts["test_suite_match"]`)
+------------------------------------------------------------
+Our re-implementation of the execution semantics of Zhong et al. 2020 ("Semantic Evaluation for
+Text-to-SQL with Distilled Test Suites", `exec_eval`) on the single task database, NOT their test
+suites of distilled databases (so it is weaker than their published metric). Every DISTINCT keyword
+token is removed from gold and prediction (their `remove_distinct`, done with the sqlglot tokenizer so
+string literals and the rest of the text are untouched; this also turns COUNT(DISTINCT x) into
+COUNT(x), as theirs does). Both variants are executed (gold through the gold cache, prediction through
+the sandbox; a variant equal to the original reuses its result), then compared with their `result_eq`:
+two empty results are equal whatever their columns, otherwise the same rules as ours but with exact
+value equality (no float tolerance), strict sequence comparison when order matters (no tie
+relaxation), and column permutation allowed. Order matters iff the gold has a top-level ORDER BY (their
+code uses the substring 'order by' anywhere in the gold; we use the top-level rule for both metrics).
+1.0/0.0, or None with parts["test_suite_reason"] when it could not be computed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import lru_cache
+from operator import itemgetter
+from typing import Any
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.tokens import TokenType
+
+__all__ = [
+    "ABS_TOL",
+    "REL_TOL",
+    "Evaluator",
+    "GoldShape",
+    "MatchResult",
+    "Reward",
+    "cli_main",
+    "execution_match",
+    "gold_shape",
+    "remove_distinct",
+    "test_suite_result_eq",
+    "validity_reward",
+]
+
+REL_TOL = 1e-6
+ABS_TOL = 1e-9
+MAX_TRIES = 5040
+MAX_WORK = 500_000
+_MATCHING_MAX = 64
+
+STATUSES = ("no_sql", "exec_error", "timeout", "mismatch", "match", "gold_unscorable", "infra_error")
+_EXEC_ERROR_STATUSES = frozenset(
+    {"syntax_error", "forbidden", "multiple_statements", "runtime_error", "too_many_rows", "too_large"}
+)
+
+
+# ------------------------------------------------------------------------------------------ results
+
+
+@dataclass(frozen=True)
+class Reward:
+    value: float | None  # None when excluded (gold_unscorable, infra_error)
+    status: str  # one of STATUSES
+    parts: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"Reward: unknown status {self.status!r}")
+        if self.status in ("gold_unscorable", "infra_error") and self.value is not None:
+            raise ValueError(f"Reward: status {self.status} must have value None")
+
+    @property
+    def excluded(self) -> bool:
+        return self.value is None
+
+    def to_dict(self) -> dict:
+        return {"value": self.value, "status": self.status, "parts": dict(self.parts)}
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    match: bool
+    reason: str  # "match" | "column_count" | "row_count" | "rows_differ" | "order_differs" | ...
+    permutation: tuple[int, ...] | None = None  # pred column for each gold column, when matched
+    mode: str = "multiset"  # multiset | runs | sequence
+    tries: int = 0
+
+    def __bool__(self) -> bool:
+        return self.match
+
+    def to_dict(self) -> dict:
+        return {
+            "match": self.match,
+            "reason": self.reason,
+            "permutation": list(self.permutation) if self.permutation is not None else None,
+            "mode": self.mode,
+            "tries": self.tries,
+        }
+
+
+# ------------------------------------------------------------------------------------ gold analysis
+
+
+@dataclass(frozen=True)
+class GoldShape:
+    order_matters: bool = False
+    key_columns: tuple[int, ...] | None = None  # gold output columns holding every ORDER BY key
+    has_limit: bool = False
+    limit: int | None = None  # literal LIMIT count, None if absent or not a literal
+    has_offset: bool = False  # a top-level OFFSET that is not the literal 0
+    parsed: bool = True
+
+
+def _literal_int(node: Any) -> int | None:
+    if isinstance(node, exp.Limit | exp.Offset):
+        node = node.args.get("expression")
+    if isinstance(node, exp.Literal) and not node.is_string:
+        try:
+            return int(node.this)
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _projections(node: exp.Expression) -> list[exp.Expression] | None:
+    while isinstance(node, exp.Subquery | exp.SetOperation):
+        node = node.this
+    if isinstance(node, exp.Select):
+        return list(node.expressions)
+    return None
+
+
+def _key_index(key: exp.Expression, projs: list[exp.Expression]) -> int | None:
+    if any(
+        isinstance(p, exp.Star) or (isinstance(p, exp.Column) and isinstance(p.this, exp.Star)) for p in projs
+    ):
+        return None
+    if isinstance(key, exp.Literal) and not key.is_string:
+        n = _literal_int(key)
+        return n - 1 if n is not None and 1 <= n <= len(projs) else None
+    if isinstance(key, exp.Column) and not key.table:
+        name = key.name.lower()
+        for i, p in enumerate(projs):
+            if isinstance(p, exp.Alias) and p.alias.lower() == name:
+                return i
+    text = key.sql(dialect="sqlite").lower()
+    for i, p in enumerate(projs):
+        if p.unalias().sql(dialect="sqlite").lower() == text:
+            return i
+    if isinstance(key, exp.Column):
+        hits = [
+            i
+            for i, p in enumerate(projs)
+            if isinstance(p, exp.Column)
+            and p.name.lower() == key.name.lower()
+            and (not p.table or not key.table or p.table.lower() == key.table.lower())
+        ]
+        if len(hits) == 1:
+            return hits[0]
+    return None
+
+
+def _tokens(sql: str) -> list | None:
+    try:
+        return sqlglot.tokenize(sql, read="sqlite")
+    except Exception:
+        return None
+
+
+def _toplevel_order_by_tokens(sql: str) -> bool:
+    toks = _tokens(sql)
+    if toks is None:
+        return bool(re.search(r"\border\s+by\b", sql, re.I))
+    depth = 0
+    for t in toks:
+        if t.token_type == TokenType.L_PAREN:
+            depth += 1
+        elif t.token_type == TokenType.R_PAREN:
+            depth -= 1
+        elif t.token_type == TokenType.ORDER_BY and depth == 0:
+            return True
+    return False
+
+
+@lru_cache(maxsize=65536)
+def gold_shape(gold_sql: str) -> GoldShape:
+    """Top-level ORDER BY / LIMIT / OFFSET of the gold and which output columns hold the sort keys."""
+    try:
+        node = sqlglot.parse_one(gold_sql, read="sqlite")
+    except Exception:
+        node = None
+    if node is None:
+        return GoldShape(order_matters=_toplevel_order_by_tokens(gold_sql), parsed=False)
+    order = node.args.get("order")
+    limit = node.args.get("limit")
+    offset = node.args.get("offset")
+    keys: tuple[int, ...] | None = None
+    if order is not None:
+        projs = _projections(node)
+        if projs:
+            idx = [_key_index(o.this if isinstance(o, exp.Ordered) else o, projs) for o in order.expressions]
+            if idx and all(i is not None for i in idx):
+                keys = tuple(dict.fromkeys(idx))  # type: ignore[arg-type]
+    off_n = _literal_int(offset) if offset is not None else None
+    return GoldShape(
+        order_matters=order is not None,
+        key_columns=keys,
+        has_limit=limit is not None,
+        limit=_literal_int(limit) if limit is not None else None,
+        has_offset=offset is not None and off_n != 0,
+        parsed=True,
+    )
+
+
+@lru_cache(maxsize=65536)
+def remove_distinct(sql: str) -> str:
+    """Remove every DISTINCT keyword token (Zhong et al.'s `remove_distinct`), leaving the rest verbatim."""
+    if "distinct" not in sql.lower():
+        return sql
+    toks = _tokens(sql)
+    if toks is None:
+        return sql
+    spans = [(t.start, t.end + 1) for t in toks if t.token_type == TokenType.DISTINCT]
+    if not spans:
+        return sql
+    out, pos = [], 0
+    for s, e in spans:
+        out.append(sql[pos:s])
+        pos = e
+    out.append(sql[pos:])
+    return "".join(out)
+
+
+# ------------------------------------------------------------------------------------- comparisons
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, int | float)
+
+
+class _Cmp:
+    """Cell/row/multiset equality under one tolerance setting (tol=False: exact Python equality)."""
+
+    def __init__(self, tol: bool, rel: float = REL_TOL, abs_: float = ABS_TOL):
+        self.tol = tol
+        self.rel = rel
+        self.abs = abs_
+
+    def cell(self, a: Any, b: Any) -> bool:
+        if a == b:
+            return True
+        if not self.tol or not (type(a) is float or type(b) is float) or not (_is_num(a) and _is_num(b)):
+            return False
+        try:
+            return math.isclose(float(a), float(b), rel_tol=self.rel, abs_tol=self.abs)
+        except OverflowError:
+            return False
+
+    def row(self, a: tuple, b: tuple) -> bool:
+        if a == b:
+            return True
+        if not self.tol:
+            return False
+        return len(a) == len(b) and all(self.cell(x, y) for x, y in zip(a, b))
+
+    def multiset(self, a: list[tuple], b: list[tuple], has_float: bool) -> bool:
+        if len(a) != len(b):
+            return False
+        if Counter(a) == Counter(b):
+            return True
+        if not (self.tol and has_float):
+            return False
+        return self._tol_multiset(a, b)
+
+    def _tol_multiset(self, a: list[tuple], b: list[tuple]) -> bool:
+        def split(rows: list[tuple]) -> dict:
+            groups: dict[tuple, list[tuple]] = {}
+            for r in rows:
+                key = tuple(_NUM if _is_num(v) and not isinstance(v, bool) else v for v in r)
+                groups.setdefault(key, []).append(r)
+            return groups
+
+        ga, gb = split(a), split(b)
+        if ga.keys() != gb.keys():
+            return False
+        for key, ra in ga.items():
+            rb = gb[key]
+            if len(ra) != len(rb):
+                return False
+            numidx = [i for i, k in enumerate(key) if k is _NUM]
+
+            def sk(r: tuple, numidx: list[int] = numidx) -> tuple:
+                return tuple(float(r[i]) for i in numidx)
+
+            sa, sb = sorted(ra, key=sk), sorted(rb, key=sk)
+            if all(self.row(x, y) for x, y in zip(sa, sb)):
+                continue
+            if len(ra) > _MATCHING_MAX or not self._bipartite(sa, sb):
+                return False
+        return True
+
+    def _bipartite(self, a: list[tuple], b: list[tuple]) -> bool:
+        adj = [[j for j, y in enumerate(b) if self.row(x, y)] for x in a]
+        match_b: list[int] = [-1] * len(b)
+
+        def augment(i: int, seen: list[bool]) -> bool:
+            for j in adj[i]:
+                if not seen[j]:
+                    seen[j] = True
+                    if match_b[j] < 0 or augment(match_b[j], seen):
+                        match_b[j] = i
+                        return True
+            return False
+
+        return all(augment(i, [False] * len(b)) for i in range(len(a)))
+
+
+class _NumMarker:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<num>"
+
+
+_NUM = _NumMarker()
+
+
+def _project(rows: list[tuple], cols: tuple[int, ...] | list[int]) -> list[tuple]:
+    if not cols:
+        return [()] * len(rows)
+    if len(cols) == 1:
+        c = cols[0]
+        return [(r[c],) for r in rows]
+    return list(map(itemgetter(*cols), rows))
+
+
+def _has_float(rows: list[tuple]) -> bool:
+    return any(type(v) is float for r in rows for v in r)
+
+
+class _Budget(Exception):
+    pass
+
+
+def execution_match(
+    gold_columns: list[str] | None,
+    gold_rows: list,
+    pred_columns: list[str] | None,
+    pred_rows: list,
+    shape: GoldShape | None = None,
+    *,
+    float_tol: bool = True,
+    tie_relax: bool = True,
+    empty_equal_any_columns: bool = False,
+    max_tries: int = MAX_TRIES,
+    max_work: int = MAX_WORK,
+) -> MatchResult:
+    """Compare a predicted result with the gold result under the module's rules. See the docstring.
+
+    `gold_columns`/`pred_columns` may be None (then the column count is taken from the rows).
+    `shape` comes from `gold_shape(gold_sql)`; None means "order does not matter".
+    """
+    shape = shape or GoldShape()
+    cmp = _Cmp(float_tol)
+    g = [tuple(r) for r in gold_rows]
+    p = [tuple(r) for r in pred_rows]
+    if empty_equal_any_columns and not g and not p:
+        return MatchResult(True, "match", None, "multiset")
+    kg = len(gold_columns) if gold_columns is not None else (len(g[0]) if g else 0)
+    kp = len(pred_columns) if pred_columns is not None else (len(p[0]) if p else 0)
+    if g and any(len(r) != kg for r in g) or p and any(len(r) != kp for r in p):
+        return MatchResult(False, "ragged_rows")
+    if kg != kp:
+        return MatchResult(False, "column_count")
+    if len(g) != len(p):
+        return MatchResult(False, "row_count")
+    k, n = kg, len(g)
+    if n == 0:
+        return MatchResult(True, "match", tuple(range(k)))
+    has_float = float_tol and (_has_float(g) or _has_float(p))
+
+    # ---- segments: multiset segments (list of position lists) and key-only boundary segments
+    mode = "multiset"
+    segs: list[list[int]] = [list(range(n))]
+    key_only: list[tuple[list[int], tuple]] = []
+    keycols: tuple[int, ...] = ()
+    if shape.order_matters:
+        if tie_relax and shape.key_columns is not None and all(c < k for c in shape.key_columns):
+            mode = "runs"
+            keycols = shape.key_columns
+            keys = _project(g, keycols)
+            runs: list[list[int]] = [[0]]
+            for i in range(1, n):
+                if cmp.row(keys[i], keys[i - 1]):
+                    runs[-1].append(i)
+                else:
+                    runs.append([i])
+            boundary: set[int] = set()
+            if shape.has_limit and (shape.limit is None or n >= shape.limit):
+                boundary.add(len(runs) - 1)
+            if shape.has_offset:
+                boundary.add(0)
+            segs = [r for i, r in enumerate(runs) if i not in boundary]
+            key_only = [(runs[i], keys[runs[i][0]]) for i in sorted(boundary)]
+        else:
+            mode = "sequence"
+            segs = [[i] for i in range(n)]
+
+    tries = 0
+    work = 0
+
+    def charge(rows: int) -> None:
+        nonlocal tries, work
+        tries += 1
+        work += rows
+        if tries > max_tries or work > max_work:
+            raise _Budget
+
+    # ---- column compatibility
+    def col(rows: list[tuple], j: int) -> list[Any]:
+        return [r[j] for r in rows]
+
+    gcols = [col(g, j) for j in range(k)]
+    pcols = [col(p, i) for i in range(k)]
+
+    def signature(values: list[Any]) -> Any:
+        if mode == "sequence":
+            return tuple(values)
+        return tuple(frozenset(Counter(values[i] for i in s).items()) for s in segs)
+
+    gsig = [signature(c) for c in gcols]
+    psig = [signature(c) for c in pcols]
+    gfloat = [has_float and any(type(v) is float for v in c) for c in gcols]
+    pfloat = [has_float and any(type(v) is float for v in c) for c in pcols]
+
+    def coarse(values: list[Any]) -> tuple:
+        nums = [float(v) for v in values if _is_num(v)]
+        other = frozenset(Counter(v for v in values if not _is_num(v)).items())
+        return other, len(nums), (min(nums), max(nums)) if nums else None
+
+    gco = [coarse(c) if has_float else None for c in gcols]
+    pco = [coarse(c) if has_float else None for c in pcols]
+
+    def quick_reject(j: int, i: int) -> bool:
+        (go, gn, gmm), (po, pn, pmm) = gco[j], pco[i]  # type: ignore[misc]
+        if go != po or gn != pn:
+            return True
+        return gmm is not None and not (cmp.cell(gmm[0], pmm[0]) and cmp.cell(gmm[1], pmm[1]))
+
+    def tol_compatible(j: int, i: int) -> bool:
+        if quick_reject(j, i):
+            return False
+        charge(n)
+        if mode == "sequence":
+            return all(cmp.cell(a, b) for a, b in zip(gcols[j], pcols[i]))
+        return all(cmp.multiset([(gcols[j][x],) for x in s], [(pcols[i][x],) for x in s], True) for s in segs)
+
+    try:
+        compat: list[list[int]] = []
+        by_sig: dict[Any, list[int]] = {}
+        for i, s in enumerate(psig):
+            by_sig.setdefault(s, []).append(i)
+        for j in range(k):
+            cands = list(by_sig.get(gsig[j], []))
+            if has_float:
+                for i in range(k):
+                    if i not in cands and (pfloat[i] or gfloat[j]):
+                        if tol_compatible(j, i):
+                            cands.append(i)
+                cands.sort()
+            if not cands:
+                return MatchResult(False, _diff_reason(mode), None, mode, tries)
+            # identity first
+            if j in cands:
+                cands.remove(j)
+                cands.insert(0, j)
+            compat.append(cands)
+
+        # identical predicted columns are interchangeable: try one per class at each node
+        pclass: dict[tuple, int] = {}
+        pcls = [pclass.setdefault(tuple(c), i) for i, c in enumerate(pcols)]
+
+        gorder = sorted(range(k), key=lambda j: (len(compat[j]), j))
+        assign: dict[int, int] = {}
+        used: set[int] = set()
+        prune = mode != "sequence"
+
+        def partial_ok() -> bool:
+            gc = sorted(assign)
+            pc = [assign[j] for j in gc]
+            gp, pp = _project(g, gc), _project(p, pc)
+            charge(n)
+            for s in segs:
+                a = gp if len(s) == n else [gp[x] for x in s]
+                b = pp if len(s) == n else [pp[x] for x in s]
+                if not cmp.multiset(a, b, has_float):
+                    return False
+            return True
+
+        def full_ok() -> bool:
+            perm = tuple(assign[j] for j in range(k))
+            pp = _project(p, perm)
+            charge(n)
+            if mode == "sequence":
+                return all(cmp.row(a, b) for a, b in zip(g, pp))
+            for s in segs:
+                a = g if len(s) == n else [g[x] for x in s]
+                b = pp if len(s) == n else [pp[x] for x in s]
+                if not cmp.multiset(a, b, has_float):
+                    return False
+            for positions, key in key_only:
+                for x in positions:
+                    if not cmp.row(tuple(pp[x][c] for c in keycols), key):
+                        return False
+            return True
+
+        def search(depth: int) -> bool:
+            if depth == k:
+                return full_ok()
+            j = gorder[depth]
+            tried_cls: set[int] = set()
+            for i in compat[j]:
+                if i in used or pcls[i] in tried_cls:
+                    continue
+                tried_cls.add(pcls[i])
+                assign[j] = i
+                used.add(i)
+                ok = (not prune or depth + 1 < 2 or depth + 1 == k or partial_ok()) and search(depth + 1)
+                used.discard(i)
+                if ok:
+                    return True
+                del assign[j]
+            return False
+
+        if search(0):
+            perm = tuple(assign[j] for j in range(k))
+            return MatchResult(True, "match", perm, mode, tries)
+        return MatchResult(False, _diff_reason(mode), None, mode, tries)
+    except _Budget:
+        return MatchResult(False, "permutation_bound", None, mode, tries)
+
+
+def _diff_reason(mode: str) -> str:
+    return "order_differs_or_rows_differ" if mode != "multiset" else "rows_differ"
+
+
+def test_suite_result_eq(
+    gold_columns: list[str] | None,
+    gold_rows: list,
+    pred_columns: list[str] | None,
+    pred_rows: list,
+    order_matters: bool,
+) -> MatchResult:
+    """Zhong et al. 2020 `result_eq`: exact values, strict order if it matters, column permutation,
+    two empty results equal."""
+    return execution_match(
+        gold_columns,
+        gold_rows,
+        pred_columns,
+        pred_rows,
+        GoldShape(order_matters=order_matters),
+        float_tol=False,
+        tie_relax=False,
+        empty_equal_any_columns=True,
+    )
+
+
+test_suite_result_eq.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
+
+
+def validity_reward(sandbox_result: Any) -> float:
+    """1.0 if the sandbox executed the SQL with status ok, else 0.0."""
+    return 1.0 if getattr(sandbox_result, "status", None) == "ok" else 0.0
+
+
+# --------------------------------------------------------------------------------------- evaluator
+
+
+def _gold_scorable(gold: Any) -> tuple[bool, str | None]:
+    scorable = getattr(gold, "scorable", None)
+    if scorable is None:
+        status = getattr(gold, "status", None)
+        scorable = status == "ok" and getattr(gold, "row_count", len(getattr(gold, "rows", []) or [])) > 0
+        reason = None if scorable else f"gold_{status}"
+        return bool(scorable), reason
+    return bool(scorable), getattr(gold, "unscorable_reason", None)
+
+
+class Evaluator:
+    """Scores a final SQL for a PrivateTask. kind="execution" (match) or "validity" (executes)."""
+
+    def __init__(self, sandbox: Any, gold_cache: Any, kind: str = "execution", *, test_suite: bool = True):
+        if kind not in ("execution", "validity"):
+            raise ValueError(f"Evaluator: kind must be 'execution' or 'validity', got {kind!r}")
+        self.sandbox = sandbox
+        self.gold_cache = gold_cache
+        self.kind = kind
+        self.test_suite = test_suite
+
+    @staticmethod
+    def _check_task(task: Any) -> tuple[str, str]:
+        try:
+            from sqlrl.data import PublicTask
+        except Exception:  # pragma: no cover - data.py always exists in the package
+            PublicTask = None  # type: ignore[assignment]  # noqa: N806
+        if PublicTask is not None and isinstance(task, PublicTask):
+            raise TypeError("Evaluator.score: got a PublicTask, which has no gold SQL; pass the PrivateTask")
+        gold_sql = getattr(task, "gold_sql", None)
+        public = getattr(task, "public", None)
+        db_path = getattr(public, "db_path", None)
+        if not isinstance(gold_sql, str) or not isinstance(db_path, str):
+            raise TypeError(
+                f"Evaluator.score: expected a PrivateTask (with .public.db_path and .gold_sql), "
+                f"got {type(task).__module__}.{type(task).__qualname__}"
+            )
+        return db_path, gold_sql
+
+    def score(self, final_sql: str | None, task: Any) -> Reward:
+        return self.score_many([(final_sql, task)])[0]
+
+    def _execute_batch(self, items: list[tuple[str, str]]) -> list[Any]:
+        """Run predictions (and prediction variants) through the sandbox, in parallel when it has
+        `execute_many`; an exception becomes that item's `_InfraFailure` (scored as infra_error)."""
+        if not items:
+            return []
+        many = getattr(self.sandbox, "execute_many", None)
+        if many is not None and len(items) > 1:
+            try:
+                out = list(many(items))
+                if len(out) == len(items):
+                    return out
+            except Exception:
+                pass  # fall back to one call per item, so one bad item cannot fail the batch
+        results: list[Any] = []
+        for db_path, sql in items:
+            try:
+                results.append(self.sandbox.execute(db_path, sql))
+            except Exception as e:
+                results.append(_InfraFailure(f"sandbox: {type(e).__name__}: {e}"))
+        return results
+
+    def score_many(self, items: list[tuple[str | None, Any]]) -> list[Reward]:
+        """Score (final_sql, PrivateTask) pairs; same result as `score` on each, but predictions run
+        through `sandbox.execute_many` (parallel across the sandbox's workers)."""
+        checked = [self._check_task(task) for _, task in items]  # TypeError before any work
+        base: dict[str, Any] = {"kind": self.kind}
+        want_ts = self.kind == "execution" and self.test_suite
+        out: list[Reward | None] = [None] * len(items)
+        pending: list[tuple[int, str, str, Any, str]] = []
+        for i, ((final_sql, _), (db_path, gold_sql)) in enumerate(zip(items, checked)):
+            try:
+                gold = self.gold_cache.get(db_path, gold_sql)
+            except Exception as e:  # infrastructure: never a wrong answer
+                out[i] = Reward(
+                    None, "infra_error", {**base, "error": f"gold_cache: {type(e).__name__}: {e}"}
+                )
+                continue
+            scorable, why = _gold_scorable(gold)
+            if not scorable:
+                out[i] = Reward(None, "gold_unscorable", {**base, "reason": why or "gold_unscorable"})
+            elif final_sql is None or not final_sql.strip().strip(";").strip():
+                out[i] = Reward(0.0, "no_sql", self._fail_parts(base, want_ts))
+            else:
+                pending.append((i, db_path, gold_sql, gold, final_sql))
+
+        results = self._execute_batch([(db, sql) for _, db, _, _, sql in pending])
+        executed: list[tuple[int, str, str, Any, str, Any, GoldShape, dict]] = []
+        for (i, db_path, gold_sql, gold, sql), res in zip(pending, results):
+            if isinstance(res, _InfraFailure):
+                out[i] = Reward(None, "infra_error", {**base, "error": res.error})
+                continue
+            st = getattr(res, "status", None)
+            msg = str(getattr(res, "message", "") or "")[:500]
+            fail = self._fail_parts(base, want_ts)
+            if st != "ok":
+                if st == "empty_sql":
+                    out[i] = Reward(0.0, "no_sql", {**fail, "sandbox_status": st})
+                elif st in _EXEC_ERROR_STATUSES:
+                    out[i] = Reward(0.0, "exec_error", {**fail, "sandbox_status": st, "message": msg})
+                elif st == "timeout":
+                    out[i] = Reward(0.0, "timeout", {**fail, "sandbox_status": st, "message": msg})
+                else:
+                    out[i] = Reward(None, "infra_error", {**base, "sandbox_status": st, "message": msg})
+                continue
+            shape = gold_shape(gold_sql)
+            m = execution_match(gold.columns, gold.rows, res.columns, res.rows, shape)
+            parts: dict[str, Any] = {
+                **base,
+                "executable": 1.0,
+                "match": 1.0 if m.match else 0.0,
+                "order_matters": shape.order_matters,
+                "compare_mode": m.mode,
+                "detail": m.reason,
+                "permutation": list(m.permutation) if m.permutation is not None else None,
+                "gold_row_count": len(gold.rows),
+                "pred_row_count": len(res.rows),
+            }
+            if m.reason == "permutation_bound":
+                parts["note"] = (
+                    "column-permutation search bound reached; declared mismatch (may be a false negative)"
+                )
+            value = 1.0 if (m.match or self.kind == "validity") else 0.0
+            out[i] = Reward(value, "match" if m.match else "mismatch", parts)
+            executed.append((i, db_path, gold_sql, gold, sql, res, shape, parts))
+
+        if want_ts:
+            self._test_suite_many(executed)
+        return out  # type: ignore[return-value]
+
+    @staticmethod
+    def _fail_parts(base: dict, want_ts: bool) -> dict:
+        fail = {**base, "executable": 0.0, "match": 0.0}
+        if want_ts:
+            fail["test_suite_match"] = 0.0
+        return fail
+
+    def _test_suite_many(self, executed: list) -> None:
+        """Fill parts["test_suite_match"] (and "test_suite_reason") in place; see the module docstring."""
+        todo: list[tuple[dict, Any, Any, Any, str | None, GoldShape]] = []
+        variants: list[tuple[str, str]] = []
+        for _, db_path, gold_sql, gold, sql, res, shape, parts in executed:
+            g_sql, p_sql = remove_distinct(gold_sql), remove_distinct(sql)
+            g_res: Any = gold
+            if g_sql != gold_sql:
+                try:
+                    g_res = self.gold_cache.get(db_path, g_sql)
+                except Exception as e:
+                    parts["test_suite_match"] = None
+                    parts["test_suite_reason"] = f"gold_variant_infra: {type(e).__name__}"
+                    continue
+                if getattr(g_res, "status", None) not in ("ok", "empty"):
+                    parts["test_suite_match"] = None
+                    parts["test_suite_reason"] = f"gold_variant_{getattr(g_res, 'status', 'unknown')}"
+                    continue
+            slot: int | None = None
+            if p_sql != sql:
+                slot = len(variants)
+                variants.append((db_path, p_sql))
+            todo.append((parts, g_res, res, slot, p_sql, shape))
+        vres = self._execute_batch(variants)
+        for parts, g_res, res, slot, _, shape in todo:
+            p_res = res if slot is None else vres[slot]
+            if isinstance(p_res, _InfraFailure) or getattr(p_res, "status", None) == "worker_crash":
+                parts["test_suite_match"] = None
+                parts["test_suite_reason"] = "pred_variant_infra"
+                continue
+            if p_res.status != "ok":
+                parts["test_suite_match"] = 0.0
+                parts["test_suite_reason"] = f"pred_variant_{p_res.status}"
+                continue
+            m = test_suite_result_eq(
+                g_res.columns, g_res.rows, p_res.columns, p_res.rows, shape.order_matters
+            )
+            parts["test_suite_match"] = 1.0 if m.match else 0.0
+            if m.reason == "permutation_bound":
+                parts["test_suite_reason"] = "permutation_bound"
+
+
+@dataclass(frozen=True)
+class _InfraFailure:
+    error: str
+
+
+# --------------------------------------------------------------------------------------------- CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="sqlrl reward",
+        description="Score a predicted SQL against a gold SQL on one SQLite database (execution match, "
+        "validity, and the test-suite metric). Prints value, status and parts as JSON.",
+    )
+    ap.add_argument("--db", required=True, help="path of the .sqlite database")
+    ap.add_argument("--gold", required=True, help="the gold SQL")
+    ap.add_argument("--pred", required=True, help="the predicted SQL ('' for none)")
+    ap.add_argument("--kind", choices=("execution", "validity"), default="execution")
+    ap.add_argument("--json", action="store_true", help="one compact JSON object on one line")
+    return ap
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as e:
+        return 0 if e.code == 0 else 2
+    if not os.path.isfile(args.db):
+        print(f"sqlrl reward: database not found: {args.db}", file=sys.stderr)
+        return 2
+    if not args.gold.strip():
+        print("sqlrl reward: --gold is empty", file=sys.stderr)
+        return 2
+    from sqlrl.data import PrivateTask, PublicTask
+    from sqlrl.goldcache import GoldCache
+    from sqlrl.sandbox import Sandbox
+
+    db = os.path.abspath(args.db)
+    task = PrivateTask(
+        public=PublicTask(
+            task_id="cli/00000",
+            db_id=os.path.splitext(os.path.basename(db))[0],
+            question="",
+            schema="",
+            evidence="",
+            db_path=db,
+        ),
+        gold_sql=args.gold,
+    )
+    with Sandbox(workers=1) as sandbox, GoldCache(workers=1) as gold_cache:
+        reward = Evaluator(sandbox, gold_cache, kind=args.kind).score(args.pred, task)
+    out = {"value": reward.value, "status": reward.status, "parts": reward.parts}
+    print(json.dumps(out, default=str) if args.json else json.dumps(out, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main())

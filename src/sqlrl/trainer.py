@@ -1,0 +1,678 @@
+"""`sqlrl train CONFIG.toml`: the GRPO loop.
+
+Per step: sample `prompts_per_step` training tasks -> `group_size` rollouts each with the current
+policy through the agent loop (`agent.run_agent`, public tasks only) -> the evaluator scores each
+trajectory after it ended -> group-relative advantages -> clipped-surrogate update on the generated
+tokens only (prompt and observation tokens are masked) -> metrics, checkpoint.
+
+Guarantees:
+- Unscorable golds are excluded before sampling (counted in run.json); trajectories that failed for
+  infrastructure reasons (policy or sandbox) are excluded from the batch and counted, never scored 0.
+- `control = "no-update"` runs every step with learning rate 0; the weight audit then checks the
+  weights are bit-identical to the base. `reward = "validity"` rewards any SQL that executes.
+- Full fine-tuning keeps float32 master weights; on CUDA rollouts use a bfloat16 copy that is
+  re-synced after every optimizer step (updates of ~1e-6 would be lost if accumulated in bf16).
+- Token ids and log-probs come from generation time; the update never re-tokenizes text.
+- Determinism: tasks come from a seeded epoch permutation (cursor saved in checkpoints), sampling
+  seeds are a function of (run seed, step), RNG states are checkpointed. On CPU in float32 a resumed
+  run takes the same next step as an uninterrupted one (tested); on GPU, kernels may differ.
+
+Not guaranteed: a useful learning signal at any size; that is what the controls and the evidence
+gate are for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+from sqlrl.artifacts import (
+    append_jsonl,
+    git_commit,
+    machine_info,
+    read_json,
+    read_jsonl,
+    write_json_atomic,
+    write_jsonl,
+)
+from sqlrl.config import Config, ConfigError
+
+
+class TaskSampler:
+    """Seeded epoch permutations over task indices; `state_dict()` is the data cursor."""
+
+    def __init__(self, n: int, seed: int):
+        if n <= 0:
+            raise ValueError("no training tasks to sample from")
+        self.n, self.seed, self.epoch, self.pos = n, seed, 0, 0
+        self._perm = self._make_perm()
+
+    def _make_perm(self) -> list[int]:
+        perm = list(range(self.n))
+        random.Random(self.seed * 1_000_003 + self.epoch).shuffle(perm)
+        return perm
+
+    def next(self, k: int) -> list[int]:
+        out = []
+        while len(out) < k:
+            if self.pos >= self.n:
+                self.epoch += 1
+                self.pos = 0
+                self._perm = self._make_perm()
+            out.append(self._perm[self.pos])
+            self.pos += 1
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos, "n": self.n, "seed": self.seed}
+
+    def load_state_dict(self, s: dict) -> None:
+        if s["n"] != self.n or s["seed"] != self.seed:
+            raise ValueError(
+                f"data cursor is for {s['n']} tasks / seed {s['seed']}, this run has {self.n} / {self.seed}"
+            )
+        self.epoch, self.pos = s["epoch"], s["pos"]
+        self._perm = self._make_perm()
+
+
+class MetricSinks:
+    """TensorBoard always (when installed); W&B / SwanLab only when the config asks for them."""
+
+    def __init__(self, cfg: Config, out_dir: Path):
+        self.writers = []
+        for name in cfg.run.loggers:
+            if name == "tensorboard":
+                try:
+                    from torch.utils.tensorboard import SummaryWriter
+
+                    self.writers.append(("tb", SummaryWriter(log_dir=str(out_dir / "tb"))))
+                except ImportError:
+                    print(
+                        "sqlrl: tensorboard not installed; TensorBoard logging off (pip install tensorboard)",
+                        file=sys.stderr,
+                    )
+            elif name == "wandb":
+                try:
+                    import wandb
+                except ImportError:
+                    raise ConfigError(
+                        "run.loggers asks for wandb but it is not installed: pip install wandb"
+                    ) from None
+                self.writers.append(
+                    ("wandb", wandb.init(project="sqlrl", dir=str(out_dir), config=cfg.resolve()))
+                )
+            elif name == "swanlab":
+                try:
+                    import swanlab
+                except ImportError:
+                    raise ConfigError(
+                        "run.loggers asks for swanlab but it is not installed: pip install swanlab"
+                    ) from None
+                self.writers.append(
+                    ("swanlab", swanlab.init(project="sqlrl", logdir=str(out_dir), config=cfg.resolve()))
+                )
+
+    def log(self, metrics: dict, step: int) -> None:
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        for kind, w in self.writers:
+            if kind == "tb":
+                for k, v in scalars.items():
+                    w.add_scalar(f"train/{k}", v, step)
+                w.flush()
+            elif kind == "wandb":
+                w.log(scalars, step=step)
+            elif kind == "swanlab":
+                w.log(scalars, step=step)
+
+    def close(self) -> None:
+        for kind, w in self.writers:
+            with contextlib.suppress(Exception):
+                w.close() if kind == "tb" else w.finish()
+
+
+def gpu_telemetry() -> dict:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return {}
+        out = {
+            "gpu_mem_gb": round(torch.cuda.max_memory_allocated() / 2**30, 3),
+            "gpu_mem_reserved_gb": round(torch.cuda.memory_reserved() / 2**30, 3),
+        }
+        with contextlib.suppress(Exception):
+            out["gpu_util"] = float(torch.cuda.utilization())
+        torch.cuda.reset_peak_memory_stats()
+        return out
+    except Exception:
+        return {}
+
+
+def _device_and_dtypes(cfg: Config):
+    import torch
+
+    from sqlrl.evaluate import pick_device
+
+    device = pick_device(cfg.run.device)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("run.device = 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
+    gen_dtype = cfg.model.dtype
+    if gen_dtype == "auto":
+        gen_dtype = "bfloat16" if device == "cuda" else "float32"
+    return device, gen_dtype
+
+
+def build_batch(trajs, advantages, device, pad_id: int):
+    """Left-pad token sequences so every trajectory ends at the last column (so `logits_to_keep` can cover
+    all generated tokens), with explicit position ids."""
+    import torch
+
+    T = max(len(t.token_ids) for t in trajs)
+    B = len(trajs)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, T), dtype=torch.long)
+    mask = torch.zeros((B, T), dtype=torch.float32)
+    old = torch.zeros((B, T), dtype=torch.float32)
+    first_gen = T
+    for b, t in enumerate(trajs):
+        n = len(t.token_ids)
+        ids[b, T - n :] = torch.tensor(t.token_ids, dtype=torch.long)
+        attn[b, T - n :] = 1
+        mask[b, T - n :] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        old[b, T - n :] = torch.tensor(t.logprobs, dtype=torch.float32)
+        gen_pos = [i for i, m in enumerate(t.loss_mask) if m]
+        if gen_pos:
+            first_gen = min(first_gen, T - n + gen_pos[0])
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    adv = torch.tensor(advantages, dtype=torch.float32)
+    keep = T - first_gen + 1  # logits for positions first_gen-1 .. T-1
+    return {
+        "input_ids": ids.to(device),  # [B, T]
+        "attention_mask": attn.to(device),  # [B, T]
+        "position_ids": pos.to(device),  # [B, T]
+        "loss_mask": mask.to(device),  # [B, T]
+        "old_logprobs": old.to(device),  # [B, T]
+        "advantages": adv.to(device),  # [B]
+        "keep": max(2, min(keep, T)),
+    }
+
+
+def sequence_logprobs(model, batch, temperature: float, autocast_dtype):
+    """Log-probs of each sequence's own next tokens on the last `keep` columns: [B, keep-1]."""
+    import torch
+
+    from sqlrl.grpo import token_logprobs
+
+    keep = batch["keep"]
+    ctx = (
+        torch.autocast("cuda", dtype=autocast_dtype)
+        if autocast_dtype is not None
+        else contextlib.nullcontext()
+    )
+    with ctx:
+        out = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            logits_to_keep=keep,
+            use_cache=False,
+        )
+    logits = out.logits[:, :-1, :].float()  # [B, keep-1, V]: predicts tokens at columns T-keep+1 .. T-1
+    targets = batch["input_ids"][:, -keep + 1 :]  # [B, keep-1]
+    return token_logprobs(logits, targets, temperature=temperature)  # [B, keep-1]
+
+
+def train(
+    cfg: Config,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    policy_factory=None,
+    progress: bool = True,
+    command: list[str] | None = None,
+    stop_after: int | None = None,
+    deadline: float | None = None,
+    evaluator_factory=None,
+) -> dict:
+    """Run GRPO. `stop_after` ends the process-local loop after that many steps (for kill/resume tests);
+    `deadline` (a `time.monotonic()` value) stops cleanly, with a checkpoint, before a step that would
+    probably end after it, so a time-limited session can resume the run later. `policy_factory` ->
+    (model, tokenizer, name, identity) and `evaluator_factory(sandbox, gold_cache, kind)` replace the
+    model loading and the reward (tests use them for tiny models and scripted rewards)."""
+    import torch
+
+    from sqlrl.agent import Budgets, Sampling, run_agent
+    from sqlrl.checkpoint import (
+        capture_rng,
+        export_hf,
+        load_latest,
+        restore_checkpoint,
+        restore_rng,
+        save_checkpoint,
+    )
+    from sqlrl.data import SpiderData
+    from sqlrl.evaluate import resolve_data_root, score_trajectories, select_tasks
+    from sqlrl.goldcache import GoldCache, audit_golds
+    from sqlrl.grpo import group_advantages, policy_loss
+    from sqlrl.models import load_model
+    from sqlrl.policy import HFPolicy
+    from sqlrl.reward import Evaluator
+    from sqlrl.sandbox import Sandbox
+
+    out = Path(out_dir)
+    g = cfg.grpo
+    if resume:
+        if not (out / "config.json").is_file():
+            raise ConfigError(f"--resume {out}: no config.json there; is this a sqlrl train run folder?")
+        saved = read_json(out / "config.json")
+        mine = json.loads(json.dumps(cfg.resolve()))  # tuples -> lists, as in the saved JSON
+        if saved != mine:
+            diff = [f"{s}.{k}" for s in mine for k in mine[s] if saved.get(s, {}).get(k) != mine[s][k]]
+            raise ConfigError(
+                f"--resume {out}: the config differs from the run's config.json in {diff}; "
+                "resume with the same config file (or start a new run folder)"
+            )
+    elif out.exists() and any(out.iterdir()):
+        raise ConfigError(f"run folder {out} is not empty; choose a new --out or pass --resume {out}")
+    out.mkdir(parents=True, exist_ok=True)
+
+    seed = cfg.run.seed
+    random.seed(seed)
+    torch.manual_seed(seed)
+    device, gen_dtype = _device_and_dtypes(cfg)
+    budgets = Budgets.from_config(cfg.agent)
+
+    # ---- data ----
+    root = resolve_data_root(cfg.data.path)
+    ds = SpiderData(root)
+    all_train = ds.load(cfg.data.train_split, seed=cfg.data.split_seed, val_fraction=cfg.data.val_fraction)
+    gold_cache = GoldCache(out / ".goldcache")
+    audit = audit_golds(all_train, gold_cache)
+    scorable = [t for t in all_train if audit.per_task.get(t.public.task_id) is None]
+    tasks = select_tasks(scorable, cfg.data.max_train_tasks, seed)
+    sampler = TaskSampler(len(tasks), seed)
+
+    # ---- model ----
+    if policy_factory is not None:
+        train_model, tokenizer, base_name, base_identity = policy_factory()
+    else:
+        master_dtype = gen_dtype if cfg.model.lora_rank > 0 else "float32"
+        loaded = load_model(cfg.model.name, device=device, dtype=master_dtype)
+        train_model, tokenizer, base_name, base_identity = (
+            loaded.model,
+            loaded.tokenizer,
+            loaded.name,
+            loaded.identity,
+        )
+    if cfg.model.lora_rank > 0:
+        from peft import LoraConfig, get_peft_model
+
+        lcfg = LoraConfig(
+            r=cfg.model.lora_rank,
+            lora_alpha=cfg.model.lora_alpha,
+            lora_dropout=cfg.model.lora_dropout,
+            target_modules=list(cfg.model.lora_targets),
+            task_type="CAUSAL_LM",
+        )
+        train_model = get_peft_model(train_model, lcfg)
+    if cfg.model.gradient_checkpointing:
+        train_model.gradient_checkpointing_enable()
+        if hasattr(train_model, "enable_input_require_grads"):
+            train_model.enable_input_require_grads()
+    separate_gen = cfg.model.lora_rank == 0 and device == "cuda" and gen_dtype != "float32"
+    if separate_gen:
+        import copy
+
+        gen_model = copy.deepcopy(train_model).to(getattr(torch, gen_dtype)).eval()
+    else:
+        gen_model = train_model
+    policy = HFPolicy(
+        gen_model,
+        tokenizer,
+        engine=cfg.run.gen_engine,
+        max_batch=cfg.run.gen_max_batch,
+        name=base_name,
+        identity=base_identity,
+    )
+    ref_model = None
+    if g.kl_coef > 0:
+        import copy
+
+        ref_model = copy.deepcopy(gen_model if separate_gen else train_model).eval()
+        for p in ref_model.parameters():
+            p.requires_grad_(False)
+
+    params = [p for p in train_model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=g.lr, betas=g.betas, weight_decay=g.weight_decay)
+    warm = max(0, g.warmup_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
+    )
+
+    start_step = 0
+    prev_train_s = 0.0
+    if resume:
+        with contextlib.suppress(Exception):
+            prev_train_s = float(read_json(out / "run.json").get("train_seconds") or 0.0)
+        info = load_latest(out)
+        if info is not None:
+            side = restore_checkpoint(info, train_model, optimizer, scheduler)
+            sampler.load_state_dict(side["data_cursor"])
+            restore_rng(side["rng"])
+            start_step = int(side["step"])
+            if separate_gen:
+                _sync(gen_model, train_model)
+            # drop metrics of steps after the checkpoint (the run was killed after logging them)
+            if (out / "steps.jsonl").exists():
+                kept = [r for r in read_jsonl(out / "steps.jsonl") if r["step"] <= start_step]
+                write_jsonl(out / "steps.jsonl", kept)
+    else:
+        write_json_atomic(out / "config.json", cfg.resolve())
+        write_json_atomic(
+            out / "split.json",
+            {
+                **(
+                    ds.split_info(seed=cfg.data.split_seed, val_fraction=cfg.data.val_fraction)
+                    if cfg.data.train_split in ("train", "validation")
+                    else {}
+                ),
+                "train_split": cfg.data.train_split,
+                "train_fingerprint": ds.fingerprint(
+                    cfg.data.train_split, seed=cfg.data.split_seed, val_fraction=cfg.data.val_fraction
+                ),
+                "train_tasks": len(tasks),
+            },
+        )
+    run_info = {
+        "command": command or sys.argv,
+        "git": git_commit(),
+        "machine": machine_info(),
+        "device": device,
+        "gen_dtype": gen_dtype,
+        "model": {"name": base_name, "base_identity": base_identity},
+        "config_hash": cfg.config_hash(),
+        "data": str(root),
+        "train_tasks": len(tasks),
+        "gold_audit": audit.to_dict(),
+        "budgets": budgets.to_dict(),
+        "arm": arm_kind(cfg),
+        "resumed_from_step": start_step if resume else None,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "status": "running",
+    }
+    write_json_atomic(out / "run.json", run_info)
+
+    autocast = torch.bfloat16 if device == "cuda" else None
+    sinks = MetricSinks(cfg, out)
+    tasks_by_id = {t.public.task_id: t for t in tasks}
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=g.steps, initial=start_step, desc=f"grpo[{arm_kind(cfg)}]", unit="step")
+    t_train0 = time.perf_counter()
+    steps_done = 0
+    last_step = start_step
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    with Sandbox(workers=cfg.run.sandbox_workers, timeout_s=budgets.sql_timeout_s) as sandbox:
+        make_eval = evaluator_factory or (lambda sb, gc, kind: Evaluator(sb, gc, kind=kind))
+        evaluator = make_eval(sandbox, gold_cache, g.reward)
+        # the validity arm still logs execution accuracy (never used as its reward)
+        acc_evaluator = make_eval(sandbox, gold_cache, "execution") if g.reward != "execution" else None
+        last_step_s = 0.0
+        for step in range(start_step + 1, g.steps + 1):
+            if deadline is not None and last_step_s and time.monotonic() + 1.5 * last_step_s + 30 > deadline:
+                if last_step > start_step and last_step % cfg.run.checkpoint_every != 0:
+                    save_checkpoint(
+                        out,
+                        last_step,
+                        model=train_model,
+                        optimizer=optimizer,
+                        scheduler=scheduler,
+                        rng_state=capture_rng(),
+                        data_cursor=sampler.state_dict(),
+                        config_hash=cfg.config_hash(),
+                        keep_last=cfg.run.keep_checkpoints,
+                    )
+                print(
+                    f"sqlrl train: stopping before step {step} to meet the time budget; resume with --resume {out}",
+                    file=sys.stderr,
+                )
+                break
+            t0 = time.perf_counter()
+            batch_idx = sampler.next(g.prompts_per_step)
+            batch_tasks = [tasks[i] for i in batch_idx]
+            train_model.eval()
+            policy.identity = f"{base_identity}@{out.name}:step{step - 1}"
+            trajs = run_agent(
+                [t.public for t in batch_tasks],
+                policy,
+                sandbox,
+                budgets,
+                Sampling(temperature=g.temperature, top_p=g.top_p, seed=seed * 1_000_003 + step),
+                n_samples=g.group_size,
+            )
+            t_roll = time.perf_counter() - t0
+            score_trajectories(trajs, tasks_by_id, evaluator)
+            accs = []
+            if acc_evaluator is not None:
+                for tr in trajs:
+                    if tr.infra_error is None:
+                        r = acc_evaluator.score(tr.final_sql, tasks_by_id[tr.task_id])
+                        tr.reward["parts"]["execution_match"] = r.value
+                        if r.value is not None:
+                            accs.append(r.value)
+            else:
+                accs = [tr.reward["value"] for tr in trajs if tr.reward["value"] is not None]
+            valid = [tr for tr in trajs if tr.reward["value"] is not None]
+            n_excl = len(trajs) - len(valid)
+            group_of = {tid: k for k, tid in enumerate(dict.fromkeys(t.task_id for t in trajs))}
+            rewards = torch.tensor([tr.reward["value"] for tr in valid], dtype=torch.float32)
+            gids = torch.tensor([group_of[tr.task_id] for tr in valid], dtype=torch.long)
+            if len(valid):
+                adv, adv_m = group_advantages(rewards, gids, scale=g.adv_scale)
+            else:
+                adv, adv_m = torch.zeros(0), {}
+
+            # ---- update ----
+            t1 = time.perf_counter()
+            train_model.train()
+            optimizer.zero_grad(set_to_none=True)
+            total_tokens = sum(tr.generated_tokens for tr in valid)
+            n_seqs = len(valid)
+            loss_sum, kl_sum, clip_sum, tok_sum = 0.0, 0.0, 0.0, 0
+            active = [
+                (tr, float(a))
+                for tr, a in zip(valid, adv.tolist())
+                if (a != 0.0 or g.kl_coef > 0) and tr.generated_tokens > 0
+            ]
+            active.sort(key=lambda x: len(x[0].token_ids))
+            for mb_start in range(0, len(active), g.micro_batch):
+                mb = active[mb_start : mb_start + g.micro_batch]
+                batch = build_batch([x[0] for x in mb], [x[1] for x in mb], device, pad_id)
+                keep = batch["keep"]
+                logp = sequence_logprobs(train_model, batch, g.temperature, autocast)  # [b, keep-1]
+                m = batch["loss_mask"][:, -keep + 1 :]
+                old = batch["old_logprobs"][:, -keep + 1 :]
+                ref = None
+                if ref_model is not None:
+                    with torch.no_grad():
+                        ref = sequence_logprobs(ref_model, batch, g.temperature, autocast)
+                loss, lm = policy_loss(
+                    logp,
+                    old,
+                    batch["advantages"],
+                    m,
+                    clip_low=g.clip_low,
+                    clip_high=g.clip_high,
+                    ref_logprobs=ref,
+                    kl_coef=g.kl_coef,
+                    agg=g.loss_agg,
+                    loss_scale_tokens=float(total_tokens) if g.loss_agg == "token-mean" else None,
+                    loss_scale_seqs=float(n_seqs) if g.loss_agg == "seq-mean" else None,
+                )
+                loss.backward()
+                ntok = float(m.sum().item())
+                loss_sum += float(loss.item())
+                kl_sum += lm.get("kl", 0.0) * ntok
+                clip_sum += lm.get("clip_frac", 0.0) * ntok
+                tok_sum += ntok
+            grad_norm = (
+                float(torch.nn.utils.clip_grad_norm_(params, g.max_grad_norm).item()) if params else 0.0
+            )
+            if not math.isfinite(grad_norm):
+                optimizer.zero_grad(set_to_none=True)
+                raise RuntimeError(
+                    f"step {step}: non-finite gradient norm {grad_norm}; lower grpo.lr or check data"
+                )
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            if separate_gen:
+                _sync(gen_model, train_model)
+            t_upd = time.perf_counter() - t1
+            rv = rewards.tolist()
+            metrics = {
+                "step": step,
+                "reward_mean": sum(rv) / len(rv) if rv else None,
+                "reward_std": float(rewards.std(unbiased=False)) if len(rv) > 1 else 0.0,
+                "accuracy": sum(accs) / len(accs) if accs else None,
+                "executable_rate": (
+                    sum(tr.reward["status"] not in ("no_sql", "exec_error", "timeout") for tr in valid)
+                    / len(valid)
+                )
+                if valid
+                else None,
+                "loss": loss_sum,
+                "kl": kl_sum / tok_sum if tok_sum else 0.0,
+                "clip_frac": clip_sum / tok_sum if tok_sum else 0.0,
+                "entropy": None,
+                "grad_norm": grad_norm,
+                "lr": scheduler.get_last_lr()[0],
+                "n_trajectories": len(trajs),
+                "n_excluded": n_excl,
+                "groups": adv_m.get("groups"),
+                "zero_var_groups": adv_m.get("zero_var_groups"),
+                "trained_tokens": int(tok_sum),
+                "gen_tokens": sum(tr.generated_tokens for tr in trajs),
+                "mean_turns": sum(len(tr.turns) for tr in trajs) / len(trajs),
+                "time_rollout_s": round(t_roll, 3),
+                "time_update_s": round(t_upd, 3),
+                "time_step_s": round(time.perf_counter() - t0, 3),
+                **gpu_telemetry(),
+            }
+            append_jsonl(out / "steps.jsonl", metrics)
+            if cfg.run.log_rollouts:
+                for tr in trajs[: cfg.run.log_rollouts]:
+                    append_jsonl(out / "rollouts.jsonl", {"step": step, **tr.to_dict(with_tokens=True)})
+            sinks.log(metrics, step)
+            if bar is not None:
+                bar.set_postfix(
+                    reward=f"{metrics['reward_mean'] or 0:.3f}",
+                    acc=f"{metrics['accuracy'] or 0:.3f}",
+                    loss=f"{loss_sum:.4f}",
+                    gn=f"{grad_norm:.3g}",
+                    s=f"{metrics['time_step_s']:.1f}",
+                )
+                bar.update(1)
+            if step % cfg.run.checkpoint_every == 0 or step == g.steps:
+                save_checkpoint(
+                    out,
+                    step,
+                    model=train_model,
+                    optimizer=optimizer,
+                    scheduler=scheduler,
+                    rng_state=capture_rng(),
+                    data_cursor=sampler.state_dict(),
+                    config_hash=cfg.config_hash(),
+                    keep_last=cfg.run.keep_checkpoints,
+                )
+            steps_done += 1
+            last_step = step
+            last_step_s = time.perf_counter() - t0
+            if stop_after is not None and steps_done >= stop_after:
+                break
+    if bar is not None:
+        bar.close()
+    sinks.close()
+    train_s = time.perf_counter() - t_train0
+    finished = last_step >= g.steps
+    result = {"steps": last_step, "finished": finished}
+    if finished:
+        export = export_hf(train_model, tokenizer, out / "final", merge_lora=True)
+        result["final"] = str(out / "final")
+        result["final_identity"] = export.get("weights_hash")
+    total_s = prev_train_s + train_s
+    run_info.update(
+        {
+            "status": "finished" if finished else "stopped",
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "train_seconds": round(total_s, 2),
+            "gpu_minutes": round(total_s / 60.0, 3) if device == "cuda" else None,
+            **result,
+        }
+    )
+    write_json_atomic(out / "run.json", run_info)
+    return result
+
+
+def _sync(dst, src) -> None:
+    import torch
+
+    with torch.no_grad():
+        for pd, ps in zip(dst.parameters(), src.parameters()):
+            pd.copy_(ps)
+
+
+def arm_kind(cfg: Config) -> str:
+    if cfg.grpo.control == "no-update":
+        return "no_update"
+    if cfg.grpo.reward == "validity":
+        return "validity"
+    return "grpo"
+
+
+def cli_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="sqlrl train", description="GRPO training from a TOML run file.")
+    p.add_argument("config", help="TOML run file, e.g. configs/quickstart.toml")
+    p.add_argument("--out", help="run folder (default runs/<config stem>)")
+    p.add_argument(
+        "--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last complete checkpoint"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value, e.g. --set grpo.steps=5 (repeatable)",
+    )
+    p.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
+    a = p.parse_args(argv)
+    from sqlrl import config as C
+    from sqlrl.artifacts import dumps
+
+    try:
+        cfg = C.load(a.config, a.set)
+    except ConfigError as e:
+        print(f"sqlrl train: {e}", file=sys.stderr)
+        return 2
+    if a.print_config:
+        print(dumps(cfg.resolve()))
+        return 0
+    out = a.resume or a.out or f"runs/{Path(a.config).stem}"
+    try:
+        res = train(cfg, out, resume=bool(a.resume), command=["sqlrl", "train", *argv])
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"sqlrl train: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"trained {res['steps']} steps -> {out}"
+        + (f" (final: {res.get('final_identity')})" if res.get("final") else "")
+    )
+    return 0
