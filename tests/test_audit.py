@@ -211,3 +211,17 @@ def test_leakage_is_forwarded(monkeypatch):
     monkeypatch.setattr(sqlrl, "leakage", fake, raising=False)
     assert cli_main(["leakage", "--exp", "E", "-n", "3"]) == 7
     assert seen["argv"] == ["--exp", "E", "-n", "3"]
+
+
+def test_bf16_base_vs_float32_export_compares_after_exact_upcast(models):
+    """A hub model stored in bf16 and a float32 training export: identical values are identical, one ulp is not."""
+    _, base, trained, _ = models
+    b16 = {k: v.to(torch.bfloat16) for k, v in base.state_dict().items()}
+    f32 = {k: v.float() for k, v in b16.items()}  # exact upcast: what a lr=0 float32 master exports
+    res = audit_weights(b16, trained, f32)
+    assert res["verdicts"]["no_update_identical"] is True
+    bumped = {k: v.clone() for k, v in f32.items()}
+    bumped["model.norm.weight"].view(torch.int32)[0] ^= 1  # below bf16 resolution, still a change
+    res = audit_weights(b16, trained, bumped)
+    assert res["verdicts"]["no_update_identical"] is False
+    assert res["tensors"]["no_update"]["summary"]["first_changed"] == ["model.norm.weight"]

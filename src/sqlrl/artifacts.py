@@ -113,8 +113,12 @@ def git_commit(cwd: str | os.PathLike | None = None) -> dict:
     """The commit of the sqlrl checkout (if any) and whether the tree was dirty."""
     cwd = cwd or Path(__file__).resolve().parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5)
-        status = subprocess.run(["git", "status", "--porcelain"], cwd=cwd, capture_output=True, text=True, timeout=5)
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5
+        )
+        status = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=cwd, capture_output=True, text=True, timeout=5
+        )
         if commit.returncode != 0:
             return {"commit": None, "dirty": None}
         return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}

@@ -11,7 +11,9 @@ which needs one full model in memory at a time.
 Verdicts (``None`` when not applicable):
 - ``trained_changed``: at least one tensor of ``trained`` differs from ``base`` (raw bytes).
 - ``no_update_identical``: every tensor of ``no_update`` is bit-identical to ``base`` (raw bytes compared,
-  not allclose: -0.0 vs 0.0 or a NaN payload change counts as a change; a dtype change counts too).
+  not allclose: -0.0 vs 0.0 or a NaN payload change counts as a change). Tensors of different floating
+  dtypes where one converts exactly into the other (a bf16 base vs a float32 export) are compared bit for
+  bit after that exact upcast; any other dtype change counts as a change.
 - ``reloaded_identity``: the weights hash of ``reloaded`` (or of ``trained`` itself when no ``reloaded``
   is given) equals the recorded hash (``expect_hash``, else ``identity.json`` / ``sidecar.json`` of
   ``trained``, else the hash computed from ``trained``).
@@ -200,6 +202,22 @@ def _num(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _lossless_common(da, db):
+    """The wider dtype when one floating dtype converts exactly into the other (bf16/f16 -> f32 -> f64)."""
+    import torch
+
+    exact_into = {
+        torch.bfloat16: (torch.float32, torch.float64),
+        torch.float16: (torch.float32, torch.float64),
+        torch.float32: (torch.float64,),
+    }
+    if db in exact_into.get(da, ()):
+        return db
+    if da in exact_into.get(db, ()):
+        return da
+    return None
+
+
 def _compare(a, b) -> dict:
     """Bit-level and numeric comparison of two same-shape tensors (b - a), float64 accumulation."""
     import torch
@@ -209,10 +227,18 @@ def _compare(a, b) -> dict:
         "dtype_b": str(b.dtype).removeprefix("torch."),
     }
     same_dtype = a.dtype == b.dtype
+    wide = _lossless_common(a.dtype, b.dtype)
     if same_dtype:
         ia, ib = _int_view(a), _int_view(b)
         changed = int((ia != ib).sum())
         identical = changed == 0
+    elif wide is not None:
+        # e.g. a bf16 base vs a float32 export: the upcast is exact, so bit equality after it is
+        # bit equality of the values (and -0.0 stays -0.0)
+        ia, ib = _int_view(a.to(wide)), _int_view(b.to(wide))
+        changed = int((ia != ib).sum())
+        identical = changed == 0
+        rec["compared_as"] = str(wide).removeprefix("torch.")
     else:
         changed = None
         identical = False

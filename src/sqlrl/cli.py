@@ -12,7 +12,10 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "quickstart": ("sqlrl.experiment:cli_quickstart", "run the main job: the quickstart experiment on the embedded demo data"),
+    "quickstart": (
+        "sqlrl.experiment:cli_quickstart",
+        "run the main job: the quickstart experiment on the embedded demo data",
+    ),
     "sql": ("sqlrl.sandbox", "run one SQL statement in the hardened read-only sandbox"),
     "reward": ("sqlrl.reward", "score a predicted SQL against a gold SQL on a database"),
     "data": ("sqlrl.data", "inspect a Spider-layout folder: audit golds, show the split"),
@@ -20,9 +23,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("sqlrl.evaluate", "run the agent greedily over a split and score it"),
     "audit": ("sqlrl.audit", "audits: `audit weights` (tensor-level) and `audit leakage` (gold mutation)"),
     "train": ("sqlrl.trainer", "GRPO training from a TOML config (with --resume)"),
-    "experiment": ("sqlrl.experiment", "run the equal-budget arm matrix (Base, GRPO, No-update, validity-only)"),
+    "experiment": (
+        "sqlrl.experiment",
+        "run the equal-budget arm matrix (Base, GRPO, No-update, validity-only)",
+    ),
     "report": ("sqlrl.report", "apply the evidence gate to an experiment folder and write the report"),
-    "export": ("sqlrl.checkpoint:cli_export", "export a checkpoint to Hugging Face format with its identity hash"),
+    "export": (
+        "sqlrl.checkpoint:cli_export",
+        "export a checkpoint to Hugging Face format with its identity hash",
+    ),
 }
 
 

@@ -141,6 +141,8 @@ class RunConfig:
     """Save a checkpoint every N steps (and at the end)."""
     keep_checkpoints: int = 2
     """Checkpoints kept on disk."""
+    prune_checkpoints_at_end: bool = False
+    """After a finished run is exported, delete its checkpoint folders (the manifest stays, marked pruned)."""
     sandbox_workers: int = 2
     """SQL sandbox worker processes."""
     gen_engine: Literal["fast", "hf"] = "fast"

@@ -52,6 +52,7 @@ def select_tasks(tasks: list, limit: int, seed: int) -> list:
 
 def score_trajectories(trajectories: list[Trajectory], tasks_by_id: dict, evaluator) -> None:
     """Attach `reward` to each finished trajectory (after it ended; never during)."""
+    todo = []
     for tr in trajectories:
         if not tr.done:
             raise RuntimeError(
@@ -59,8 +60,14 @@ def score_trajectories(trajectories: list[Trajectory], tasks_by_id: dict, evalua
             )
         if tr.infra_error:
             tr.reward = {"value": None, "status": "infra_error", "parts": {"error": tr.infra_error}}
-            continue
-        r = evaluator.score(tr.final_sql, tasks_by_id[tr.task_id])
+        else:
+            todo.append(tr)
+    items = [(tr.final_sql, tasks_by_id[tr.task_id]) for tr in todo]
+    if hasattr(evaluator, "score_many"):  # one batched sandbox round trip instead of one per trajectory
+        rewards = evaluator.score_many(items)
+    else:
+        rewards = [evaluator.score(sql, task) for sql, task in items]
+    for tr, r in zip(todo, rewards):
         tr.reward = {"value": r.value, "status": r.status, "parts": dict(r.parts)}
 
 

@@ -462,12 +462,13 @@ def train(
             score_trajectories(trajs, tasks_by_id, evaluator)
             accs = []
             if acc_evaluator is not None:
-                for tr in trajs:
-                    if tr.infra_error is None:
-                        r = acc_evaluator.score(tr.final_sql, tasks_by_id[tr.task_id])
-                        tr.reward["parts"]["execution_match"] = r.value
-                        if r.value is not None:
-                            accs.append(r.value)
+                scored = [tr for tr in trajs if tr.infra_error is None]
+                items = [(tr.final_sql, tasks_by_id[tr.task_id]) for tr in scored]
+                many = getattr(acc_evaluator, "score_many", None)
+                for tr, r in zip(scored, many(items) if many else [acc_evaluator.score(*x) for x in items]):
+                    tr.reward["parts"]["execution_match"] = r.value
+                    if r.value is not None:
+                        accs.append(r.value)
             else:
                 accs = [tr.reward["value"] for tr in trajs if tr.reward["value"] is not None]
             valid = [tr for tr in trajs if tr.reward["value"] is not None]
@@ -608,6 +609,8 @@ def train(
         export = export_hf(train_model, tokenizer, out / "final", merge_lora=True)
         result["final"] = str(out / "final")
         result["final_identity"] = export.get("weights_hash")
+        if cfg.run.prune_checkpoints_at_end:
+            _prune_checkpoints(out)
     total_s = prev_train_s + train_s
     run_info.update(
         {
@@ -620,6 +623,24 @@ def train(
     )
     write_json_atomic(out / "run.json", run_info)
     return result
+
+
+def _prune_checkpoints(out: Path) -> None:
+    """Delete checkpoint folders of a finished, exported run; keep the manifest and mark it pruned."""
+    import shutil
+
+    ck = out / "checkpoints"
+    if not ck.is_dir():
+        return
+    for d in ck.iterdir():
+        if d.is_dir():
+            shutil.rmtree(d, ignore_errors=True)
+    mp = ck / "manifest.json"
+    if mp.exists():
+        m = read_json(mp)
+        m["pruned"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        m["pruned_reason"] = "run finished and exported to final/; run.prune_checkpoints_at_end = true"
+        write_json_atomic(mp, m)
 
 
 def _sync(dst, src) -> None:

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# How the model and data reach the GPU machine, and the GPU runs, exactly as executed for results/.
+# The device machine has no network: the Qwen GGUF travels as 60 MiB parts (carried one per call into
+# a scratch folder outside the checkout), Spider as a .tgz, missing wheels (gguf, sqlglot) from .whl/.
+#   here:  bash ../shared/tools/parts.sh split qwen.gguf .stage/qwen 60M
+#          tar czf .stage/spider.tgz -C ../shared/data spider
+#          pip download --no-deps --python-version 3.12 ... -d .whl gguf==0.19.0 sqlglot==30.30.0
+#   there: bash scripts/gpu.sh stage 00   (carry .stage/qwen/part00)   ... one call per part
+#          bash scripts/gpu.sh setup      (carry last part, MANIFEST, spider.tgz, .whl)
+#          bash scripts/gpu.sh bench | experiment SECONDS | pack
+set -euo pipefail
+S=${SQLRL_SCRATCH:-/root/sqlrl-scratch}
+mkdir -p "$S/parts"
+export SQLRL_CACHE=$S/models PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+cmd=$1; shift
+case "$cmd" in
+  stage)
+    for n in "$@"; do cp ".stage/qwen/part$n" "$S/parts/"; done
+    ls -la "$S/parts" | tail -n +2 | awk '{s+=$5} END {print "staged bytes:", s}' ;;
+  setup)
+    cp .stage/qwen/part* .stage/qwen/MANIFEST "$S/parts/" 2>/dev/null || true
+    cat "$S"/parts/part* > "$S/qwen.gguf"
+    want=$(awk '$1=="sha256"{print $2}' "$S/parts/MANIFEST"); got=$(sha256sum "$S/qwen.gguf" | cut -d' ' -f1)
+    [ "$want" = "$got" ] || { echo "sha256 mismatch: want $want got $got" >&2; exit 1; }
+    echo "gguf ok $got"; rm -rf "$S/parts"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    tar xzf .stage/spider.tgz -C "$S"
+    python3 -m sqlrl.cli model fetch qwen2.5-coder-0.5b-instruct --gguf "$S/qwen.gguf"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv ;;
+  bench)
+    python3 bench/bench_generate.py --model qwen2.5-coder-0.5b-instruct --prompts-from "$S/spider" --split train_spider "$@" ;;
+  experiment)
+    budget=$1; shift
+    python3 -m sqlrl.cli experiment configs/spider-0.5b-gpu.toml --out "$S/exp" --set "data.path=\"$S/spider\"" \
+      --time-budget "$budget" "$@" ;;
+  pack)
+    dest=$1
+    tar czf "$dest/exp.tgz" -C "$S" --exclude='checkpoints' --exclude='final' --exclude='.goldcache' \
+      --exclude='.gold_real' --exclude='.gold_mutated' exp
+    ls -la "$dest" ;;
+  *) echo "usage: gpu.sh stage NN|setup|bench|experiment SECONDS|pack DIR" >&2; exit 2 ;;
+esac

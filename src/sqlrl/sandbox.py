@@ -1,0 +1,936 @@
+"""Hardened, read-only execution of untrusted (model-written) SQL against SQLite files.
+
+`Sandbox` runs each statement in one of a few persistent worker processes (multiprocessing, *spawn*
+context). A worker caches one read-only connection per database file (LRU, keyed by path, inode,
+size and mtime). The parent process watches every call with a hard wall-clock limit and kills and
+respawns a worker that does not answer in time: the call returns `timeout`, a worker that died for
+another reason gives `worker_crash`, and the next call works on a fresh worker.
+
+Layers, outermost first (each one alone would stop the attacks it lists; they are stacked on purpose):
+
+1. A tokenizer-aware pre-check in the parent (string literals, quoted identifiers and comments are
+   understood): empty SQL -> `empty_sql`; more than one statement -> `multiple_statements` (trailing
+   semicolons and comments are fine); a statement that starts with a writing or administrative
+   keyword (INSERT, UPDATE, DELETE, REPLACE, CREATE, DROP, ALTER, ATTACH, DETACH, BEGIN, COMMIT, END,
+   ROLLBACK, SAVEPOINT, RELEASE, VACUUM, REINDEX, ANALYZE) -> `forbidden`; `EXPLAIN` only in front of
+   SELECT / WITH / VALUES; SQL longer than `max_sql_chars` -> `too_large`. Only the one statement
+   (original text up to its semicolon) is sent to the worker.
+2. The connection is opened with the URI `file:PATH?mode=ro&immutable=1` (SQLite itself refuses
+   every write to the file and takes no locks), plus `PRAGMA query_only=1`, `trusted_schema=0`,
+   `temp_store=MEMORY` (no temp files), all set *before* the authorizer is installed.
+3. An authorizer ALLOWLIST: SQLITE_SELECT, SQLITE_READ, SQLITE_RECURSIVE, SQLITE_FUNCTION except
+   a deny list (`load_extension`, `readfile`, `writefile`, `edit`, `fts3_tokenizer`, ...), and the
+   read-only schema pragmas `table_info`, `table_xinfo`, `index_list`, `index_info`, `index_xinfo`,
+   `foreign_key_list`. Everything else (writes, DDL incl. TEMP objects, ATTACH, transactions,
+   other pragmas, virtual-table construction, hence table-valued functions such as `json_each` and
+   `pragma_*()`) is denied -> `forbidden`. Reading `sqlite_master` is allowed.
+4. `Connection.setlimit`: LENGTH (`max_value_bytes`), SQL_LENGTH, ATTACHED=0, EXPR_DEPTH,
+   COMPOUND_SELECT, FUNCTION_ARG, LIKE_PATTERN_LENGTH, VARIABLE_NUMBER, TRIGGER_DEPTH,
+   WORKER_THREADS=0. A process-wide `PRAGMA hard_heap_limit` / `soft_heap_limit` for SQLite's
+   allocator and (Linux) `RLIMIT_AS` for the whole worker.
+5. A progress handler every `progress_ops` VM instructions stops the statement at the soft
+   deadline (`timeout_s`) -> `timeout`. Some calls never return to the VM (e.g.
+   `SELECT printf('%.*c', 2000000000, 'x')` loops inside one function call); the parent's watchdog
+   (`hard_timeout_s`) kills those workers -> `timeout`.
+6. Results are fetched in growing `fetchmany` chunks: more than `max_rows` rows -> `too_many_rows`
+   (the first `max_rows` rows are kept); more than `max_result_bytes` (text length in characters +
+   blob length + 8 per value) -> `too_large` (rows that fitted are kept). SQLITE_TOOBIG and memory
+   exhaustion also give `too_large`.
+
+Text that is not valid UTF-8 is decoded deterministically with `bytes.decode("utf-8", "replace")`
+(U+FFFD for each bad sequence). Statements are first run with the C fast path; only when that fails
+to decode is the statement re-run with the replacing decoder (same result, same deadline).
+
+Statuses: ok | empty_sql | syntax_error | forbidden | multiple_statements | timeout | too_many_rows |
+too_large | runtime_error | worker_crash. `ok` is the only success; `worker_crash` is an
+infrastructure failure, never a wrong answer.
+
+Guaranteed: no statement run through the sandbox changes the database file or creates a file
+(besides what SQLite needs in memory); a runaway statement costs at most `hard_timeout_s` of wall
+time and never takes the caller down; results are deterministic for deterministic SQL.
+Not guaranteed: `immutable=1` means SQLite assumes the file does not change while open; the worker
+re-opens a file whose inode/size/mtime changed, but a file rewritten in place with the same
+size and mtime could give stale or corrupt reads. Non-deterministic SQL (`random()`, `'now'`) stays
+non-deterministic. Memory limits are per worker process, not per call. The sandbox is no defence
+against a malicious database *file* (the files are trusted; the SQL is not). `elapsed_ms` is the
+worker's execution + fetch time (the parent's wall time for watchdog kills and pre-check results).
+Workers are started with a bare `__main__` module in place (only during `Process.start()`), so the
+caller's script is not re-imported in them and needs no `if __name__ == "__main__"` guard; another
+thread looking up `sys.modules["__main__"]` during those few milliseconds would see the bare module.
+Defaults: timeout_s=5, hard_timeout_s=2*timeout_s+1, max_rows=100_000, max_result_bytes=8 MiB,
+max_value_bytes=4 MiB, max_sql_chars=1_000_000, heap limit 512 MiB, RLIMIT_AS 2 GiB,
+32 cached connections per worker, progress check every 10_000 VM instructions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import marshal
+import math
+import multiprocessing
+import os
+import queue
+import re
+import sqlite3
+import sys
+import threading
+import time
+import types
+import urllib.parse
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+STATUSES = (
+    "ok",
+    "empty_sql",
+    "syntax_error",
+    "forbidden",
+    "multiple_statements",
+    "timeout",
+    "too_many_rows",
+    "too_large",
+    "runtime_error",
+    "worker_crash",
+)
+
+# --------------------------------------------------------------------------------------------------
+# Result
+
+
+def _json_value(v: Any) -> Any:
+    if isinstance(v, bytes | bytearray | memoryview):
+        return {"$blob_hex": bytes(v).hex()}
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+    return v
+
+
+def _from_json_value(v: Any) -> Any:
+    if isinstance(v, dict) and "$blob_hex" in v:
+        return bytes.fromhex(v["$blob_hex"])
+    return v
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, str):
+        return v.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    if isinstance(v, bytes):
+        h = v[:32].hex()
+        return f"x'{h}'" + ("..." if len(v) > 32 else "")
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+@dataclass(frozen=True)
+class SQLResult:
+    status: str  # one of STATUSES
+    columns: list[str] = field(default_factory=list)
+    rows: list[tuple] = field(default_factory=list)  # rows kept (up to the caps)
+    row_count: int = 0  # == len(rows)
+    elapsed_ms: float = 0.0
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict:
+        """JSON-safe dict: blobs become {"$blob_hex": "..."}; inf/nan become "Infinity"/"-Infinity"/"NaN"."""
+        return {
+            "status": self.status,
+            "columns": list(self.columns),
+            "rows": [[_json_value(v) for v in r] for r in self.rows],
+            "row_count": self.row_count,
+            "elapsed_ms": round(self.elapsed_ms, 3) if math.isfinite(self.elapsed_ms) else 0.0,
+            "message": self.message,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SQLResult:
+        return cls(
+            status=d["status"],
+            columns=list(d.get("columns", [])),
+            rows=[tuple(_from_json_value(v) for v in r) for r in d.get("rows", [])],
+            row_count=int(d.get("row_count", 0)),
+            elapsed_ms=float(d.get("elapsed_ms", 0.0)),
+            message=str(d.get("message", "")),
+        )
+
+    def render(self, max_rows: int = 10, max_chars: int = 2000) -> str:
+        """Deterministic text for the policy (no timings): status line, header, capped rows, message."""
+        n = self.row_count
+        plural = "row" if n == 1 else "rows"
+        if self.status == "ok":
+            lines = [f"status: ok ({n} {plural})"]
+        elif self.status in ("too_many_rows", "too_large"):
+            lines = [f"status: {self.status} (result cut after {n} {plural})"]
+        else:
+            lines = [f"status: {self.status}"]
+        if self.columns:
+            lines.append(" | ".join(_cell(c) for c in self.columns))
+            shown = self.rows[: max(0, max_rows)]
+            lines.extend(" | ".join(_cell(v) for v in r) for r in shown)
+            if n > len(shown):
+                lines.append(f"... {n - len(shown)} more rows")
+        if self.message:
+            lines.append(("error: " if self.status != "ok" else "note: ") + self.message)
+        text = "\n".join(lines)
+        if len(text) > max_chars:
+            tail = "\n... (output truncated)"
+            text = text[: max(0, max_chars - len(tail))] + tail
+        return text
+
+
+def _result(status: str, message: str = "", elapsed_ms: float = 0.0) -> SQLResult:
+    return SQLResult(status, [], [], 0, elapsed_ms, message)
+
+
+# --------------------------------------------------------------------------------------------------
+# Parent-side pre-check (tokenizer aware)
+
+# strings / quoted identifiers (unterminated ones run to the end), comments, ';', plain runs
+_LEX = re.compile(
+    r"""'(?:[^']|'')*'?|"(?:[^"]|"")*"?|`(?:[^`]|``)*`?|\[[^\]]*\]?|--[^\n]*|/\*(?:.*?\*/|.*)|;|[^'"`\[;/-]+|[-/]""",
+    re.S,
+)
+_WORD = re.compile(r"\s*([A-Za-z_]+)")
+_FORBIDDEN_START = frozenset(
+    "INSERT UPDATE DELETE REPLACE CREATE DROP ALTER ATTACH DETACH BEGIN COMMIT END ROLLBACK "
+    "SAVEPOINT RELEASE VACUUM REINDEX ANALYZE".split()
+)
+_READ_START = frozenset(("SELECT", "WITH", "VALUES"))
+
+
+def _scan(sql: str) -> list[tuple[int, int, str]]:
+    """(start, end, text with comments blanked) of each non-empty statement of `sql`."""
+    out: list[tuple[int, int, str]] = []
+    cur: list[str] = []
+    start = 0
+    for m in _LEX.finditer(sql):
+        tok = m.group()
+        c = tok[0]
+        if c == ";":
+            s = "".join(cur).strip()
+            if s:
+                out.append((start, m.start(), s))
+            cur = []
+            start = m.end()
+        elif (c == "-" and tok.startswith("--")) or (c == "/" and tok.startswith("/*")):
+            cur.append(" ")
+        else:
+            cur.append(tok)
+    s = "".join(cur).strip()
+    if s:
+        out.append((start, len(sql), s))
+    return out
+
+
+def split_statements(sql: str) -> list[str]:
+    """Non-empty statements of `sql` (comments blanked out, string literals and identifiers intact)."""
+    return [s for _, _, s in _scan(sql)]
+
+
+def _precheck(sql: str, max_sql_chars: int) -> SQLResult | str:
+    """A result for SQL that must not reach a worker, or the single statement to run (the original
+    text up to its terminating semicolon: trailing semicolons and comments are dropped)."""
+    if not isinstance(sql, str):
+        return _result("runtime_error", f"SQL must be a string, not {type(sql).__name__}")
+    if len(sql) > max_sql_chars:
+        return _result("too_large", f"SQL text longer than {max_sql_chars} characters")
+    stmts = _scan(sql)
+    if not stmts:
+        return _result("empty_sql", "no SQL statement")
+    if len(stmts) > 1:
+        return _result("multiple_statements", f"exactly one statement is allowed, got {len(stmts)}")
+    start, end, text = stmts[0]
+    m = _WORD.match(text)
+    if m:
+        word = m.group(1).upper()
+        if word == "EXPLAIN":
+            rest = text[m.end() :]
+            m2 = re.match(r"\s*QUERY\s+PLAN\b", rest, re.I)
+            if m2:
+                rest = rest[m2.end() :]
+            m3 = _WORD.match(rest)
+            if not m3 or m3.group(1).upper() not in _READ_START:
+                return _result("forbidden", "EXPLAIN is allowed only for SELECT / WITH / VALUES")
+        elif word in _FORBIDDEN_START:
+            return _result("forbidden", f"{word} statements are not allowed (read-only sandbox)")
+    return sql[start:end]
+
+
+def precheck(sql: str, max_sql_chars: int = 1_000_000) -> SQLResult | None:
+    """A result for SQL that must not reach a worker, or None. Cheap; runs in the caller's process."""
+    r = _precheck(sql, max_sql_chars)
+    return r if isinstance(r, SQLResult) else None
+
+
+# --------------------------------------------------------------------------------------------------
+# Worker side
+
+_DENY_FUNCTIONS = frozenset(
+    (
+        "load_extension",
+        "readfile",
+        "writefile",
+        "edit",
+        "fts3_tokenizer",
+        "fts5",
+        "fts5_source_id",
+        "sqlar_compress",
+        "sqlar_uncompress",
+        "zipfile",
+        "zipfile_cds",
+        "eval",
+        "sqlite_dbpage",
+        "sqlite_dbdata",
+        "sqlite_dbptr",
+        "shell_add_schema",
+        "shell_escape_crnl",
+        "shell_int32",
+        "shell_idquote",
+        "shell_module_schema",
+        "shell_putsnl",
+        "lsmode",
+        "lsdir",
+        "fsdir",
+        "sha3_query",
+        "sqlite_rename_column",
+        "sqlite_rename_table",
+        "sqlite_rename_test",
+        "sqlite_drop_column",
+        "sqlite_rename_quotefix",
+    )
+)
+_ALLOWED_PRAGMAS = frozenset(
+    ("table_info", "table_xinfo", "index_list", "index_info", "index_xinfo", "foreign_key_list")
+)
+_OK = sqlite3.SQLITE_OK
+_DENY = sqlite3.SQLITE_DENY
+_A_SELECT = sqlite3.SQLITE_SELECT
+_A_READ = sqlite3.SQLITE_READ
+_A_FUNCTION = sqlite3.SQLITE_FUNCTION
+_A_RECURSIVE = sqlite3.SQLITE_RECURSIVE
+_A_PRAGMA = sqlite3.SQLITE_PRAGMA
+
+
+def _authorizer(action: int, arg1: Any, arg2: Any, dbname: Any, source: Any) -> int:
+    if action == _A_READ or action == _A_SELECT or action == _A_RECURSIVE:
+        return _OK
+    if action == _A_FUNCTION:
+        return _DENY if (arg2 or "").lower() in _DENY_FUNCTIONS else _OK
+    if action == _A_PRAGMA:
+        return _OK if (arg1 or "").lower() in _ALLOWED_PRAGMAS else _DENY
+    return _DENY
+
+
+def _decode_replace(b: bytes) -> str:
+    return b.decode("utf-8", "replace")
+
+
+class _Deadline:
+    __slots__ = ("t",)
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+
+def _setup_process(cfg: dict) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    mem = cfg.get("memory_limit_bytes")
+    if mem:
+        try:
+            import resource
+
+            soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+            want = int(mem) if hard == resource.RLIM_INFINITY else min(int(mem), hard)
+            resource.setrlimit(resource.RLIMIT_AS, (want, hard))
+        except (ImportError, ValueError, OSError):
+            pass
+    heap = cfg.get("heap_limit_bytes")
+    if heap:
+        c = sqlite3.connect(":memory:")
+        try:
+            c.execute(f"PRAGMA hard_heap_limit={int(heap)}").fetchall()
+            c.execute(f"PRAGMA soft_heap_limit={int(heap) // 2}").fetchall()
+        finally:
+            c.close()
+
+
+def _open(path: str, cfg: dict, deadline: _Deadline) -> sqlite3.Connection:
+    uri = "file:" + urllib.parse.quote(path) + "?mode=ro&immutable=1"
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+    try:
+        # settings first: once the authorizer is installed no PRAGMA like these can run
+        for pragma in ("query_only=1", "trusted_schema=0", "temp_store=MEMORY"):
+            conn.execute("PRAGMA " + pragma).fetchall()
+        limits = {
+            sqlite3.SQLITE_LIMIT_LENGTH: cfg["max_value_bytes"],
+            sqlite3.SQLITE_LIMIT_SQL_LENGTH: max(1000, cfg["max_sql_chars"] * 4),
+            sqlite3.SQLITE_LIMIT_ATTACHED: 0,
+            sqlite3.SQLITE_LIMIT_EXPR_DEPTH: 1000,
+            sqlite3.SQLITE_LIMIT_COMPOUND_SELECT: 200,
+            sqlite3.SQLITE_LIMIT_FUNCTION_ARG: 100,
+            sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH: 10_000,
+            sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER: 100,
+            sqlite3.SQLITE_LIMIT_TRIGGER_DEPTH: 1,
+            sqlite3.SQLITE_LIMIT_WORKER_THREADS: 0,
+        }
+        for k, v in limits.items():
+            conn.setlimit(k, int(v))
+        t = deadline
+
+        def progress() -> bool:
+            return time.monotonic() > t.t
+
+        if cfg["progress_ops"] > 0:
+            conn.set_progress_handler(progress, int(cfg["progress_ops"]))
+        conn.set_authorizer(_authorizer)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _classify(e: BaseException, timeout_s: float) -> tuple[str, str]:
+    if isinstance(e, MemoryError):
+        return "too_large", "memory limit exceeded"
+    msg = str(e)
+    name = getattr(e, "sqlite_errorname", None) or ""
+    if name == "SQLITE_INTERRUPT" or msg == "interrupted":
+        return "timeout", f"statement exceeded the time limit of {timeout_s:g} s"
+    if name == "SQLITE_AUTH" or msg.startswith(("not authorized", "authorization denied")):
+        return "forbidden", f"{msg} (read-only sandbox: only SELECT statements are allowed)"
+    if name.startswith("SQLITE_READONLY") or "readonly database" in msg:
+        return "forbidden", msg
+    if name == "SQLITE_TOOBIG" or msg in ("string or blob too big", "statement too long"):
+        return "too_large", msg
+    if name == "SQLITE_NOMEM" or msg == "out of memory":
+        return "too_large", "memory limit exceeded"
+    if isinstance(e, sqlite3.ProgrammingError | sqlite3.Warning) and "one statement at a time" in msg:
+        return "multiple_statements", msg
+    if msg.endswith("syntax error") or msg.startswith("unrecognized token") or msg == "incomplete input":
+        return "syntax_error", msg
+    return "runtime_error", (msg or type(e).__name__)[:1000]
+
+
+def _fetch(cur: sqlite3.Cursor, cfg: dict, deadline: _Deadline) -> tuple[str, list, str]:
+    """All rows up to the caps. Result size = bytes of the rows serialised with `marshal` (what is sent)."""
+    max_rows = cfg["max_rows"]
+    max_bytes = cfg["max_result_bytes"]
+    rows: list[tuple] = []
+    nbytes = 0
+    chunk = 64
+    dumps = marshal.dumps
+    while True:
+        part = cur.fetchmany(min(chunk, max_rows + 1 - len(rows)))
+        if not part:
+            return "ok", rows, ""
+        size = len(dumps(part))
+        if nbytes + size > max_bytes or len(rows) + len(part) > max_rows:
+            for row in part:  # slow path near a cap: row by row
+                nbytes += len(dumps(row))
+                if nbytes > max_bytes:
+                    return "too_large", rows, f"result larger than {max_bytes} bytes; {len(rows)} rows kept"
+                if len(rows) >= max_rows:
+                    return "too_many_rows", rows, f"more than {max_rows} rows; the first {max_rows} are kept"
+                rows.append(row)
+        else:
+            nbytes += size
+            rows.extend(part)
+        if time.monotonic() > deadline.t:
+            raise sqlite3.OperationalError("interrupted")
+        # grow the chunk, but never fetch (much) more than the byte budget left
+        per_row = max(1, size // len(part))
+        chunk = max(1, min(chunk * 4, 16384, (max_bytes - nbytes) // per_row + 1))
+
+
+def _run_one(conns: OrderedDict, cfg: dict, deadline: _Deadline, db_path: str, sql: str, timeout_s: float):
+    t0 = time.perf_counter()
+    deadline.t = time.monotonic() + timeout_s
+    try:
+        st = os.stat(db_path)
+        key = (db_path, st.st_ino, st.st_size, st.st_mtime_ns)
+        conn = conns.get(db_path)
+        if conn is not None and conn[0] == key:
+            conns.move_to_end(db_path)
+            conn = conn[1]
+        else:
+            if conn is not None:
+                conns.pop(db_path)[1].close()
+            conn = _open(db_path, cfg, deadline)
+            conns[db_path] = (key, conn)
+            while len(conns) > cfg["max_connections"]:
+                conns.popitem(last=False)[1][1].close()
+    except FileNotFoundError:
+        return ("runtime_error", [], [], 0, 0.0, f"unable to open database file: {db_path}")
+    except Exception as e:  # noqa: BLE001
+        st_, msg = _classify(e, timeout_s)
+        return (st_, [], [], 0, (time.perf_counter() - t0) * 1e3, msg)
+    cur = None
+    try:
+        try:
+            cur = conn.execute(sql)
+            cols = [d[0] for d in cur.description] if cur.description else []
+            status, rows, msg = _fetch(cur, cfg, deadline)
+        except sqlite3.OperationalError as e:
+            if not str(e).startswith("Could not decode to UTF-8"):
+                raise
+            # invalid UTF-8 text: re-run with the deterministic replacing decoder (same deadline)
+            if cur is not None:
+                cur.close()
+            conn.text_factory = _decode_replace
+            try:
+                cur = conn.execute(sql)
+                cols = [d[0] for d in cur.description] if cur.description else []
+                status, rows, msg = _fetch(cur, cfg, deadline)
+            finally:
+                conn.text_factory = str
+        return (status, cols, rows, len(rows), (time.perf_counter() - t0) * 1e3, msg)
+    except Exception as e:  # noqa: BLE001  (MemoryError included)
+        st_, msg = _classify(e, timeout_s)
+        return (st_, [], [], 0, (time.perf_counter() - t0) * 1e3, msg)
+    finally:
+        if cur is not None:
+            try:
+                cur.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+_FLUSH_S = 0.02  # a worker sends buffered results at least this often (and at the end of a batch)
+_STARTING, _IDLE = -2.0, -1.0  # progress[1] while the worker starts up / before it takes a batch
+
+
+def _worker_main(conn: Any, cfg: dict, progress: Any) -> None:
+    """Worker loop: receive a marshalled batch [(db_path, sql, timeout_s), ...] and answer with
+    marshalled lists of result tuples, in order. Before item k starts, `progress` (shared memory)
+    gets [start time (time.monotonic), k]: that is what the parent's watchdog reads."""
+    _setup_process(cfg)
+    conns: OrderedDict = OrderedDict()
+    deadline = _Deadline()
+    progress[1] = _IDLE
+    monotonic = time.monotonic
+    while True:
+        try:
+            batch = marshal.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        buf: list = []
+        last = monotonic()
+        n = len(batch)
+        for k, (db_path, sql, timeout_s) in enumerate(batch):
+            progress[0] = monotonic()  # start first, index second: the parent reads them the other way
+            progress[1] = float(k)
+            buf.append(_run_one(conns, cfg, deadline, db_path, sql, timeout_s))
+            now = monotonic()
+            if k == n - 1 or now - last >= _FLUSH_S:
+                try:
+                    data = marshal.dumps(buf)
+                except (ValueError, MemoryError) as e:  # cannot happen for SQLite values; be safe
+                    data = marshal.dumps(
+                        [("runtime_error", [], [], 0, r[4], f"unserialisable: {e}") for r in buf]
+                    )
+                try:
+                    conn.send_bytes(data)
+                except (EOFError, OSError):
+                    return
+                buf = []
+                last = now
+
+
+# --------------------------------------------------------------------------------------------------
+# Parent side
+
+_START_LOCK = threading.Lock()
+_STARTUP_LIMIT_S = 120.0
+
+
+class _Worker:
+    """One worker process, its pipe and its shared progress slot. Used by one thread at a time."""
+
+    def __init__(self, ctx: Any, cfg: dict) -> None:
+        self.ctx = ctx
+        self.cfg = cfg
+        self.progress = ctx.RawArray("d", 2)
+        self.proc: Any = None
+        self.conn: Any = None
+        self.started_at = 0.0
+        self.start()
+
+    def start(self) -> None:
+        parent, child = self.ctx.Pipe(duplex=True)
+        self.progress[0] = 0.0
+        self.progress[1] = _STARTING
+        proc = self.ctx.Process(
+            target=_worker_main,
+            args=(child, self.cfg, self.progress),
+            daemon=True,
+            name="sqlrl-sandbox-worker",
+        )
+        # `spawn` normally re-runs the caller's __main__ script in the child (slow if it imports torch,
+        # and broken without an `if __name__ == "__main__"` guard). The worker needs nothing from it,
+        # so the child is started while a bare __main__ is in place (only inside Process.start()).
+        with _START_LOCK:
+            main = sys.modules.get("__main__")
+            sys.modules["__main__"] = types.ModuleType("__main__")
+            try:
+                proc.start()
+            finally:
+                if main is not None:
+                    sys.modules["__main__"] = main
+        child.close()
+        self.proc, self.conn = proc, parent
+        self.started_at = time.monotonic()
+
+    def kill(self) -> None:
+        proc, conn = self.proc, self.conn
+        self.proc = self.conn = None
+        if proc is not None:
+            try:
+                proc.kill()
+                proc.join(5)
+            except Exception:  # noqa: BLE001
+                pass
+            try:
+                proc.close()
+            except Exception:  # noqa: BLE001
+                pass
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def respawn(self) -> None:
+        self.kill()
+        self.start()
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        """Graceful: close the pipe (the worker exits on EOF), then kill if still alive."""
+        proc, conn = self.proc, self.conn
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001
+                pass
+        self.conn = None
+        if proc is not None:
+            try:
+                proc.join(grace_s)
+            except Exception:  # noqa: BLE001
+                pass
+        self.kill()
+
+    def send(self, data: bytes) -> bool:
+        try:
+            if self.proc is None or not self.proc.is_alive():
+                self.respawn()
+            if self.progress[1] != _STARTING:
+                self.progress[1] = _IDLE
+            self.conn.send_bytes(data)
+            return True
+        except (OSError, EOFError, ValueError):
+            return False
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for sb in list(_LIVE):
+        try:
+            sb.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class Sandbox:
+    """Watched worker processes that execute one read-only SQL statement per call.
+
+    workers: worker processes (parallelism of `execute_many`; concurrent `execute` calls share them).
+    timeout_s: soft deadline per statement, enforced inside SQLite by the progress handler.
+    hard_timeout_s: wall-clock limit per statement in the parent; the worker is killed and respawned
+        (default: 2 * timeout_s + 1). With a per-call timeout, the margin above timeout_s is kept.
+    max_rows / max_result_bytes: result caps (-> too_many_rows / too_large).
+    max_value_bytes: SQLITE_LIMIT_LENGTH (largest string/blob). max_sql_chars: longest SQL text.
+    heap_limit_bytes: SQLite hard_heap_limit per worker (soft limit = half).
+    memory_limit_bytes: RLIMIT_AS per worker (None: unlimited).
+    max_connections: cached read-only connections per worker (LRU).
+    progress_ops: VM instructions between deadline checks (0 disables the check: watchdog only).
+    """
+
+    def __init__(
+        self,
+        workers: int = 2,
+        timeout_s: float = 5.0,
+        hard_timeout_s: float | None = None,
+        max_rows: int = 100_000,
+        max_result_bytes: int = 8 * 2**20,
+        max_value_bytes: int = 4 * 2**20,
+        max_sql_chars: int = 1_000_000,
+        heap_limit_bytes: int = 512 * 2**20,
+        memory_limit_bytes: int | None = 2 * 2**30,
+        max_connections: int = 32,
+        progress_ops: int = 10_000,
+        chunk_size: int = 32,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be > 0")
+        self.workers = int(workers)
+        self.timeout_s = float(timeout_s)
+        self.hard_timeout_s = float(hard_timeout_s) if hard_timeout_s else 2.0 * self.timeout_s + 1.0
+        if self.hard_timeout_s < self.timeout_s:
+            raise ValueError("hard_timeout_s must be >= timeout_s")
+        self.max_rows = int(max_rows)
+        self.max_result_bytes = int(max_result_bytes)
+        self.max_sql_chars = int(max_sql_chars)
+        self.chunk_size = max(1, int(chunk_size))
+        self._cfg = {
+            "max_rows": self.max_rows,
+            "max_result_bytes": self.max_result_bytes,
+            "max_value_bytes": int(max_value_bytes),
+            "max_sql_chars": self.max_sql_chars,
+            "heap_limit_bytes": int(heap_limit_bytes) if heap_limit_bytes else 0,
+            "memory_limit_bytes": int(memory_limit_bytes) if memory_limit_bytes else 0,
+            "max_connections": max(1, int(max_connections)),
+            "progress_ops": int(progress_ops),
+        }
+        self._ctx = multiprocessing.get_context("spawn")
+        self._lock = threading.Lock()
+        self._closed = False
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._all: list[_Worker] = []
+        self.kills = 0  # watchdog kills (timeouts)
+        self.crashes = 0  # workers that died on their own
+        for _ in range(self.workers):
+            w = _Worker(self._ctx, self._cfg)
+            self._all.append(w)
+            self._idle.put(w)
+        _LIVE.add(self)
+
+    # ---- public API
+
+    def execute(self, db_path: str | os.PathLike, sql: str, timeout_s: float | None = None) -> SQLResult:
+        """Run one statement on `db_path`. Thread-safe. Never raises for anything the SQL does."""
+        return self.execute_many([(db_path, sql) if timeout_s is None else (db_path, sql, timeout_s)])[0]
+
+    def execute_many(self, items: list[tuple]) -> list[SQLResult]:
+        """Run (db_path, sql[, timeout_s]) items in parallel across the workers; results in order."""
+        self._check_open()
+        results: list[SQLResult | None] = [None] * len(items)
+        todo: list[tuple[int, str, str, float]] = []
+        for i, item in enumerate(items):
+            db_path, sql = item[0], item[1]
+            t = float(item[2]) if len(item) > 2 and item[2] is not None else self.timeout_s
+            pre = _precheck(sql, self.max_sql_chars)
+            if isinstance(pre, SQLResult):
+                results[i] = pre
+            else:
+                todo.append((i, os.path.abspath(os.fspath(db_path)), pre, t))
+        if todo:
+            n_chunks_target = self.workers * 4
+            size = max(1, min(self.chunk_size, -(-len(todo) // n_chunks_target)))
+            chunks = [todo[k : k + size] for k in range(0, len(todo), size)]
+            if len(chunks) == 1:
+                self._run_chunks(chunks, iter(range(1)), results)
+            else:
+                counter = iter(range(len(chunks)))
+                lock = threading.Lock()
+                nxt = _Locked(counter, lock)
+                threads = [
+                    threading.Thread(target=self._run_chunks, args=(chunks, nxt, results), daemon=True)
+                    for _ in range(min(self.workers, len(chunks)) - 1)
+                ]
+                for th in threads:
+                    th.start()
+                self._run_chunks(chunks, nxt, results)
+                for th in threads:
+                    th.join()
+        missing = [i for i, r in enumerate(results) if r is None]
+        for i in missing:  # only if the sandbox was closed under us
+            results[i] = _result("worker_crash", "sandbox closed during the call")
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for w in self._all:
+            w.stop()
+        _LIVE.discard(self)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    # ---- internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("Sandbox is closed")
+
+    def _hard_limit(self, timeout_s: float) -> float:
+        return max(self.hard_timeout_s, timeout_s + (self.hard_timeout_s - self.timeout_s))
+
+    def _run_chunks(self, chunks: list, nxt: Any, results: list) -> None:
+        w = None
+        try:
+            for k in nxt:
+                if self._closed:
+                    return
+                if w is None:
+                    w = self._idle.get()
+                self._run_batch(w, chunks[k], results)
+        finally:
+            if w is not None:
+                self._idle.put(w)
+
+    def _run_batch(self, w: _Worker, batch: list, results: list) -> None:
+        """Run `batch` [(index, db, sql, timeout)] on worker `w`, filling `results`. The watchdog reads
+        the worker's shared progress slot: the item it is running and since when. An item running past
+        its hard limit gets `timeout` (worker killed and respawned); an item during which the worker
+        died gets `worker_crash`; finished-but-unsent items and the rest are re-run on the new worker."""
+        pending = list(batch)
+        send_failures = 0
+        while pending:
+            if self._closed:
+                return
+            payload = marshal.dumps([(db, sql, t) for _, db, sql, t in pending])
+            if not w.send(payload):
+                send_failures += 1
+                w.respawn()
+                if send_failures < 2:
+                    continue  # the worker died while idle: not this item's fault, try a fresh one
+                i = pending.pop(0)[0]
+                results[i] = _result("worker_crash", "could not send the statement to a sandbox worker")
+                self.crashes += 1
+                continue
+            send_failures = 0
+            sent_at = time.monotonic()
+            got = 0
+            failed: tuple[str, int, float] | None = None  # (status, item index in pending, elapsed_s)
+            while got < len(pending):
+                k = w.progress[1]
+                started = w.progress[0]
+                now = time.monotonic()
+                wait_cap = None
+                if k == _STARTING:  # re-check soon: the first item's clock starts when the worker is up
+                    kk, deadline, wait_cap = got, w.started_at + _STARTUP_LIMIT_S, 0.02
+                elif k == _IDLE or k < got:
+                    kk, started = got, sent_at
+                    deadline = sent_at + self._hard_limit(pending[got][3])
+                else:
+                    kk = int(k)
+                    deadline = started + self._hard_limit(pending[kk][3])
+                try:
+                    wait = max(0.0, deadline - now)
+                    ready = w.conn.poll(wait if wait_cap is None else min(wait, wait_cap))
+                    data = w.conn.recv_bytes() if ready else None
+                except (EOFError, OSError):
+                    ready, data = True, None
+                if data is not None:
+                    for st, cols, rows, n, ms, msg in marshal.loads(data):
+                        results[pending[got][0]] = SQLResult(st, cols, rows, n, ms, msg)
+                        got += 1
+                    continue
+                if ready:  # EOF: the worker died
+                    k2 = w.progress[1]
+                    kk = int(k2) if k2 >= got else got
+                    failed = (
+                        "worker_crash",
+                        kk,
+                        time.monotonic() - (w.progress[0] if k2 >= got else sent_at),
+                    )
+                    break
+                if w.progress[1] == k and time.monotonic() >= deadline:
+                    if k == _STARTING:
+                        failed = ("worker_crash", got, time.monotonic() - sent_at)
+                    else:
+                        failed = ("timeout", kk, time.monotonic() - started)
+                    break
+            if failed is None:
+                pending = []
+                continue
+            if self._closed:  # close() pulled the worker away: leave the rest unfilled
+                return
+            status, kk, elapsed = failed
+            code = w.proc.exitcode if w.proc is not None else None
+            w.respawn()
+            i = pending[kk][0]
+            if status == "timeout":
+                self.kills += 1
+                limit = self._hard_limit(pending[kk][3])
+                msg = f"statement exceeded the hard time limit of {limit:g} s; the worker was killed"
+            else:
+                self.crashes += 1
+                msg = f"sandbox worker died (exit code {code}); the worker was restarted"
+            results[i] = _result(status, msg, max(0.0, elapsed) * 1e3)
+            pending = pending[got:kk] + pending[kk + 1 :]
+
+
+class _Locked:
+    """Thread-safe iterator wrapper."""
+
+    def __init__(self, it: Any, lock: threading.Lock) -> None:
+        self.it, self.lock = it, lock
+
+    def __iter__(self) -> _Locked:
+        return self
+
+    def __next__(self) -> Any:
+        with self.lock:
+            return next(self.it)
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+
+
+def cli_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="sqlrl sql",
+        description="Run one SQL statement on a SQLite file in the hardened read-only sandbox. "
+        "Exits 0 whatever the SQL did (the status says what happened); 2 on usage errors.",
+    )
+    p.add_argument("--db", required=True, help="path of the .sqlite file")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--timeout", type=float, default=5.0, help="time limit in seconds (default 5)")
+    p.add_argument("--max-rows", type=int, default=100_000, help="row cap (default 100000)")
+    p.add_argument("--show-rows", type=int, default=20, help="rows shown in text mode (default 20)")
+    p.add_argument("sql", help="the SQL statement")
+    a = p.parse_args(argv)
+    if not os.path.isfile(a.db):
+        print(f"sqlrl sql: no database file at {a.db}", file=sys.stderr)
+        return 2
+    if a.timeout <= 0:
+        print("sqlrl sql: --timeout must be > 0", file=sys.stderr)
+        return 2
+    with Sandbox(workers=1, timeout_s=a.timeout, max_rows=a.max_rows) as sb:
+        res = sb.execute(a.db, a.sql)
+    if a.json:
+        print(json.dumps(res.to_dict(), ensure_ascii=False))
+    else:
+        print(res.render(max_rows=a.show_rows, max_chars=1_000_000))
+    return 0
