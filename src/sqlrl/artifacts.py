@@ -95,9 +95,16 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[Any]) -> None:
 
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
-    """Yield records; a truncated last line (a killed writer) is skipped, any other bad line raises."""
-    with open(path, encoding="utf-8") as f:
-        lines = f.readlines()
+    """Yield records; a truncated last line (a killed writer) is skipped, any other bad line raises.
+    A path ending in `.gz` is read through gzip."""
+    if str(path).endswith(".gz"):
+        import gzip
+
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            lines = f.readlines()
+    else:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
     for i, line in enumerate(lines):
         if not line.strip():
             continue

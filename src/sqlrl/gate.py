@@ -220,11 +220,11 @@ class Experiment:
 
     def eval_file(self, arm: str, name: str) -> Path | None:
         d = self.arms[arm].eval_dir
-        return d / name if d is not None else None
+        return _maybe_gz(d / name) if d is not None else None
 
     def train_file(self, arm: str, name: str) -> Path | None:
         d = self.arms[arm].train_dir
-        return d / name if d is not None else None
+        return _maybe_gz(d / name) if d is not None else None
 
     def eval_run(self, arm: str) -> dict | None:
         return self._json(self.eval_file(arm, "run.json"))
@@ -327,6 +327,15 @@ def _check(name: str, problems: list[str], ok_detail: str) -> Check:
     return Check(name, True, ok_detail, [])
 
 
+def _maybe_gz(path: Path) -> Path:
+    """Committed results keep large JSONL files gzipped (`x.jsonl.gz`); read whichever exists."""
+    if not path.exists() and path.suffix == ".jsonl":
+        gz = path.with_name(path.name + ".gz")
+        if gz.exists():
+            return gz
+    return path
+
+
 def check_real_run(exp: Experiment) -> Check:
     problems = []
     for flag, on in exp.flags().items():
@@ -398,6 +407,7 @@ def check_controls(exp: Experiment) -> Check:
 
 def check_optimizer_steps(exp: Experiment) -> Check:
     problems = []
+    skipped_info: dict[str, int] = {}
     arms = exp.arms_of("grpo")
     if not arms:
         problems.append("no arm of kind 'grpo' to check for optimizer steps")
@@ -416,6 +426,15 @@ def check_optimizer_steps(exp: Experiment) -> Check:
         if not steps:
             problems.append(f"arm '{arm.name}': 0 optimizer steps in {_rel(exp, path)}")
             continue
+        # A step whose gradient was non-finite is recorded with skipped_nonfinite = true and no update:
+        # it is disclosed in the detail, not counted as a missing grad norm.
+        skipped = [s for s in steps if s.get("skipped_nonfinite") is True and s.get("update_applied") is not True]
+        if skipped:
+            skipped_info[arm.name] = len(skipped)
+        steps = [s for s in steps if s not in skipped]
+        if not steps:
+            problems.append(f"arm '{arm.name}': every step was skipped (non-finite gradients)")
+            continue
         norms = [s.get("grad_norm") for s in steps]
         unrecorded = sum(1 for g in norms if not isinstance(g, int | float) or isinstance(g, bool))
         nonfinite = sum(1 for g in norms if isinstance(g, int | float) and not math.isfinite(g))
@@ -427,12 +446,13 @@ def check_optimizer_steps(exp: Experiment) -> Check:
             problems.append(
                 f"arm '{arm.name}': all {len(steps)} grad norms are zero (no gradient ever flowed)"
             )
-    n = {a.name: len(exp.steps(a.name) or []) for a in arms}
-    return _check(
-        "optimizer_steps",
-        problems,
-        "optimizer steps with non-zero grad norms: " + ", ".join(f"{k}={v}" for k, v in n.items()),
-    )
+    n = {a.name: len(exp.steps(a.name) or []) - skipped_info.get(a.name, 0) for a in arms}
+    detail = "optimizer steps with non-zero grad norms: " + ", ".join(f"{k}={v}" for k, v in n.items())
+    if skipped_info:
+        detail += "; skipped for a non-finite gradient (no update applied): " + ", ".join(
+            f"{k}={v}" for k, v in skipped_info.items()
+        )
+    return _check("optimizer_steps", problems, detail)
 
 
 def check_weights_audit(exp: Experiment) -> Check:
@@ -479,11 +499,17 @@ def check_trajectories(exp: Experiment) -> Check:
         if results is None:
             problems.append(f"arm '{arm}': {_rel(exp, rpath)} missing or unreadable")
             continue
-        if len(trajs) != len(results):
-            problems.append(f"arm '{arm}': {len(trajs)} trajectories but {len(results)} results")
+        # tasks with an unscorable gold are excluded before the rollout: they have a result line
+        # (status gold_unscorable) and, by design, no trajectory
+        rolled = [r for r in results if not (isinstance(r, dict) and r.get("status") == "gold_unscorable")]
+        if len(trajs) != len(rolled):
+            problems.append(
+                f"arm '{arm}': {len(trajs)} trajectories but {len(rolled)} rolled-out results "
+                f"({len(results) - len(rolled)} excluded before the rollout)"
+            )
             continue
         if all(isinstance(t, dict) and "task_id" in t for t in trajs):
-            if sorted(str(t["task_id"]) for t in trajs) != sorted(str(r.get("task_id")) for r in results):
+            if sorted(str(t["task_id"]) for t in trajs) != sorted(str(r.get("task_id")) for r in rolled):
                 problems.append(f"arm '{arm}': trajectory task ids differ from results task ids")
     return _check("trajectories", problems, "raw trajectories present for every arm, counts match results")
 

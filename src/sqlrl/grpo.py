@@ -44,7 +44,7 @@ zero gradient, even if their log-prob entries are NaN/inf; advantages, old and r
 are treated as constants (detached); with ``loss_scale_tokens`` / ``loss_scale_seqs`` set to the
 global count, summing gradients over micro-batches equals the one-big-batch gradient (up to float
 rounding). Not guaranteed: anything about the model, sampling or the optimizer; overflow of
-``exp(logprobs - old_logprobs)`` for absurd log-ratios is not guarded (no dual clip).
+``logprobs - old_logprobs`` is clamped to +-LOG_RATIO_CLAMP (10) before ``exp`` (no dual clip).
 
 Every function returns plain Python floats in its metrics dict (JSON-ready).
 """
@@ -150,6 +150,9 @@ def _aggregate(
     return seq_loss.sum() / denom
 
 
+LOG_RATIO_CLAMP = 10.0
+
+
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -228,7 +231,10 @@ def policy_loss(
     adv = advantages.detach().to(logprobs.dtype)[:, None]  # [B,1]
 
     # torch.where (not multiplication) so NaN/inf at masked positions cannot leak into loss or grad.
-    log_ratio = torch.where(m, logprobs - old, zero)  # [B,T]
+    # The log-ratio is clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before exp: a token sampled at
+    # generation time with a tiny bf16 probability (old log-prob ~ -30) would otherwise give an
+    # overflowing ratio and a NaN gradient. Inside the clamp nothing changes.
+    log_ratio = torch.where(m, (logprobs - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), zero)  # [B,T]
     ratio = torch.exp(log_ratio)  # [B,T]
     surr = ratio * adv  # [B,T]
     surr_clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv  # [B,T]

@@ -8,8 +8,10 @@ tokens only (prompt and observation tokens are masked) -> metrics, checkpoint.
 Guarantees:
 - Unscorable golds are excluded before sampling (counted in run.json); trajectories that failed for
   infrastructure reasons (policy or sandbox) are excluded from the batch and counted, never scored 0.
-- `control = "no-update"` runs every step with learning rate 0; the weight audit then checks the
-  weights are bit-identical to the base. `reward = "validity"` rewards any SQL that executes.
+- `control = "no-update"` runs every step (rollouts, reward, loss, backward, gradient norm) with
+  learning rate 0 and does not call `optimizer.step()`: with lr = 0 the step changes no value but
+  AdamW's `p + (-0.0 * x)` turns -0.0 into +0.0, which a bit-level audit must not excuse. The weight
+  audit then checks the weights are bit-identical to the base. `reward = "validity"` rewards any SQL that executes.
 - Full fine-tuning keeps float32 master weights; on CUDA rollouts use a bfloat16 copy that is
   re-synced after every optimizer step (updates of ~1e-6 would be lost if accumulated in bf16).
 - Token ids and log-probs come from generation time; the update never re-tokenizes text.
@@ -368,10 +370,11 @@ def train(
             start_step = int(side["step"])
             if separate_gen:
                 _sync(gen_model, train_model)
-            # drop metrics of steps after the checkpoint (the run was killed after logging them)
-            if (out / "steps.jsonl").exists():
-                kept = [r for r in read_jsonl(out / "steps.jsonl") if r["step"] <= start_step]
-                write_jsonl(out / "steps.jsonl", kept)
+        # drop metrics of steps after the checkpoint (the run was killed after logging them)
+        for name in ("steps.jsonl", "rollouts.jsonl"):
+            if (out / name).exists():
+                kept = [r for r in read_jsonl(out / name) if r["step"] <= start_step]
+                write_jsonl(out / name, kept)
     else:
         write_json_atomic(out / "config.json", cfg.resolve())
         write_json_atomic(
@@ -527,12 +530,15 @@ def train(
             grad_norm = (
                 float(torch.nn.utils.clip_grad_norm_(params, g.max_grad_norm).item()) if params else 0.0
             )
-            if not math.isfinite(grad_norm):
+            skipped = not math.isfinite(grad_norm)
+            if skipped:  # never apply a non-finite update; the step is recorded as skipped
                 optimizer.zero_grad(set_to_none=True)
-                raise RuntimeError(
-                    f"step {step}: non-finite gradient norm {grad_norm}; lower grpo.lr or check data"
-                )
-            optimizer.step()
+                print(f"sqlrl train: step {step}: non-finite gradient norm; update skipped", file=sys.stderr)
+            # The No-update control takes every step except the parameter write: AdamW with lr = 0 leaves
+            # every value unchanged but still flips signed zeros (-0.0 + (-0.0 * negative) = +0.0), which
+            # the bit-level audit rightly reports (seen on the dequantized Qwen weights, 2026-11-29).
+            if not skipped and g.control != "no-update":
+                optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             if separate_gen:
@@ -554,7 +560,9 @@ def train(
                 "kl": kl_sum / tok_sum if tok_sum else 0.0,
                 "clip_frac": clip_sum / tok_sum if tok_sum else 0.0,
                 "entropy": None,
-                "grad_norm": grad_norm,
+                "grad_norm": grad_norm if not skipped else None,
+                "skipped_nonfinite": skipped,
+                "update_applied": bool(not skipped and g.control != "no-update"),
                 "lr": scheduler.get_last_lr()[0],
                 "n_trajectories": len(trajs),
                 "n_excluded": n_excl,
