@@ -26,9 +26,18 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
     tok = make_chat_tokenizer()
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
-                      tie_word_embeddings=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     model = Qwen2ForCausalLM(cfg).float()
     out = tmp_path_factory.mktemp("tiny") / "tiny-qwen2"
     model.save_pretrained(out)
@@ -37,13 +46,15 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 def test_matrix_end_to_end_and_resume(tiny_model_dir, tmp_path):
-    cfg = C.from_dict({
-        "model": {"name": tiny_model_dir},
-        "data": {"path": "embedded", "max_train_tasks": 6, "max_eval_tasks": 4},
-        "agent": {"max_new_tokens": 8, "max_schema_chars": 300, "max_context_tokens": 2048},
-        "grpo": {"steps": 1, "prompts_per_step": 2, "group_size": 2, "micro_batch": 4},
-        "run": {"device": "cpu", "loggers": [], "sandbox_workers": 1, "checkpoint_every": 1},
-    })
+    cfg = C.from_dict(
+        {
+            "model": {"name": tiny_model_dir},
+            "data": {"path": "embedded", "max_train_tasks": 6, "max_eval_tasks": 4},
+            "agent": {"max_new_tokens": 8, "max_schema_chars": 300, "max_context_tokens": 2048},
+            "grpo": {"steps": 1, "prompts_per_step": 2, "group_size": 2, "micro_batch": 4},
+            "run": {"device": "cpu", "loggers": [], "sandbox_workers": 1, "checkpoint_every": 1},
+        }
+    )
     exp = ExperimentConfig(name="tiny", leakage_tasks=2, smoke=True)
     out = tmp_path / "exp"
     run_experiment(cfg, exp, out, report=True)
@@ -57,8 +68,12 @@ def test_matrix_end_to_end_and_resume(tiny_model_dir, tmp_path):
         if name != "base":
             assert json.loads((out / arm["train_run"] / "run.json").read_text())["status"] == "finished"
     # every arm evaluated the same locked tasks
-    ids = {n: [json.loads(x)["task_id"] for x in (out / a["eval_run"] / "results.jsonl").read_text().splitlines()]
-           for n, a in e["arms"].items()}
+    ids = {
+        n: [
+            json.loads(x)["task_id"] for x in (out / a["eval_run"] / "results.jsonl").read_text().splitlines()
+        ]
+        for n, a in e["arms"].items()
+    }
     assert len({tuple(v) for v in ids.values()}) == 1
     leak = json.loads((out / "leakage.json").read_text())
     assert leak["passed"] and leak["tasks"] == 2

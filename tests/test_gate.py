@@ -211,7 +211,9 @@ def test_trajectory_count_mismatch(exp: Path) -> None:
     path = exp / "arms/base/eval/trajectories.jsonl"
     write_jsonl(path, list(read_jsonl(path))[:-2])
     only_failure(
-        exp, "trajectories", "arm 'base': 57 trajectories but 59 rolled-out results (1 excluded before the rollout)"
+        exp,
+        "trajectories",
+        "arm 'base': 57 trajectories but 59 rolled-out results (1 excluded before the rollout)",
     )
 
 

@@ -249,3 +249,27 @@ def test_kill_minus_9_then_resume(tmp_path):
 
     train(tiny_cfg(steps=4), ref, policy_factory=tiny_factory, evaluator_factory=Alternating, progress=False)
     assert final_hash(run) == final_hash(ref)
+
+
+def test_lora_run_trains_adapters_and_exports_merged(tmp_path):
+    from sqlrl.trainer import train
+
+    run = tmp_path / "lora"
+    cfg = tiny_cfg(steps=1).replace(
+        model={"lora_rank": 4, "lora_alpha": 8, "lora_targets": ["q_proj", "v_proj"]}
+    )
+    res = train(cfg, run, policy_factory=tiny_factory, evaluator_factory=Alternating, progress=False)
+    assert res["finished"]
+    [s] = steps(run)
+    assert s["grad_norm"] > 0
+    ident = json.loads((run / "final" / "identity.json").read_text())
+    assert ident["lora_merged"] is True and ident["weights_hash"] != tiny_factory()[3]
+    side = json.loads((run / "checkpoints" / "step_000001" / "sidecar.json").read_text())
+    assert side["weights_kind"] == "lora_adapter"
+    from transformers import AutoModelForCausalLM
+
+    from sqlrl.models import weights_hash
+
+    merged = AutoModelForCausalLM.from_pretrained(run / "final")
+    assert not any("lora" in n for n, _ in merged.named_parameters())
+    assert weights_hash(merged) == ident["weights_hash"]

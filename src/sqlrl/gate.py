@@ -428,7 +428,9 @@ def check_optimizer_steps(exp: Experiment) -> Check:
             continue
         # A step whose gradient was non-finite is recorded with skipped_nonfinite = true and no update:
         # it is disclosed in the detail, not counted as a missing grad norm.
-        skipped = [s for s in steps if s.get("skipped_nonfinite") is True and s.get("update_applied") is not True]
+        skipped = [
+            s for s in steps if s.get("skipped_nonfinite") is True and s.get("update_applied") is not True
+        ]
         if skipped:
             skipped_info[arm.name] = len(skipped)
         steps = [s for s in steps if s not in skipped]
