@@ -28,31 +28,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlrl.config import AgentConfig
 from sqlrl.data import PrivateTask, PublicTask, ensure_public
 from sqlrl.prompts import INVALID_MESSAGE, ChatFormat, Parser, build_messages, observation_message
 
-
-@dataclass(frozen=True)
-class Budgets:
-    turns: int = 1
-    max_new_tokens: int = 256
-    max_sql_executions: int = 3
-    max_schema_chars: int = 8000
-    max_context_tokens: int = 4096
-    observation_rows: int = 10
-    observation_chars: int = 1500
-    sql_timeout_s: float = 5.0
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_config(cls, agent_cfg) -> Budgets:
-        return cls(**{f.name: getattr(agent_cfg, f.name) for f in dataclasses.fields(cls)})
-
-    @property
-    def multi_turn(self) -> bool:
-        return self.turns > 1
+# The budgets of a run are the `[agent]` section of its config: one definition, one doc line per field.
+Budgets = AgentConfig
 
 
 @dataclass(frozen=True)

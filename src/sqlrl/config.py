@@ -90,6 +90,19 @@ class AgentConfig:
     sql_timeout_s: float = 5.0
     """Per-execution time limit for policy SQL."""
 
+    # These budgets are the agent's `Budgets` (agent.py): recorded in every trajectory, and two runs
+    # are comparable only if they are equal.
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_config(cls, agent_cfg: AgentConfig) -> AgentConfig:
+        return cls(**dataclasses.asdict(agent_cfg))
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.turns > 1
+
 
 @dataclass(frozen=True)
 class GRPOConfig:

@@ -278,6 +278,13 @@ def run_eval(
     return output
 
 
+def add_runtime_args(p: argparse.ArgumentParser) -> None:
+    """Where and how the policy runs (shared by `sqlrl eval` and `sqlrl audit leakage`)."""
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--engine", default="fast", choices=["fast", "hf"])
+
+
 def add_budget_args(p: argparse.ArgumentParser) -> None:
     d = Budgets()
     p.add_argument("--turns", type=int, default=d.turns, help="1 = single-turn; >= 2 = multi-turn")
@@ -317,9 +324,7 @@ def cli_main(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split-seed", type=int, default=0)
     p.add_argument("--val-fraction", type=float, default=0.1)
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    p.add_argument("--engine", default="fast", choices=["fast", "hf"])
+    add_runtime_args(p)
     add_budget_args(p)
     a = p.parse_args(argv)
     try:

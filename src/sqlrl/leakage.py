@@ -123,6 +123,7 @@ def leakage_audit(tasks: list, policy, sandbox, budgets, *, work_dir: str | Path
 def cli_main(argv: list[str]) -> int:
     from sqlrl.evaluate import (
         add_budget_args,
+        add_runtime_args,
         budgets_from_args,
         load_policy,
         resolve_data_root,
@@ -136,9 +137,7 @@ def cli_main(argv: list[str]) -> int:
     p.add_argument("--limit", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="folder for leakage.json")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    p.add_argument("--engine", default="fast", choices=["fast", "hf"])
+    add_runtime_args(p)
     add_budget_args(p)
     a = p.parse_args(argv)
     from sqlrl.data import SpiderData

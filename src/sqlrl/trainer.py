@@ -429,20 +429,24 @@ def train(
         # the validity arm still logs execution accuracy (never used as its reward)
         acc_evaluator = make_eval(sandbox, gold_cache, "execution") if g.reward != "execution" else None
         last_step_s = 0.0
+
+        def checkpoint(at_step: int) -> None:
+            save_checkpoint(
+                out,
+                at_step,
+                model=train_model,
+                optimizer=optimizer,
+                scheduler=scheduler,
+                rng_state=capture_rng(),
+                data_cursor=sampler.state_dict(),
+                config_hash=cfg.config_hash(),
+                keep_last=cfg.run.keep_checkpoints,
+            )
+
         for step in range(start_step + 1, g.steps + 1):
             if deadline is not None and last_step_s and time.monotonic() + 1.5 * last_step_s + 30 > deadline:
                 if last_step > start_step and last_step % cfg.run.checkpoint_every != 0:
-                    save_checkpoint(
-                        out,
-                        last_step,
-                        model=train_model,
-                        optimizer=optimizer,
-                        scheduler=scheduler,
-                        rng_state=capture_rng(),
-                        data_cursor=sampler.state_dict(),
-                        config_hash=cfg.config_hash(),
-                        keep_last=cfg.run.keep_checkpoints,
-                    )
+                    checkpoint(last_step)
                 print(
                     f"sqlrl train: stopping before step {step} to meet the time budget; resume with --resume {out}",
                     file=sys.stderr,
@@ -591,17 +595,7 @@ def train(
                 )
                 bar.update(1)
             if step % cfg.run.checkpoint_every == 0 or step == g.steps:
-                save_checkpoint(
-                    out,
-                    step,
-                    model=train_model,
-                    optimizer=optimizer,
-                    scheduler=scheduler,
-                    rng_state=capture_rng(),
-                    data_cursor=sampler.state_dict(),
-                    config_hash=cfg.config_hash(),
-                    keep_last=cfg.run.keep_checkpoints,
-                )
+                checkpoint(step)
             steps_done += 1
             last_step = step
             last_step_s = time.perf_counter() - t0
