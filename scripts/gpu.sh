@@ -35,8 +35,8 @@ case "$cmd" in
       --time-budget "$budget" "$@" ;;
   pack)
     dest=$1
-    tar czf "$dest/exp.tgz" -C "$S" --exclude='checkpoints' --exclude='final' --exclude='.goldcache' \
-      --exclude='.gold_real' --exclude='.gold_mutated' exp
+    tar czf "$dest/exp.tgz" -C "$S" --exclude='*.safetensors' --exclude='*.pt' --exclude='.goldcache' \
+      --exclude='.gold_real' --exclude='.gold_mutated' --exclude='tokenizer.json' exp
     ls -la "$dest" ;;
   *) echo "usage: gpu.sh stage NN|setup|bench|experiment SECONDS|pack DIR" >&2; exit 2 ;;
 esac
