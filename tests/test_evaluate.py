@@ -127,3 +127,79 @@ def test_compare_and_static_check_name_the_difference(shop_tasks, sandbox):
     assert d["task_id"] == "shop/00000" and d["field"] == "token_ids"
     assert compare_runs(a, a) is None
     assert static_check(a, ["SELECT name FROM customer WHERE city = 'London'"])["passed"]
+
+
+def test_eval_against_an_openai_compatible_endpoint(tmp_path):
+    """`sqlrl eval --endpoint`: a served model (fake server on 127.0.0.1) through the same agent and evaluator."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from sqlrl.evaluate import cli_main
+    from sqlrl.testing import make_chat_tokenizer
+
+    tok = make_chat_tokenizer()
+    tok_dir = tmp_path / "tok"
+    tok.save_pretrained(tok_dir)
+    reply = "```sql\nSELECT count(*) FROM Staff\n```"
+    reply_ids = tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    seen = []
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            choices = [
+                {
+                    "index": i,
+                    "text": reply,
+                    "finish_reason": "stop",
+                    "token_ids": reply_ids,
+                    "logprobs": {
+                        "token_logprobs": [-0.1] * len(reply_ids),
+                        "tokens": [f"token_id:{t}" for t in reply_ids],
+                    },
+                }
+                for i, _ in enumerate(body["prompt"])
+            ]
+            data = json.dumps({"choices": choices}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    th = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    th.start()
+    try:
+        out = tmp_path / "run"
+        rc = cli_main(
+            [
+                "--endpoint",
+                f"http://127.0.0.1:{srv.server_address[1]}",
+                "--model",
+                "served-model",
+                "--tokenizer",
+                str(tok_dir),
+                "--split",
+                "validation",
+                "--limit",
+                "3",
+                "--out",
+                str(out),
+            ]
+        )
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert rc == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["n_tasks"] == 3 and s["model"]["name"] == "served-model"
+    assert s["model"]["identity"].startswith("openai:")
+    assert seen and all(isinstance(p, list) and isinstance(p[0], int) for b in seen for p in b["prompt"])
+    res = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert {r["final_sql"] for r in res if r["status"] != "gold_unscorable"} == {"SELECT count(*) FROM Staff"}

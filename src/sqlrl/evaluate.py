@@ -223,6 +223,23 @@ def load_policy(
     return HFPolicy(loaded, engine=engine, max_batch=max_batch)
 
 
+def load_endpoint_policy(endpoint: str, model: str, tokenizer: str | None = None, api_key: str | None = None):
+    """An OpenAI-compatible server (e.g. vLLM) as the policy. The chat template comes from the
+    tokenizer of `tokenizer` (default: `model`, resolved like any sqlrl model name), so prompts are
+    token ids built exactly as for a local model."""
+    import os
+
+    from transformers import AutoTokenizer
+
+    from sqlrl.models import resolve_model
+    from sqlrl.policy import OpenAIPolicy
+
+    src = tokenizer or model
+    tok_src = src if os.path.isdir(src) else str(resolve_model(src))
+    tok = AutoTokenizer.from_pretrained(tok_src)
+    return OpenAIPolicy(endpoint, model, api_key=api_key or os.environ.get("OPENAI_API_KEY"), tokenizer=tok)
+
+
 def run_eval(
     *,
     model: str,
@@ -325,9 +342,18 @@ def cli_main(argv: list[str]) -> int:
     p.add_argument("--split-seed", type=int, default=0)
     p.add_argument("--val-fraction", type=float, default=0.1)
     add_runtime_args(p)
+    p.add_argument(
+        "--endpoint",
+        help="evaluate a served model: base URL of an OpenAI-compatible server (e.g. http://127.0.0.1:8000); "
+        "--model is then the served model name",
+    )
+    p.add_argument(
+        "--tokenizer", help="with --endpoint: where the chat template comes from (default: --model)"
+    )
     add_budget_args(p)
     a = p.parse_args(argv)
     try:
+        policy = load_endpoint_policy(a.endpoint, a.model, a.tokenizer) if a.endpoint else None
         out = run_eval(
             model=a.model,
             data=a.data,
@@ -341,9 +367,10 @@ def cli_main(argv: list[str]) -> int:
             device=a.device,
             dtype=a.dtype,
             engine=a.engine,
+            policy=policy,
             command=["sqlrl", "eval", *argv],
         )
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, RuntimeError) as e:  # ModelError, PolicyInfraError included
         print(f"sqlrl eval: {e}", file=sys.stderr)
         return 2
     s = out.summary
