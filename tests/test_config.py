@@ -83,3 +83,8 @@ def test_repo_configs_are_the_packaged_ones():
 def test_quickstart_uses_default_model_and_embedded_data():
     cfg, exp = load_experiment(ROOT / "configs" / "quickstart.toml")
     assert cfg.model.name == C.ModelConfig().name and cfg.data.path == "embedded" and exp.smoke
+
+
+def test_experiment_files_are_run_files_too():
+    cfg = C.load(ROOT / "configs" / "quickstart.toml")  # `sqlrl train configs/quickstart.toml`
+    assert cfg.grpo.steps >= 1 and cfg.data.path == "embedded"

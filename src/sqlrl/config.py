@@ -304,6 +304,8 @@ def load(path: str | Path, overrides: list[str] | None = None) -> Config:
         raise ConfigError(f"{path}: not valid TOML ({e}); fix the syntax at the position shown") from None
     for ov in overrides or []:
         apply_override(raw, ov)
+    # an experiment file is also a run file: its [experiment] table belongs to `sqlrl experiment`
+    raw.pop("experiment", None)
     return from_dict(raw, source=str(path))
 
 
