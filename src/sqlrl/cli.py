@@ -32,6 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "sqlrl.checkpoint:cli_export",
         "export a checkpoint to Hugging Face format with its identity hash",
     ),
+    "verl-config": (
+        "sqlrl.integrations.verl",
+        "write veRL's GRPO config (validated by veRL's own code) from a sqlrl TOML run file",
+    ),
 }
 
 

@@ -133,6 +133,34 @@ def test_cli_writes_yaml_and_registry(tmp_path):
     assert d["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_config_path"].endswith(
         "verl.agent_loops.yaml"
     )
+    # veRL's entry point loads it the way `main_ppo --config-path DIR --config-name verl` does
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from sqlrl.integrations.verl import validate_verl_config
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(tmp_path), version_base=None):
+        loaded = compose(config_name="verl")
+    validate_verl_config(loaded)
+    assert loaded.actor_rollout_ref.actor.optim.lr == 1e-6
+
+
+@needs_verl
+def test_write_dataset_rows_hold_no_gold(tmp_path):
+    import pandas as pd
+
+    from sqlrl.data import SpiderData, embedded_root
+    from sqlrl.integrations.verl import write_dataset
+
+    paths = write_dataset(_cfg(), tmp_path)
+    df = pd.read_parquet(paths["train"])
+    golds = {t.public.task_id: t.gold_sql for t in SpiderData(embedded_root()).load("train")}
+    assert len(df) == len(golds)
+    for _, row in df.head(50).iterrows():
+        ref = json.loads(row["reward_model"]["ground_truth"])
+        assert ref["task_id"] in golds and golds[ref["task_id"]] not in json.dumps(row.to_dict(), default=str)
+        assert row["agent_name"] == "sqlrl_agent"
 
 
 # ------------------------------------------------------------------------------------------------ agent loop

@@ -298,13 +298,32 @@ def write_agent_loop_registry(cfg, path: str | os.PathLike) -> Path:
 # Data: dataset rows for veRL (public task only; the gold is referenced, never copied)
 
 
-def task_to_row(task, *, data_root: str, split: str, index: int, turns: int, max_schema_chars: int) -> dict:
-    """One veRL dataset row for a task. Accepts a PrivateTask but writes only its public part."""
+def task_to_row(
+    task,
+    *,
+    data_root: str,
+    split: str,
+    index: int,
+    turns: int,
+    max_schema_chars: int,
+    split_seed: int = 0,
+    val_fraction: float = 0.1,
+    reward_kind: str = "execution",
+) -> dict:
+    """One veRL dataset row for a task. Accepts a PrivateTask but writes only its public part; the gold
+    is referenced (folder, split and its settings, task id), never copied."""
     from sqlrl.data import PrivateTask, ensure_public
     from sqlrl.prompts import build_messages
 
     public = ensure_public(task.public if isinstance(task, PrivateTask) else task)
-    ref = {"data": str(data_root), "split": split, "task_id": public.task_id}
+    ref = {
+        "data": str(data_root),
+        "split": split,
+        "split_seed": int(split_seed),
+        "val_fraction": float(val_fraction),
+        "task_id": public.task_id,
+        "kind": reward_kind,
+    }
     return {
         "data_source": DATA_SOURCE,
         "agent_name": AGENT_NAME,
@@ -330,7 +349,15 @@ def write_dataset(cfg, out_dir: str | os.PathLike) -> dict[str, str]:
         tasks = data.load(split, seed=d.split_seed, val_fraction=d.val_fraction)
         rows = [
             task_to_row(
-                t, data_root=root, split=split, index=i, turns=a.turns, max_schema_chars=a.max_schema_chars
+                t,
+                data_root=root,
+                split=split,
+                index=i,
+                turns=a.turns,
+                max_schema_chars=a.max_schema_chars,
+                split_seed=d.split_seed,
+                val_fraction=d.val_fraction,
+                reward_kind=cfg.grpo.reward,
             )
             for i, t in enumerate(tasks)
         ]
@@ -553,22 +580,14 @@ _EVAL_LOCK = threading.Lock()
 def _private_task(ref: dict):
     from sqlrl.data import SpiderData
 
-    key = f"{ref['data']}|{ref['split']}"
+    kw = {"seed": int(ref.get("split_seed", 0)), "val_fraction": float(ref.get("val_fraction", 0.1))}
+    key = f"{ref['data']}|{ref['split']}|{kw['seed']}|{kw['val_fraction']}"
     with _EVAL_LOCK:
         tasks = _EVAL_STATE.get(key)
         if tasks is None:
-            tasks = {
-                t.public.task_id: t for t in SpiderData(ref["data"]).load(ref["split"], **_split_kwargs())
-            }
+            tasks = {t.public.task_id: t for t in SpiderData(ref["data"]).load(ref["split"], **kw)}
             _EVAL_STATE[key] = tasks
     return tasks[ref["task_id"]]
-
-
-def _split_kwargs() -> dict:
-    return {
-        "seed": int(os.environ.get("SQLRL_SPLIT_SEED", "0")),
-        "val_fraction": float(os.environ.get("SQLRL_VAL_FRACTION", "0.1")),
-    }
 
 
 def _evaluator(kind: str):
@@ -608,7 +627,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
         final_sql = extra_info["sqlrl_final_sql"]
     else:
         final_sql = Parser.extract_sql(solution_str or "")
-    kind = ref.get("kind") or os.environ.get("SQLRL_REWARD_KIND", "execution")
+    kind = os.environ.get("SQLRL_REWARD_KIND") or ref.get("kind") or "execution"
     if extra_info.get("sqlrl_infra_error"):
         value, status = None, "infra_error"
     else:
