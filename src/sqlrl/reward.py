@@ -724,9 +724,17 @@ class Evaluator:
         want_ts = self.kind == "execution" and self.test_suite
         out: list[Reward | None] = [None] * len(items)
         pending: list[tuple[int, str, str, Any, str]] = []
+        # one batched cache look-up (one path resolution and file hash per database, not per pair);
+        # if it fails, fall back to per-pair look-ups so one bad gold only affects its own pair
+        fetched = None
+        if hasattr(self.gold_cache, "get_many"):
+            try:
+                fetched = self.gold_cache.get_many(checked, progress=False)
+            except Exception:
+                fetched = None
         for i, ((final_sql, _), (db_path, gold_sql)) in enumerate(zip(items, checked)):
             try:
-                gold = self.gold_cache.get(db_path, gold_sql)
+                gold = fetched[i] if fetched is not None else self.gold_cache.get(db_path, gold_sql)
             except Exception as e:  # infrastructure: never a wrong answer
                 out[i] = Reward(
                     None, "infra_error", {**base, "error": f"gold_cache: {type(e).__name__}: {e}"}
