@@ -684,7 +684,15 @@ def model_from_checkpoint(
 
 
 def cli_export(argv: list[str]) -> int:
-    """`sqlrl export CKPT -o HF_DIR [--base MODEL]`: a sqlrl checkpoint (or run folder) -> HF folder."""
+    """`sqlrl export CKPT -o HF_DIR [--base MODEL]`: a sqlrl checkpoint (or run folder) -> HF folder.
+    A veRL FSDP checkpoint (or veRL run folder) is handed to `integrations.fsdp_export` instead."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    if first is not None:
+        from sqlrl.integrations.fsdp_export import cli_main as fsdp_cli
+        from sqlrl.integrations.fsdp_export import is_fsdp_checkpoint
+
+        if is_fsdp_checkpoint(first):
+            return fsdp_cli(argv)
     ap = argparse.ArgumentParser(
         prog="sqlrl export",
         description="Export a sqlrl checkpoint (a step_NNNNNN folder, or a run folder: its latest valid "
