@@ -122,6 +122,29 @@ def _check_public(tasks: Sequence[Any]) -> list[PublicTask]:
     return out
 
 
+def generate_turn(policy, trajs: list, budgets, sampling: Sampling, turn: int, seed_offset: int = 0):
+    """One batched `policy.generate` call for these live trajectories (their token ids as they are).
+
+    Returns (generations, seconds), or None after marking every trajectory `infra_error` when the policy
+    failed for infrastructure reasons. The sampling seed is a function of (seed, turn, offset) only."""
+    seed = None if sampling.seed is None else sampling.seed + 1000003 * turn + seed_offset
+    t0 = time.perf_counter()
+    try:
+        gens = policy.generate(
+            [tr.token_ids for tr in trajs],
+            max_new_tokens=budgets.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=seed,
+        )
+    except PolicyInfraError as e:
+        for tr in trajs:
+            tr.infra_error = f"policy: {e}"
+            tr.stop_reason = "infra_error"
+        return None
+    return gens, time.perf_counter() - t0
+
+
 def run_agent(
     tasks: Sequence[PublicTask],
     policy,
@@ -194,22 +217,10 @@ def _run_chunk(
                 ready.append(i)
         if not ready:
             break
-        seed = None if sampling.seed is None else sampling.seed + 1000003 * turn + chunk_seed
-        t0 = time.perf_counter()
-        try:
-            gens = policy.generate(
-                [trajs[i].token_ids for i in ready],
-                max_new_tokens=budgets.max_new_tokens,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                seed=seed,
-            )
-        except PolicyInfraError as e:
-            for i in ready:
-                trajs[i].infra_error = f"policy: {e}"
-                trajs[i].stop_reason = "infra_error"
+        out = generate_turn(policy, [trajs[i] for i in ready], budgets, sampling, turn, chunk_seed)
+        if out is None:
             break
-        gen_s = time.perf_counter() - t0
+        gens, gen_s = out
         to_exec: list[int] = []
         for i, g in zip(ready, gens):
             tr = trajs[i]

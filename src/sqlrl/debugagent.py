@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlrl.agent import Budgets, PolicyInfraError, Sampling, Trajectory, Turn
+from sqlrl.agent import Budgets, Sampling, Trajectory, Turn, generate_turn
 from sqlrl.debugtasks import (
     DebugTaskPrivate,
     DebugTaskPublic,
@@ -353,22 +353,10 @@ def _turns(trajs, histories, policy, pool, budgets: Budgets, sampling: Sampling,
                 ready.append(i)
         if not ready:
             break
-        seed = None if sampling.seed is None else sampling.seed + 1000003 * turn + seed_offset
-        t0 = time.perf_counter()
-        try:
-            gens = policy.generate(
-                [trajs[i].token_ids for i in ready],
-                max_new_tokens=budgets.max_new_tokens,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                seed=seed,
-            )
-        except PolicyInfraError as e:
-            for i in ready:
-                trajs[i].infra_error = f"policy: {e}"
-                trajs[i].stop_reason = "infra_error"
+        out = generate_turn(policy, [trajs[i] for i in ready], budgets, sampling, turn, seed_offset)
+        if out is None:
             break
-        gen_s = time.perf_counter() - t0
+        gens, gen_s = out
         to_exec: list[int] = []
         for i, g in zip(ready, gens):
             tr = trajs[i]

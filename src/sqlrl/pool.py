@@ -92,6 +92,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from sqlrl.artifacts import sha256_file
 from sqlrl.sandbox import (
     _DENY_FUNCTIONS,
     _START_LOCK,
@@ -100,9 +101,9 @@ from sqlrl.sandbox import (
     _Deadline,
     _fetch,
     _result,
-    _scan,
     _setup_process,
 )
+from sqlrl.sandbox import _precheck as _sandbox_precheck
 
 __all__ = ["CopyPerRollout", "Lease", "PoolExhausted", "ReplicaPool", "TemplateChanged", "sha256_file"]
 
@@ -124,49 +125,17 @@ class Lease:
     path: str
 
 
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(chunk):
-            h.update(b)
-    return h.hexdigest()
-
-
 # --------------------------------------------------------------------------------------------------
 # Pre-check (parent)
 
 _FORBIDDEN_START = frozenset(
     "ATTACH DETACH VACUUM BEGIN COMMIT END ROLLBACK SAVEPOINT RELEASE ANALYZE".split()
 )
-_READ_START = frozenset(("SELECT", "WITH", "VALUES"))
-_WORD = re.compile(r"\s*([A-Za-z_]+)")
 
 
 def _precheck(sql: Any, max_sql_chars: int) -> SQLResult | str:
-    if not isinstance(sql, str):
-        return _result("runtime_error", f"SQL must be a string, not {type(sql).__name__}")
-    if len(sql) > max_sql_chars:
-        return _result("too_large", f"SQL text longer than {max_sql_chars} characters")
-    stmts = _scan(sql)
-    if not stmts:
-        return _result("empty_sql", "no SQL statement")
-    if len(stmts) > 1:
-        return _result("multiple_statements", f"exactly one statement is allowed, got {len(stmts)}")
-    start, end, text = stmts[0]
-    m = _WORD.match(text)
-    if m:
-        word = m.group(1).upper()
-        if word == "EXPLAIN":
-            rest = text[m.end() :]
-            m2 = re.match(r"\s*QUERY\s+PLAN\b", rest, re.I)
-            if m2:
-                rest = rest[m2.end() :]
-            m3 = _WORD.match(rest)
-            if not m3 or m3.group(1).upper() not in _READ_START:
-                return _result("forbidden", "EXPLAIN is allowed only for SELECT / WITH / VALUES")
-        elif word in _FORBIDDEN_START:
-            return _result("forbidden", f"{word} statements are not allowed on a replica")
-    return sql[start:end]
+    """The sandbox's statement check, with the pool's own list of forbidden statement starts."""
+    return _sandbox_precheck(sql, max_sql_chars, forbidden_start=_FORBIDDEN_START, context="on a replica")
 
 
 # --------------------------------------------------------------------------------------------------

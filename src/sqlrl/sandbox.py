@@ -237,9 +237,15 @@ def split_statements(sql: str) -> list[str]:
     return [s for _, _, s in _scan(sql)]
 
 
-def _precheck(sql: str, max_sql_chars: int) -> SQLResult | str:
+def _precheck(
+    sql: str,
+    max_sql_chars: int,
+    forbidden_start: frozenset = _FORBIDDEN_START,
+    context: str = "(read-only sandbox)",
+) -> SQLResult | str:
     """A result for SQL that must not reach a worker, or the single statement to run (the original
-    text up to its terminating semicolon: trailing semicolons and comments are dropped)."""
+    text up to its terminating semicolon: trailing semicolons and comments are dropped). The replica
+    pool (pool.py) uses the same check with its own, shorter `forbidden_start` set."""
     if not isinstance(sql, str):
         return _result("runtime_error", f"SQL must be a string, not {type(sql).__name__}")
     if len(sql) > max_sql_chars:
@@ -261,8 +267,8 @@ def _precheck(sql: str, max_sql_chars: int) -> SQLResult | str:
             m3 = _WORD.match(rest)
             if not m3 or m3.group(1).upper() not in _READ_START:
                 return _result("forbidden", "EXPLAIN is allowed only for SELECT / WITH / VALUES")
-        elif word in _FORBIDDEN_START:
-            return _result("forbidden", f"{word} statements are not allowed (read-only sandbox)")
+        elif word in forbidden_start:
+            return _result("forbidden", f"{word} statements are not allowed {context}")
     return sql[start:end]
 
 
