@@ -55,6 +55,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
+    kind: Literal["text2sql", "debug"] = "text2sql"
+    """`text2sql`: Spider-layout questions; `debug`: stateful SQL-debugging tasks on pooled replicas (envs.py)."""
     path: str = "embedded"
     """A folder in the official Spider layout, or `embedded` for the demo subset shipped in the package."""
     train_split: str = "train"

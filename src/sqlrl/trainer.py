@@ -61,18 +61,28 @@ class TaskSampler:
         return perm
 
     def next(self, k: int) -> list[int]:
-        out = []
+        """`k` task indices; no index twice in one batch while k <= n (a batch that straddles an epoch
+        boundary takes the new epoch's first indices that are not already in the batch)."""
+        out: list[int] = []
         while len(out) < k:
             if self.pos >= self.n:
                 self.epoch += 1
                 self.pos = 0
                 self._perm = self._make_perm()
+                self._reordered = False
+                if out and k <= self.n:
+                    taken = set(out)
+                    self._perm = [i for i in self._perm if i not in taken] + [
+                        i for i in self._perm if i in taken
+                    ]
+                    self._reordered = True
             out.append(self._perm[self.pos])
             self.pos += 1
         return out
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "pos": self.pos, "n": self.n, "seed": self.seed}
+        perm = list(self._perm) if getattr(self, "_reordered", False) else None
+        return {"epoch": self.epoch, "pos": self.pos, "n": self.n, "seed": self.seed, "perm": perm}
 
     def load_state_dict(self, s: dict) -> None:
         if s["n"] != self.n or s["seed"] != self.seed:
@@ -80,7 +90,8 @@ class TaskSampler:
                 f"data cursor is for {s['n']} tasks / seed {s['seed']}, this run has {self.n} / {self.seed}"
             )
         self.epoch, self.pos = s["epoch"], s["pos"]
-        self._perm = self._make_perm()
+        self._perm = list(s["perm"]) if s.get("perm") else self._make_perm()
+        self._reordered = bool(s.get("perm"))
 
 
 class MetricSinks:
@@ -249,7 +260,7 @@ def train(
     model loading and the reward (tests use them for tiny models and scripted rewards)."""
     import torch
 
-    from sqlrl.agent import Budgets, Sampling, run_agent
+    from sqlrl.agent import Budgets, Sampling
     from sqlrl.checkpoint import (
         capture_rng,
         export_hf,
@@ -258,14 +269,10 @@ def train(
         restore_rng,
         save_checkpoint,
     )
-    from sqlrl.data import SpiderData
-    from sqlrl.evaluate import resolve_data_root, score_trajectories, select_tasks
-    from sqlrl.goldcache import GoldCache, audit_golds
+    from sqlrl.envs import make_env
     from sqlrl.grpo import group_advantages, policy_loss
     from sqlrl.models import load_model
     from sqlrl.policy import HFPolicy
-    from sqlrl.reward import Evaluator
-    from sqlrl.sandbox import Sandbox
 
     out = Path(out_dir)
     g = cfg.grpo
@@ -290,14 +297,9 @@ def train(
     device, gen_dtype = _device_and_dtypes(cfg)
     budgets = Budgets.from_config(cfg.agent)
 
-    # ---- data ----
-    root = resolve_data_root(cfg.data.path)
-    ds = SpiderData(root)
-    all_train = ds.load(cfg.data.train_split, seed=cfg.data.split_seed, val_fraction=cfg.data.val_fraction)
-    gold_cache = GoldCache(out / ".goldcache")
-    audit = audit_golds(all_train, gold_cache)
-    scorable = [t for t in all_train if audit.per_task.get(t.public.task_id) is None]
-    tasks = select_tasks(scorable, cfg.data.max_train_tasks, seed)
+    # ---- data: the environment decides where tasks come from and how they are rolled out and scored ----
+    env = make_env(cfg, out, evaluator_factory=evaluator_factory)
+    tasks = env.tasks
     sampler = TaskSampler(len(tasks), seed)
 
     # ---- model ----
@@ -377,21 +379,7 @@ def train(
                 write_jsonl(out / name, kept)
     else:
         write_json_atomic(out / "config.json", cfg.resolve())
-        write_json_atomic(
-            out / "split.json",
-            {
-                **(
-                    ds.split_info(seed=cfg.data.split_seed, val_fraction=cfg.data.val_fraction)
-                    if cfg.data.train_split in ("train", "validation")
-                    else {}
-                ),
-                "train_split": cfg.data.train_split,
-                "train_fingerprint": ds.fingerprint(
-                    cfg.data.train_split, seed=cfg.data.split_seed, val_fraction=cfg.data.val_fraction
-                ),
-                "train_tasks": len(tasks),
-            },
-        )
+        write_json_atomic(out / "split.json", env.split_info())
     run_info = {
         "command": command or sys.argv,
         "git": git_commit(),
@@ -400,9 +388,10 @@ def train(
         "gen_dtype": gen_dtype,
         "model": {"name": base_name, "base_identity": base_identity},
         "config_hash": cfg.config_hash(),
-        "data": str(root),
+        "data": str(getattr(env, "root", None) or getattr(env, "file", "")),
+        "data_kind": env.kind,
         "train_tasks": len(tasks),
-        "gold_audit": audit.to_dict(),
+        "gold_audit": env.gold_audit,
         "budgets": budgets.to_dict(),
         "arm": arm_kind(cfg),
         "resumed_from_step": start_step if resume else None,
@@ -413,7 +402,6 @@ def train(
 
     autocast = torch.bfloat16 if device == "cuda" else None
     sinks = MetricSinks(cfg, out)
-    tasks_by_id = {t.public.task_id: t for t in tasks}
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -423,11 +411,7 @@ def train(
     steps_done = 0
     last_step = start_step
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    with Sandbox(workers=cfg.run.sandbox_workers, timeout_s=budgets.sql_timeout_s) as sandbox:
-        make_eval = evaluator_factory or (lambda sb, gc, kind: Evaluator(sb, gc, kind=kind))
-        evaluator = make_eval(sandbox, gold_cache, g.reward)
-        # the validity arm still logs execution accuracy (never used as its reward)
-        acc_evaluator = make_eval(sandbox, gold_cache, "execution") if g.reward != "execution" else None
+    with env:
         last_step_s = 0.0
 
         def checkpoint(at_step: int) -> None:
@@ -457,27 +441,15 @@ def train(
             batch_tasks = [tasks[i] for i in batch_idx]
             train_model.eval()
             policy.identity = f"{base_identity}@{out.name}:step{step - 1}"
-            trajs = run_agent(
-                [t.public for t in batch_tasks],
+            trajs = env.rollout(
+                batch_tasks,
                 policy,
-                sandbox,
                 budgets,
                 Sampling(temperature=g.temperature, top_p=g.top_p, seed=seed * 1_000_003 + step),
-                n_samples=g.group_size,
+                g.group_size,
             )
             t_roll = time.perf_counter() - t0
-            score_trajectories(trajs, tasks_by_id, evaluator)
-            accs = []
-            if acc_evaluator is not None:
-                scored = [tr for tr in trajs if tr.infra_error is None]
-                items = [(tr.final_sql, tasks_by_id[tr.task_id]) for tr in scored]
-                many = getattr(acc_evaluator, "score_many", None)
-                for tr, r in zip(scored, many(items) if many else [acc_evaluator.score(*x) for x in items]):
-                    tr.reward["parts"]["execution_match"] = r.value
-                    if r.value is not None:
-                        accs.append(r.value)
-            else:
-                accs = [tr.reward["value"] for tr in trajs if tr.reward["value"] is not None]
+            accs = env.score(trajs)
             valid = [tr for tr in trajs if tr.reward["value"] is not None]
             n_excl = len(trajs) - len(valid)
             group_of = {tid: k for k, tid in enumerate(dict.fromkeys(t.task_id for t in trajs))}
