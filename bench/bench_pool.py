@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 from sqlrl.pool import CopyPerRollout, ReplicaPool
 
@@ -125,7 +126,9 @@ def _run_arm(arm: tuple, templates: dict, plan: list, args, root: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--spider", default="/work/shared/data/spider")
+    p.add_argument(
+        "--spider", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "spider")
+    )
     p.add_argument("--dbs", default=",".join(DEFAULT_DBS))
     p.add_argument("--rollouts", type=int, default=300)
     p.add_argument("--write-frac", type=float, default=0.2)

@@ -1,6 +1,6 @@
 """Reward throughput: prediction/gold pairs per second with a warm gold cache, vs a naive scorer.
 
-    python bench/bench_reward.py [--data /work/shared/data/spider] [--n 300] [--seed 0] [--workers 2]
+    python bench/bench_reward.py [--data ../shared/data/spider] [--n 300] [--seed 0] [--workers 2]
 
 Pairs: `--n` Spider training tasks (sampled with `--seed`, golds that do not execute are skipped),
 each with two predictions: the gold itself and a perturbation of it (cycled: projection list
@@ -25,6 +25,7 @@ import random
 import sqlite3
 import sys
 import time
+from pathlib import Path
 
 import sqlglot
 from sqlglot import exp
@@ -71,7 +72,7 @@ def naive_score(db_path: str, gold_sql: str, pred_sql: str) -> bool | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", default="/work/shared/data/spider")
+    ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "spider"))
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)

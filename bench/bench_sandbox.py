@@ -19,10 +19,11 @@ import statistics
 import sys
 import time
 import urllib.parse
+from pathlib import Path
 
 from sqlrl.sandbox import Sandbox
 
-DEFAULT_SPIDER = "/work/shared/data/spider"
+DEFAULT_SPIDER = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "spider")
 
 
 def load(spider: str, limit: int | None) -> list[tuple[str, str]]:

@@ -1,6 +1,6 @@
 """Build the stateful SQL-debugging task set (sqlrl.debugtasks) from Spider's training databases.
 
-    python bench/make_debug_tasks.py --spider /work/shared/data/spider --out DIR [--seed 0] [--per-db N]
+    python bench/make_debug_tasks.py --spider ../shared/data/spider --out DIR [--seed 0] [--per-db N]
 
 Writes DIR/debug_tasks.jsonl (private tasks: solution + tests, with a split field) and DIR/stats.json
 (counts per category, per split, dropped by reason); both are byte-identical for the same inputs and
