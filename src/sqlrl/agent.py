@@ -93,6 +93,57 @@ class Trajectory:
     def generated_tokens(self) -> int:
         return sum(self.loss_mask)
 
+    def add_completion(self, g, action: str, sql: str | None, gen_s: float) -> Turn:
+        """Record a generated turn: its ids as produced (loss mask 1) and their generation-time log-probs."""
+        turn = Turn(
+            context_tokens=len(self.token_ids),
+            completion_text=g.text,
+            completion_ids=list(g.token_ids),
+            finish_reason=g.finish_reason,
+            action=action,
+            sql=sql,
+            gen_s=gen_s,
+        )
+        self.turns.append(turn)
+        self.token_ids.extend(g.token_ids)
+        self.loss_mask.extend([1] * len(g.token_ids))
+        self.logprobs.extend(float(x) for x in g.logprobs)
+        self.timings["gen_s"] += gen_s
+        return turn
+
+    def add_sql_result(self, res, budgets, source: str) -> None:
+        """Record an execution of the last turn's SQL; a crashed worker ends the trajectory as infra_error
+        (never a wrong answer), anything else becomes the rendered observation."""
+        self.n_executions += 1
+        last = self.turns[-1]
+        last.sql_result = {
+            "status": res.status,
+            "row_count": res.row_count,
+            "elapsed_ms": res.elapsed_ms,
+            "message": res.message,
+        }
+        if res.status == "worker_crash":
+            self.infra_error = f"{source}: {res.message}"
+            self.stop_reason = "infra_error"
+            return
+        last.observation = res.render(max_rows=budgets.observation_rows, max_chars=budgets.observation_chars)
+
+    def add_observation(self, chat, history: list[dict], obs: str, eos_ids: set[int]) -> list[dict]:
+        """Append the observation delta (end of turn, user message, next assistant header; loss mask 0) after
+        the last completion; returns the chat history extended by that exchange."""
+        last = self.turns[-1]
+        last.observation = obs
+        ended = bool(last.completion_ids) and last.completion_ids[-1] in eos_ids
+        obs_ids = chat.observation_ids(history, obs, completion_ended_with_eos=ended)
+        last.observation_ids = obs_ids
+        self.token_ids.extend(obs_ids)
+        self.loss_mask.extend([0] * len(obs_ids))
+        self.logprobs.extend([0.0] * len(obs_ids))
+        return history + [
+            {"role": "assistant", "content": last.completion_text},
+            {"role": "user", "content": obs},
+        ]
+
     def to_dict(self, with_tokens: bool = True) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         if not with_tokens:
@@ -204,6 +255,7 @@ def _run_chunk(
         histories.append(messages)
     tasks = [t for t, _ in chunk]
     multi = budgets.multi_turn
+    eos_ids = set(getattr(policy, "eos_token_ids", []) or [])
     for turn in range(1, budgets.turns + 1):
         live = [i for i, tr in enumerate(trajs) if not tr.done]
         if not live:
@@ -225,21 +277,7 @@ def _run_chunk(
         for i, g in zip(ready, gens):
             tr = trajs[i]
             action = Parser.parse(g.text, multi_turn=multi)
-            tr.turns.append(
-                Turn(
-                    context_tokens=len(tr.token_ids),
-                    completion_text=g.text,
-                    completion_ids=list(g.token_ids),
-                    finish_reason=g.finish_reason,
-                    action=action.kind,
-                    sql=action.sql,
-                    gen_s=gen_s / len(ready),
-                )
-            )
-            tr.token_ids.extend(g.token_ids)
-            tr.loss_mask.extend([1] * len(g.token_ids))
-            tr.logprobs.extend(float(x) for x in g.logprobs)
-            tr.timings["gen_s"] += gen_s / len(ready)
+            tr.add_completion(g, action.kind, action.sql, gen_s / len(ready))
             if not multi:
                 tr.final_sql = action.sql
                 tr.stop_reason = "single_turn"
@@ -261,42 +299,19 @@ def _run_chunk(
             results = sandbox.execute_many([(tasks[i].db_path, trajs[i].turns[-1].sql) for i in to_exec])
             exec_s = time.perf_counter() - t0
             for i, res in zip(to_exec, results):
-                tr = trajs[i]
-                tr.n_executions += 1
-                tr.timings["exec_s"] += exec_s / len(to_exec)
-                tr.turns[-1].sql_result = {
-                    "status": res.status,
-                    "row_count": res.row_count,
-                    "elapsed_ms": res.elapsed_ms,
-                    "message": res.message,
-                }
-                if res.status == "worker_crash":
-                    tr.infra_error = f"sandbox: {res.message}"
-                    tr.stop_reason = "infra_error"
-                    continue
-                tr.turns[-1].observation = res.render(
-                    max_rows=budgets.observation_rows, max_chars=budgets.observation_chars
-                )
+                trajs[i].timings["exec_s"] += exec_s / len(to_exec)
+                trajs[i].add_sql_result(res, budgets, "sandbox")
         if multi and turn < budgets.turns:
             for i in ready:
                 tr = trajs[i]
                 if tr.done:
                     continue
                 last = tr.turns[-1]
-                text = last.observation if last.action == "inspect" else INVALID_MESSAGE
-                obs = observation_message(text, turn, budgets.turns) if last.action == "inspect" else text
-                last.observation = obs
-                eos_ids = set(getattr(policy, "eos_token_ids", []) or [])
-                ended = bool(last.completion_ids) and last.completion_ids[-1] in eos_ids
-                obs_ids = chat.observation_ids(histories[i], obs, completion_ended_with_eos=ended)
-                histories[i] = histories[i] + [
-                    {"role": "assistant", "content": last.completion_text},
-                    {"role": "user", "content": obs},
-                ]
-                last.observation_ids = obs_ids
-                tr.token_ids.extend(obs_ids)
-                tr.loss_mask.extend([0] * len(obs_ids))
-                tr.logprobs.extend([0.0] * len(obs_ids))
+                if last.action == "inspect":
+                    obs = observation_message(last.observation, turn, budgets.turns)
+                else:
+                    obs = INVALID_MESSAGE
+                histories[i] = tr.add_observation(chat, histories[i], obs, eos_ids)
     for tr in trajs:
         if not tr.done:  # defensive: loop ended without a decision
             tr.final_sql = tr.last_inspected_sql

@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlrl.agent import Budgets, Sampling, Trajectory, Turn, generate_turn
+from sqlrl.agent import Budgets, Sampling, Trajectory, generate_turn
 from sqlrl.debugtasks import (
     DebugTaskPrivate,
     DebugTaskPublic,
@@ -361,21 +361,7 @@ def _turns(trajs, histories, policy, pool, budgets: Budgets, sampling: Sampling,
         for i, g in zip(ready, gens):
             tr = trajs[i]
             action = parse_debug_action(g.text, multi_turn=multi, category=tr.extra["category"])
-            tr.turns.append(
-                Turn(
-                    context_tokens=len(tr.token_ids),
-                    completion_text=g.text,
-                    completion_ids=list(g.token_ids),
-                    finish_reason=g.finish_reason,
-                    action=action.kind,
-                    sql=action.sql,
-                    gen_s=gen_s / len(ready),
-                )
-            )
-            tr.token_ids.extend(g.token_ids)
-            tr.loss_mask.extend([1] * len(g.token_ids))
-            tr.logprobs.extend(float(x) for x in g.logprobs)
-            tr.timings["gen_s"] += gen_s / len(ready)
+            tr.add_completion(g, action.kind, action.sql, gen_s / len(ready))
             if not multi:
                 _finish(tr, action.submission, "single_turn")
             elif action.kind == ACTION_SUBMIT:
@@ -393,20 +379,7 @@ def _turns(trajs, histories, policy, pool, budgets: Budgets, sampling: Sampling,
             t0 = time.perf_counter()
             res = pool.execute(tr.extra["trajectory_id"], tr.turns[-1].sql, timeout_s=budgets.sql_timeout_s)
             tr.timings["exec_s"] += time.perf_counter() - t0
-            tr.n_executions += 1
-            tr.turns[-1].sql_result = {
-                "status": res.status,
-                "row_count": res.row_count,
-                "elapsed_ms": res.elapsed_ms,
-                "message": res.message,
-            }
-            if res.status == "worker_crash":
-                tr.infra_error = f"pool: {res.message}"
-                tr.stop_reason = "infra_error"
-                continue
-            tr.turns[-1].observation = res.render(
-                max_rows=budgets.observation_rows, max_chars=budgets.observation_chars
-            )
+            tr.add_sql_result(res, budgets, "pool")
         if multi and turn < budgets.turns:
             for i in ready:
                 tr = trajs[i]
@@ -417,17 +390,7 @@ def _turns(trajs, histories, policy, pool, budgets: Budgets, sampling: Sampling,
                     obs = debug_observation_message(last.observation or "", turn, budgets.turns)
                 else:
                     obs = INVALID_DEBUG_MESSAGE
-                last.observation = obs
-                ended = bool(last.completion_ids) and last.completion_ids[-1] in eos_ids
-                obs_ids = chat.observation_ids(histories[i], obs, completion_ended_with_eos=ended)
-                histories[i] = histories[i] + [
-                    {"role": "assistant", "content": last.completion_text},
-                    {"role": "user", "content": obs},
-                ]
-                last.observation_ids = obs_ids
-                tr.token_ids.extend(obs_ids)
-                tr.loss_mask.extend([0] * len(obs_ids))
-                tr.logprobs.extend([0.0] * len(obs_ids))
+                histories[i] = tr.add_observation(chat, histories[i], obs, eos_ids)
     for tr in trajs:
         if not tr.done:  # defensive: loop ended without a decision
             _finish(tr, (), "max_turns")
