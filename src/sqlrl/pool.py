@@ -99,8 +99,9 @@ from sqlrl.sandbox import (
     SQLResult,
     _classify,
     _Deadline,
-    _fetch,
+    _limit,
     _result,
+    _run,
     _setup_process,
 )
 from sqlrl.sandbox import _precheck as _sandbox_precheck
@@ -195,26 +196,7 @@ def _open_replica(path: str, cfg: dict, deadline: _Deadline) -> _Conn:
     try:
         for pragma in ("journal_mode=MEMORY", "synchronous=OFF", "trusted_schema=0", "temp_store=MEMORY"):
             conn.execute("PRAGMA " + pragma).fetchall()
-        limits = {
-            sqlite3.SQLITE_LIMIT_LENGTH: cfg["max_value_bytes"],
-            sqlite3.SQLITE_LIMIT_SQL_LENGTH: max(1000, cfg["max_sql_chars"] * 4),
-            sqlite3.SQLITE_LIMIT_ATTACHED: 0,
-            sqlite3.SQLITE_LIMIT_EXPR_DEPTH: 1000,
-            sqlite3.SQLITE_LIMIT_COMPOUND_SELECT: 200,
-            sqlite3.SQLITE_LIMIT_FUNCTION_ARG: 100,
-            sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH: 10_000,
-            sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER: 100,
-            sqlite3.SQLITE_LIMIT_TRIGGER_DEPTH: 10,
-            sqlite3.SQLITE_LIMIT_WORKER_THREADS: 0,
-        }
-        for k, v in limits.items():
-            conn.setlimit(k, int(v))
-
-        def progress() -> bool:
-            return time.monotonic() > deadline.t
-
-        if cfg["progress_ops"] > 0:
-            conn.set_progress_handler(progress, int(cfg["progress_ops"]))
+        _limit(conn, cfg, deadline, trigger_depth=10)
 
         def authorizer(action: int, arg1: Any, arg2: Any, dbname: Any, source: Any) -> int:
             if action in _READ_ACTIONS:
@@ -256,36 +238,14 @@ def _exec(conns: dict, cfg: dict, deadline: _Deadline, path: str, sql: str, time
             0,
         )
     conn = box.conn
-    cur = None
     try:
-        try:
-            cur = conn.execute(sql)
-            cols = [d[0] for d in cur.description] if cur.description else []
-            status, rows, msg = _fetch(cur, cfg, deadline)
-        except sqlite3.OperationalError as e:
-            if not str(e).startswith("Could not decode to UTF-8"):
-                raise
-            if cur is not None:
-                cur.close()
-            conn.text_factory = lambda b: b.decode("utf-8", "replace")
-            try:
-                cur = conn.execute(sql)
-                cols = [d[0] for d in cur.description] if cur.description else []
-                status, rows, msg = _fetch(cur, cfg, deadline)
-            finally:
-                conn.text_factory = str
+        status, cols, rows, msg = _run(conn, sql, cfg, deadline)
         out = (status, cols, rows, len(rows), (time.perf_counter() - t0) * 1e3, msg)
     except Exception as e:  # noqa: BLE001
         st, msg = _classify(e, timeout_s)
         if st == "forbidden":
             msg = f"{e} (replica pool: ATTACH/DETACH/VACUUM, transactions, pragmas and extensions are denied)"
         out = (st, [], [], 0, (time.perf_counter() - t0) * 1e3, msg)
-    finally:
-        if cur is not None:
-            try:
-                cur.close()
-            except Exception:  # noqa: BLE001
-                pass
     return out + (int(box.wrote), conn.total_changes)
 
 

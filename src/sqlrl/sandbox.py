@@ -372,6 +372,61 @@ def _setup_process(cfg: dict) -> None:
             c.close()
 
 
+def _limit(conn: sqlite3.Connection, cfg: dict, deadline: _Deadline, *, trigger_depth: int) -> None:
+    """`setlimit`s and the progress-handler deadline of a policy connection (sandbox and replica pool)."""
+    limits = {
+        sqlite3.SQLITE_LIMIT_LENGTH: cfg["max_value_bytes"],
+        sqlite3.SQLITE_LIMIT_SQL_LENGTH: max(1000, cfg["max_sql_chars"] * 4),
+        sqlite3.SQLITE_LIMIT_ATTACHED: 0,
+        sqlite3.SQLITE_LIMIT_EXPR_DEPTH: 1000,
+        sqlite3.SQLITE_LIMIT_COMPOUND_SELECT: 200,
+        sqlite3.SQLITE_LIMIT_FUNCTION_ARG: 100,
+        sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH: 10_000,
+        sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER: 100,
+        sqlite3.SQLITE_LIMIT_TRIGGER_DEPTH: trigger_depth,
+        sqlite3.SQLITE_LIMIT_WORKER_THREADS: 0,
+    }
+    for k, v in limits.items():
+        conn.setlimit(k, int(v))
+
+    def progress() -> bool:
+        return time.monotonic() > deadline.t
+
+    if cfg["progress_ops"] > 0:
+        conn.set_progress_handler(progress, int(cfg["progress_ops"]))
+
+
+def _run(conn: sqlite3.Connection, sql: str, cfg: dict, deadline: _Deadline) -> tuple[str, list, list, str]:
+    """Execute one statement and fetch under the caps -> (status, columns, rows, message). Invalid UTF-8
+    text re-runs the statement with the deterministic replacing decoder (same deadline). SQLite errors
+    propagate to the caller, which classifies them."""
+    cur = None
+    try:
+        try:
+            cur = conn.execute(sql)
+            cols = [d[0] for d in cur.description] if cur.description else []
+            status, rows, msg = _fetch(cur, cfg, deadline)
+        except sqlite3.OperationalError as e:
+            if not str(e).startswith("Could not decode to UTF-8"):
+                raise
+            if cur is not None:
+                cur.close()
+            conn.text_factory = _decode_replace
+            try:
+                cur = conn.execute(sql)
+                cols = [d[0] for d in cur.description] if cur.description else []
+                status, rows, msg = _fetch(cur, cfg, deadline)
+            finally:
+                conn.text_factory = str
+        return status, cols, rows, msg
+    finally:
+        if cur is not None:
+            try:
+                cur.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
 def _open(path: str, cfg: dict, deadline: _Deadline) -> sqlite3.Connection:
     uri = "file:" + urllib.parse.quote(path) + "?mode=ro&immutable=1"
     conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
@@ -379,27 +434,7 @@ def _open(path: str, cfg: dict, deadline: _Deadline) -> sqlite3.Connection:
         # settings first: once the authorizer is installed no PRAGMA like these can run
         for pragma in ("query_only=1", "trusted_schema=0", "temp_store=MEMORY"):
             conn.execute("PRAGMA " + pragma).fetchall()
-        limits = {
-            sqlite3.SQLITE_LIMIT_LENGTH: cfg["max_value_bytes"],
-            sqlite3.SQLITE_LIMIT_SQL_LENGTH: max(1000, cfg["max_sql_chars"] * 4),
-            sqlite3.SQLITE_LIMIT_ATTACHED: 0,
-            sqlite3.SQLITE_LIMIT_EXPR_DEPTH: 1000,
-            sqlite3.SQLITE_LIMIT_COMPOUND_SELECT: 200,
-            sqlite3.SQLITE_LIMIT_FUNCTION_ARG: 100,
-            sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH: 10_000,
-            sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER: 100,
-            sqlite3.SQLITE_LIMIT_TRIGGER_DEPTH: 1,
-            sqlite3.SQLITE_LIMIT_WORKER_THREADS: 0,
-        }
-        for k, v in limits.items():
-            conn.setlimit(k, int(v))
-        t = deadline
-
-        def progress() -> bool:
-            return time.monotonic() > t.t
-
-        if cfg["progress_ops"] > 0:
-            conn.set_progress_handler(progress, int(cfg["progress_ops"]))
+        _limit(conn, cfg, deadline, trigger_depth=1)
         conn.set_authorizer(_authorizer)
     except BaseException:
         conn.close()
@@ -482,35 +517,12 @@ def _run_one(conns: OrderedDict, cfg: dict, deadline: _Deadline, db_path: str, s
     except Exception as e:  # noqa: BLE001
         st_, msg = _classify(e, timeout_s)
         return (st_, [], [], 0, (time.perf_counter() - t0) * 1e3, msg)
-    cur = None
     try:
-        try:
-            cur = conn.execute(sql)
-            cols = [d[0] for d in cur.description] if cur.description else []
-            status, rows, msg = _fetch(cur, cfg, deadline)
-        except sqlite3.OperationalError as e:
-            if not str(e).startswith("Could not decode to UTF-8"):
-                raise
-            # invalid UTF-8 text: re-run with the deterministic replacing decoder (same deadline)
-            if cur is not None:
-                cur.close()
-            conn.text_factory = _decode_replace
-            try:
-                cur = conn.execute(sql)
-                cols = [d[0] for d in cur.description] if cur.description else []
-                status, rows, msg = _fetch(cur, cfg, deadline)
-            finally:
-                conn.text_factory = str
+        status, cols, rows, msg = _run(conn, sql, cfg, deadline)
         return (status, cols, rows, len(rows), (time.perf_counter() - t0) * 1e3, msg)
     except Exception as e:  # noqa: BLE001  (MemoryError included)
         st_, msg = _classify(e, timeout_s)
         return (st_, [], [], 0, (time.perf_counter() - t0) * 1e3, msg)
-    finally:
-        if cur is not None:
-            try:
-                cur.close()
-            except Exception:  # noqa: BLE001
-                pass
 
 
 _FLUSH_S = 0.02  # a worker sends buffered results at least this often (and at the end of a batch)
