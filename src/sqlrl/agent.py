@@ -93,6 +93,20 @@ class Trajectory:
     def generated_tokens(self) -> int:
         return sum(self.loss_mask)
 
+    @classmethod
+    def from_prompt(cls, chat, messages: list[dict], *, timings: dict | None = None, **fields):
+        """A new trajectory whose sequence is the rendered first prompt (loss mask 0)."""
+        ids = chat.prompt_ids(messages)
+        return cls(
+            prompt_text=chat.render(messages, add_generation_prompt=True),
+            prompt_ids=ids,
+            token_ids=list(ids),
+            loss_mask=[0] * len(ids),
+            logprobs=[0.0] * len(ids),
+            timings={"gen_s": 0.0, "exec_s": 0.0, **(timings or {})},
+            **fields,
+        )
+
     def add_completion(self, g, action: str, sql: str | None, gen_s: float) -> Turn:
         """Record a generated turn: its ids as produced (loss mask 1) and their generation-time log-probs."""
         turn = Turn(
@@ -236,20 +250,15 @@ def _run_chunk(
     for task, s in chunk:
         ensure_public(task)  # run-time check right before anything is shown to the policy
         messages = build_messages(task, turns=budgets.turns, max_schema_chars=budgets.max_schema_chars)
-        ids = chat.prompt_ids(messages)
-        tr = Trajectory(
+        tr = Trajectory.from_prompt(
+            chat,
+            messages,
             task_id=task.task_id,
             db_id=task.db_id,
             question=task.question,
             sample=s,
             model=model_info,
             budgets=budgets.to_dict(),
-            prompt_text=chat.render(messages, add_generation_prompt=True),
-            prompt_ids=ids,
-            token_ids=list(ids),
-            loss_mask=[0] * len(ids),
-            logprobs=[0.0] * len(ids),
-            timings={"gen_s": 0.0, "exec_s": 0.0},
         )
         trajs.append(tr)
         histories.append(messages)

@@ -287,21 +287,17 @@ def run_debug_agent(
             for s in range(n_samples):
                 ensure_public_debug(task)  # run-time check right before anything is shown to the policy
                 messages = build_debug_messages(task, budgets)
-                pids = chat.prompt_ids(messages)
                 tid = f"{task.task_id}#{s}"
-                tr = DebugTrajectory(
+                tr = DebugTrajectory.from_prompt(
+                    chat,
+                    messages,
+                    timings={"preprocess_s": 0.0},
                     task_id=task.task_id,
                     db_id=task.db_id,
                     question=task.description,
                     sample=s,
                     model=model_info,
                     budgets=budgets.to_dict(),
-                    prompt_text=chat.render(messages, add_generation_prompt=True),
-                    prompt_ids=pids,
-                    token_ids=list(pids),
-                    loss_mask=[0] * len(pids),
-                    logprobs=[0.0] * len(pids),
-                    timings={"gen_s": 0.0, "exec_s": 0.0, "preprocess_s": 0.0},
                     extra={
                         "kind": "debug",
                         "category": task.category,

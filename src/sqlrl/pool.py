@@ -181,6 +181,23 @@ _OK, _DENY = sqlite3.SQLITE_OK, sqlite3.SQLITE_DENY
 _A_FUNCTION, _A_PRAGMA = sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_PRAGMA
 
 
+def _check_template(rep: Any, src: str, got: str, want: str) -> None:
+    """Nothing is written into a replica from a template whose bytes changed since the pool started."""
+    if got != want:
+        raise TemplateChanged(
+            f"template of {rep.db_id!r} ({src}) changed since the pool started: sha256 "
+            f"{got} != recorded {want}; refusing to reset replica {rep.index}"
+        )
+
+
+def _remove_sidecars(path: str) -> None:
+    for s in ("-journal", "-wal", "-shm"):
+        try:
+            os.remove(path + s)
+        except FileNotFoundError:
+            pass
+
+
 class _Conn:
     __slots__ = ("conn", "wrote")
 
@@ -795,16 +812,8 @@ class ReplicaPool:
                     h.update(b)
                     fo.write(b)
                     n += len(b)
-            if h.hexdigest() != want:
-                raise TemplateChanged(
-                    f"template of {rep.db_id!r} ({src}) changed since the pool started: sha256 "
-                    f"{h.hexdigest()} != recorded {want}; refusing to reset replica {rep.index}"
-                )
-            for s in ("-journal", "-wal", "-shm"):
-                try:
-                    os.remove(rep.path + s)
-                except FileNotFoundError:
-                    pass
+            _check_template(rep, src, h.hexdigest(), want)
+            _remove_sidecars(rep.path)
             os.replace(tmp, rep.path)
         except BaseException:
             try:
@@ -854,16 +863,8 @@ class ReplicaPool:
                         return False
                 pos += len(a)
             nread += len(fr.read())  # replica longer than the template: its tail goes
-            if h.hexdigest() != want:
-                raise TemplateChanged(
-                    f"template of {rep.db_id!r} ({src}) changed since the pool started: sha256 "
-                    f"{h.hexdigest()} != recorded {want}; refusing to reset replica {rep.index}"
-                )
-            for s in ("-journal", "-wal", "-shm"):
-                try:
-                    os.remove(rep.path + s)
-                except FileNotFoundError:
-                    pass
+            _check_template(rep, src, h.hexdigest(), want)
+            _remove_sidecars(rep.path)
             for off, data in diffs:
                 fr.seek(off)
                 fr.write(data)
