@@ -270,6 +270,7 @@ def train(
         save_checkpoint,
     )
     from sqlrl.envs import make_env
+    from sqlrl.evaluate import EXECUTABLE_FAIL
     from sqlrl.grpo import group_advantages, policy_loss
     from sqlrl.models import load_model
     from sqlrl.policy import HFPolicy
@@ -527,8 +528,7 @@ def train(
                 "reward_std": float(rewards.std(unbiased=False)) if len(rv) > 1 else 0.0,
                 "accuracy": sum(accs) / len(accs) if accs else None,
                 "executable_rate": (
-                    sum(tr.reward["status"] not in ("no_sql", "exec_error", "timeout") for tr in valid)
-                    / len(valid)
+                    sum(tr.reward["status"] not in EXECUTABLE_FAIL for tr in valid) / len(valid)
                 )
                 if valid
                 else None,
