@@ -1,9 +1,12 @@
-"""Benchmark sqlrl.fastgen against plain HF generate.
+"""Benchmark sqlrl's decode engines against plain HF generate, side by side in one run.
 
-Runs (a) ``generate_reference`` greedy, (b) ``generate_fast`` greedy on the same prompts,
-(c) ``generate_fast`` GRPO-style sampling (G prompts x S samples, temperature 1.0), and prints a
-human table plus one JSON line (``--out FILE`` also writes the JSON). Generated tokens are counted up to
-and including the first eos.
+Runs (a) ``generate_reference`` (plain ``model.generate``) greedy, (b) ``fastgen.generate_fast`` greedy,
+(c) ``staticgen.generate_static`` greedy on the same prompts, (d) ``generate_static`` GRPO-style sampling
+(G prompts x S samples, temperature 1.0; the 10,000 tok/s target), (e) ``generate_fast`` on the same
+sampling job, then a float32 greedy identity check (plain vs static, plain vs fast) on a prompt subset.
+Prints a human table plus one JSON line (``--out FILE`` also writes the JSON). Generated tokens are
+counted up to and including the first eos. The static engine's one-time CUDA-graph capture is done in
+a warm-up call and reported as ``warmup_static_s``.
 
 GPU (H200)::
 
@@ -156,10 +159,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if cuda else "cpu")
     ap.add_argument("--dtype", default="bfloat16" if cuda else "float32")
     ap.add_argument("--skip-reference", action="store_true")
+    ap.add_argument("--skip-fast-sampling", action="store_true", help="skip (e) fast-engine sampling")
+    ap.add_argument("--static-slots", type=int, default=512, help="KV-cache slots of generate_static")
+    ap.add_argument(
+        "--fp32-identity",
+        type=int,
+        default=32,
+        help="prompts for the float32 greedy identity check (0: skip)",
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
 
-    from sqlrl import fastgen
+    from sqlrl import fastgen, staticgen
 
     model, tok, name = _load(args)
     n_needed = max(args.n_prompts, args.group_prompts)
@@ -188,55 +199,97 @@ def main(argv: list[str] | None = None) -> int:
     group = [p for p in prompts[: args.group_prompts] for _ in range(args.samples)]
     common = dict(eos_token_ids=eos_ids, pad_token_id=pad)
     fast_kw = dict(max_batch=args.max_batch, check_every=args.check_every, prefill_tokens=args.prefill_tokens)
-
-    # warm-up (CUDA context, kernels, allocator)
-    fastgen.generate_fast(model, prompts[:2], max_new_tokens=4, **common, **fast_kw)
-    if not args.skip_reference:
-        fastgen.generate_reference(model, prompts[:2], max_new_tokens=4, batch_size=2, **common)
-
-    runs: dict[str, dict] = {}
-    ref = None
-    if not args.skip_reference:
-        st = fastgen.GenStats()
-        ref = fastgen.generate_reference(
-            model,
-            greedy_prompts,
-            max_new_tokens=args.max_new_tokens,
-            batch_size=args.batch_size,
-            stats=st,
-            **common,
-        )
-        runs["a_reference_greedy"] = st.to_dict()
-    st = fastgen.GenStats()
-    fast = fastgen.generate_fast(
-        model, greedy_prompts, max_new_tokens=args.max_new_tokens, stats=st, **common, **fast_kw
-    )
-    runs["b_fast_greedy"] = st.to_dict()
-    st = fastgen.GenStats()
-    t = time.perf_counter()
-    sampled = fastgen.generate_fast(
-        model,
-        group,
+    static_kw = dict(fast_kw, max_batch=args.static_slots)
+    samp = dict(
         max_new_tokens=args.sample_max_new_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed,
-        stats=st,
+    )
+
+    # warm-up: CUDA context, kernels, allocator; the static engine captures its decode graphs for the
+    # shapes used below (a one-time cost per process, reported separately as warmup_s)
+    fastgen.generate_fast(model, prompts[:2], max_new_tokens=4, **common, **fast_kw)
+    if not args.skip_reference:
+        fastgen.generate_reference(model, prompts[:2], max_new_tokens=4, batch_size=2, **common)
+    t = time.perf_counter()
+    staticgen.generate_static(
+        model, greedy_prompts, max_new_tokens=args.max_new_tokens, **common, **static_kw
+    )
+    staticgen.generate_static(model, group, **samp, **common, **static_kw)
+    warmup_static_s = time.perf_counter() - t
+
+    runs: dict[str, dict] = {}
+
+    def run(key: str, fn, *a, **kw):
+        st = fastgen.GenStats()
+        t0 = time.perf_counter()
+        out = fn(*a, stats=st, **kw)
+        runs[key] = st.to_dict()
+        runs[key]["extra"]["elapsed_s"] = time.perf_counter() - t0
+        return out
+
+    def sample_stats(key: str, sampled) -> None:
+        lens = sorted(len(s[0]) for s in sampled)
+        runs[key]["extra"].update(
+            median_len=lens[len(lens) // 2],
+            stop_rate=sum(s[2] == "stop" for s in sampled) / len(sampled),
+            distinct_in_group=sum(
+                len({tuple(s[0]) for s in sampled[g * args.samples : (g + 1) * args.samples]})
+                for g in range(args.group_prompts)
+            )
+            / max(1, args.group_prompts),
+        )
+
+    ref = None
+    if not args.skip_reference:
+        ref = run(
+            "a_reference_greedy",
+            fastgen.generate_reference,
+            model,
+            greedy_prompts,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            **common,
+        )
+    fast = run(
+        "b_fast_greedy",
+        fastgen.generate_fast,
+        model,
+        greedy_prompts,
+        max_new_tokens=args.max_new_tokens,
         **common,
         **fast_kw,
     )
-    runs["c_fast_sampling"] = st.to_dict()
-    lens = sorted(len(s[0]) for s in sampled)
-    runs["c_fast_sampling"]["extra"].update(
-        median_len=lens[len(lens) // 2],
-        stop_rate=sum(s[2] == "stop" for s in sampled) / len(sampled),
-        distinct_in_group=sum(
-            len({tuple(s[0]) for s in sampled[g * args.samples : (g + 1) * args.samples]})
-            for g in range(args.group_prompts)
-        )
-        / max(1, args.group_prompts),
-        elapsed_s=time.perf_counter() - t,
+    static = run(
+        "c_static_greedy",
+        staticgen.generate_static,
+        model,
+        greedy_prompts,
+        max_new_tokens=args.max_new_tokens,
+        **common,
+        **static_kw,
     )
+    runs["c_static_greedy"]["extra"]["warmup_static_s"] = warmup_static_s
+    sampled = run("d_static_sampling", staticgen.generate_static, model, group, **samp, **common, **static_kw)
+    sample_stats("d_static_sampling", sampled)
+    if not args.skip_fast_sampling:
+        fs = run("e_fast_sampling", fastgen.generate_fast, model, group, **samp, **common, **fast_kw)
+        sample_stats("e_fast_sampling", fs)
+
+    fp32 = None
+    if args.fp32_identity > 0 and not args.skip_reference:
+        # exact-identity check in float32 on a fixed prompt subset (bf16 argmax near-ties can flip)
+        m32 = model.float() if args.dtype == "float32" else __import__("copy").deepcopy(model).float()
+        sub = greedy_prompts[: args.fp32_identity]
+        r32 = fastgen.generate_reference(
+            m32, sub, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, **common
+        )
+        s32 = staticgen.generate_static(m32, sub, max_new_tokens=args.max_new_tokens, **common, **static_kw)
+        f32 = fastgen.generate_fast(m32, sub, max_new_tokens=args.max_new_tokens, **common, **fast_kw)
+        fp32 = {"plain_vs_static": _identity(r32, s32), "plain_vs_fast": _identity(r32, f32)}
+        staticgen.release(m32)
+        del m32
 
     plens = [len(p) for p in greedy_prompts]
     result = {
@@ -252,10 +305,18 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
     }
     if ref is not None:
+        plain = max(1e-9, runs["a_reference_greedy"]["tokens_per_s"])
         result["greedy_identity"] = _identity(ref, fast)
-        result["speedup_fast_over_plain_greedy"] = runs["b_fast_greedy"]["tokens_per_s"] / max(
-            1e-9, runs["a_reference_greedy"]["tokens_per_s"]
+        result["greedy_identity_static"] = _identity(ref, static)
+        result["speedup_fast_over_plain_greedy"] = runs["b_fast_greedy"]["tokens_per_s"] / plain
+        result["speedup_static_over_plain_greedy"] = runs["c_static_greedy"]["tokens_per_s"] / plain
+        result["speedup_static_sampling_over_plain_greedy"] = (
+            runs["d_static_sampling"]["tokens_per_s"] / plain
         )
+    if fp32 is not None:
+        result["greedy_identity_fp32"] = fp32
+    result["target_sampling_tok_s"] = 10000
+    result["static_sampling_tok_s"] = runs["d_static_sampling"]["tokens_per_s"]
 
     print(f"\nmodel={name} device={result['device_name']} dtype={args.dtype} prompts={prompt_source}")
     print(f"prompt tokens min/mean/max = {min(plens)}/{sum(plens) / len(plens):.0f}/{max(plens)}")
@@ -266,12 +327,31 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['tokens_per_s']:>11.1f}{r['peak_memory_gb']:>9.2f}"
         )
     if ref is not None:
-        gi = result["greedy_identity"]
         print(f"speedup fast/plain (greedy): {result['speedup_fast_over_plain_greedy']:.2f}x")
+        print(f"speedup static/plain (greedy): {result['speedup_static_over_plain_greedy']:.2f}x")
         print(
-            f"greedy token identity a vs b: {gi['identical']}/{gi['n']} = {gi['identity_rate']:.3f}"
-            f" (mean common-prefix fraction {gi['mean_common_prefix_frac']:.3f})"
+            "static GRPO sampling vs plain greedy tok/s: "
+            f"{result['speedup_static_sampling_over_plain_greedy']:.2f}x"
         )
+        for key, label in (
+            ("greedy_identity", "a vs b (fast)"),
+            ("greedy_identity_static", "a vs c (static)"),
+        ):
+            gi = result[key]
+            print(
+                f"greedy token identity {label}, {args.dtype}: {gi['identical']}/{gi['n']} = "
+                f"{gi['identity_rate']:.3f} (mean common-prefix fraction {gi['mean_common_prefix_frac']:.3f})"
+            )
+    if fp32 is not None:
+        for k, gi in fp32.items():
+            print(
+                f"greedy token identity {k}, float32: {gi['identical']}/{gi['n']} = {gi['identity_rate']:.3f}"
+            )
+    met = result["static_sampling_tok_s"] >= 10000
+    print(
+        f"GRPO sampling ({args.group_prompts} x {args.samples}, T={args.temperature}): "
+        f"{result['static_sampling_tok_s']:.0f} tok/s; target 10,000: {'MET' if met else 'NOT met'}"
+    )
     line = json.dumps(result, sort_keys=True)
     print(line)
     if args.out:

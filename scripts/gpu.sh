@@ -7,7 +7,7 @@
 #          pip download --no-deps --python-version 3.12 ... -d .whl gguf==0.19.0 sqlglot==30.30.0
 #   there: bash scripts/gpu.sh stage 00   (carry .stage/qwen/part00)   ... one call per part
 #          bash scripts/gpu.sh setup      (carry last part, MANIFEST, spider.tgz, .whl)
-#          bash scripts/gpu.sh bench | experiment SECONDS | pack
+#          bash scripts/gpu.sh bench | engine BENCH.json | experiment SECONDS | pack DIR [EXPDIRS]
 set -euo pipefail
 S=${SQLRL_SCRATCH:-/root/sqlrl-scratch}
 mkdir -p "$S/parts"
@@ -29,14 +29,27 @@ case "$cmd" in
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv ;;
   bench)
     python3 bench/bench_generate.py --model qwen2.5-coder-0.5b-instruct --prompts-from "$S/spider" --split train_spider "$@" ;;
+  engine)
+    # "static" when the benchmark JSON shows the static engine working (float32 greedy identity with
+    # plain generate >= 0.9 and no graph-capture error), else "fast": the engine for the experiment
+    python3 - "$1" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+fp = r.get("greedy_identity_fp32", {}).get("plain_vs_static", {}).get("identity_rate", 0)
+err = r["runs"]["d_static_sampling"]["extra"].get("graph_error")
+print("static" if fp >= 0.9 and not err else "fast")
+PY
+    ;;
   experiment)
+    # EXP=<folder name under the scratch dir> (default exp); extra args go to `sqlrl experiment`
     budget=$1; shift
-    python3 -m sqlrl.cli experiment configs/spider-0.5b-gpu.toml --out "$S/exp" --set "data.path=\"$S/spider\"" \
-      --time-budget "$budget" "$@" ;;
+    python3 -m sqlrl.cli experiment configs/spider-0.5b-gpu.toml --out "$S/${EXP:-exp}" \
+      --set "data.path=\"$S/spider\"" --time-budget "$budget" "$@" ;;
   pack)
-    dest=$1
+    dest=$1; shift
+    dirs=${*:-exp}
     tar czf "$dest/exp.tgz" -C "$S" --exclude='*.safetensors' --exclude='*.pt' --exclude='.goldcache' \
-      --exclude='.gold_real' --exclude='.gold_mutated' --exclude='tokenizer.json' exp
+      --exclude='.gold_real' --exclude='.gold_mutated' --exclude='tokenizer.json' $dirs
     ls -la "$dest" ;;
-  *) echo "usage: gpu.sh stage NN|setup|bench|experiment SECONDS|pack DIR" >&2; exit 2 ;;
+  *) echo "usage: gpu.sh stage NN|setup|bench|engine BENCH.json|experiment SECONDS|pack DIR [EXPDIRS]" >&2; exit 2 ;;
 esac

@@ -309,3 +309,39 @@ def test_grpo_loop_runs_on_debugging_tasks(tmp_path):
     )
     split = json.loads((run / "split.json").read_text())
     assert split["train_tasks"] == 4 and split["train_fingerprint"]
+
+
+def test_nonfinite_gradient_skips_the_update_and_records_why(tmp_path, monkeypatch):
+    """A NaN factor on the log-probs in step 1 poisons the gradient: no update, step recorded as skipped
+    with diagnostics; step 2 is finite and applied. (A NaN log-prob alone would not: the loss's clamp
+    passes no gradient through NaN.)"""
+    import torch
+
+    from sqlrl import trainer as T
+
+    real = T.sequence_logprobs
+    calls = {"n": 0}
+
+    def poisoned(model, batch, temperature, autocast_dtype):
+        out = real(model, batch, temperature, autocast_dtype)
+        calls["n"] += torch.is_grad_enabled()
+        if calls["n"] == 1 and torch.is_grad_enabled():
+            out = out * torch.where(torch.arange(out.shape[1]) == out.shape[1] - 1, float("nan"), 1.0)
+        return out
+
+    monkeypatch.setattr(T, "sequence_logprobs", poisoned)
+    run = tmp_path / "nan"
+    res = T.train(
+        tiny_cfg(steps=2), run, policy_factory=tiny_factory, evaluator_factory=Alternating, progress=False
+    )
+    assert res["finished"]
+    st = steps(run)
+    assert (
+        st[0]["skipped_nonfinite"] is True and st[0]["update_applied"] is False and st[0]["grad_norm"] is None
+    )
+    diag = st[0]["nonfinite_diagnostics"]
+    assert diag["logprobs_at_loss_tokens"] >= 1 and diag["micro_batches_with_nonfinite_loss"] >= 1
+    assert diag["params_with_nonfinite_grad"] > 0 and diag["first_params"]
+    assert st[1]["skipped_nonfinite"] is False and st[1]["update_applied"] is True
+    assert st[1]["nonfinite_diagnostics"] is None
+    assert final_hash(run) != tiny_factory()[3]

@@ -160,10 +160,10 @@ class RunConfig:
     """After a finished run is exported, delete its checkpoint folders (the manifest stays, marked pruned)."""
     sandbox_workers: int = 2
     """SQL sandbox worker processes."""
-    gen_engine: Literal["fast", "hf"] = "fast"
-    """Generation engine: sqlrl's fast decode loop or plain `model.generate`."""
+    gen_engine: Literal["auto", "static", "fast", "hf"] = "auto"
+    """Generation engine: static KV cache + CUDA graphs, the dynamic-cache loop, plain `generate`; auto = static if supported."""
     gen_max_batch: int = 256
-    """Largest generation batch of the fast engine."""
+    """Largest generation batch (static: KV-cache slots) of the static and fast engines."""
     loggers: tuple[str, ...] = ("tensorboard",)
     """Metric sinks: any of tensorboard, wandb, swanlab (the last two only when installed and asked for)."""
     log_rollouts: int = 4

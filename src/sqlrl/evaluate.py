@@ -211,7 +211,7 @@ def pick_device(device: str) -> str:
 
 
 def load_policy(
-    model: str, *, device: str = "auto", dtype: str = "auto", engine: str = "fast", max_batch: int = 256
+    model: str, *, device: str = "auto", dtype: str = "auto", engine: str = "auto", max_batch: int = 256
 ):
     from sqlrl.models import load_model
     from sqlrl.policy import HFPolicy
@@ -253,7 +253,7 @@ def run_eval(
     val_fraction: float = 0.1,
     device: str = "auto",
     dtype: str = "auto",
-    engine: str = "fast",
+    engine: str = "auto",
     policy=None,
     sandbox_workers: int = 2,
     command: list[str] | None = None,
@@ -287,7 +287,7 @@ def run_eval(
         "fingerprint": ds.fingerprint(split, seed=split_seed, val_fraction=val_fraction),
         "budgets": budgets.to_dict(),
         "sampling": {"temperature": 0.0, "seed": seed},
-        "engine": engine,
+        "engine": getattr(policy, "engine", engine),
         "started": started,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -299,7 +299,7 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
     """Where and how the policy runs (shared by `sqlrl eval` and `sqlrl audit leakage`)."""
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    p.add_argument("--engine", default="fast", choices=["fast", "hf"])
+    p.add_argument("--engine", default="auto", choices=["auto", "static", "fast", "hf"])
 
 
 def add_budget_args(p: argparse.ArgumentParser) -> None:

@@ -1,7 +1,9 @@
 """Policies: token ids in, token ids + log-probs out.
 
-``HFPolicy`` wraps a local Hugging Face model and calls ``fastgen.generate_fast`` (``engine="fast"``) or
-``fastgen.generate_reference`` (``engine="hf"``, plain ``model.generate``). ``OpenAIPolicy`` talks to an
+``HFPolicy`` wraps a local Hugging Face model and calls ``staticgen.generate_static`` (``engine="static"``:
+static KV cache, CUDA-graph decode), ``fastgen.generate_fast`` (``engine="fast"``) or
+``fastgen.generate_reference`` (``engine="hf"``, plain ``model.generate``); ``engine="auto"`` (default)
+is ``static`` for the model families it supports (Llama, Qwen2) and ``fast`` otherwise. ``OpenAIPolicy`` talks to an
 OpenAI-compatible ``/v1/completions`` server (e.g. vLLM) with the standard library only.
 
 Guarantees
@@ -85,18 +87,23 @@ def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
     return ids
 
 
+ENGINES = ("auto", "static", "fast", "hf")
+
+
 class HFPolicy:
     """``HFPolicy(loaded)`` with a ``models.LoadedModel``, or ``HFPolicy(model, tokenizer, name=..., identity=...)``.
 
-    ``engine``: ``"fast"`` (``fastgen.generate_fast``, batches of up to ``max_batch`` rows) or ``"hf"``
-    (``fastgen.generate_reference``, batches of ``batch_size``)."""
+    ``engine``: ``"auto"`` (``static`` when ``staticgen.supports(model)``, else ``fast``), ``"static"``
+    (``staticgen.generate_static``, up to ``max_batch`` slots), ``"fast"`` (``fastgen.generate_fast``,
+    batches of up to ``max_batch`` rows) or ``"hf"`` (``fastgen.generate_reference``, batches of
+    ``batch_size``). The resolved choice is in ``self.engine``."""
 
     def __init__(
         self,
         loaded: Any,
         tokenizer: Any = None,
         *,
-        engine: str = "fast",
+        engine: str = "auto",
         batch_size: int = 64,
         max_batch: int = 256,
         name: str | None = None,
@@ -104,8 +111,8 @@ class HFPolicy:
         eos_token_ids: list[int] | None = None,
         pad_token_id: int | None = None,
     ):
-        if engine not in ("fast", "hf"):
-            raise ValueError(f"engine must be 'fast' or 'hf', not {engine!r}")
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
         if hasattr(loaded, "model") and hasattr(loaded, "tokenizer") and hasattr(loaded, "identity"):
             model, tok = loaded.model, tokenizer or loaded.tokenizer
             name = name or loaded.name
@@ -118,6 +125,15 @@ class HFPolicy:
             raise ValueError("HFPolicy needs a tokenizer (to decode text and find the stop tokens)")
         self.model = model
         self.tokenizer = tok
+        if engine in ("auto", "static"):
+            from sqlrl.staticgen import supports
+
+            ok, why = supports(model)
+            if engine == "static" and not ok:
+                raise ValueError(
+                    f"engine 'static' cannot run this model ({why}); use engine 'fast' or 'auto'"
+                )
+            engine = "static" if ok else "fast"
         self.engine = engine
         self.batch_size = int(batch_size)
         self.max_batch = int(max_batch)
@@ -167,7 +183,11 @@ class HFPolicy:
         self.model.eval()
         try:
             with torch.no_grad():
-                if self.engine == "fast":
+                if self.engine == "static":
+                    from sqlrl import staticgen
+
+                    raw = staticgen.generate_static(self.model, prompts, max_batch=self.max_batch, **common)
+                elif self.engine == "fast":
                     raw = fastgen.generate_fast(self.model, prompts, max_batch=self.max_batch, **common)
                 else:
                     raw = fastgen.generate_reference(

@@ -468,6 +468,7 @@ def train(
             total_tokens = sum(tr.generated_tokens for tr in valid)
             n_seqs = len(valid)
             loss_sum, kl_sum, clip_sum, tok_sum = 0.0, 0.0, 0.0, 0
+            nonfinite_logp, nonfinite_loss_mb = 0, 0  # diagnostics for a skipped (non-finite) update
             active = [
                 (tr, float(a))
                 for tr, a in zip(valid, adv.tolist())
@@ -498,6 +499,9 @@ def train(
                     loss_scale_tokens=float(total_tokens) if g.loss_agg == "token-mean" else None,
                     loss_scale_seqs=float(n_seqs) if g.loss_agg == "seq-mean" else None,
                 )
+                with torch.no_grad():
+                    nonfinite_logp += int((~torch.isfinite(logp) & (m != 0)).sum().item())
+                    nonfinite_loss_mb += int(not bool(torch.isfinite(loss).item()))
                 loss.backward()
                 ntok = float(m.sum().item())
                 loss_sum += float(loss.item())
@@ -508,9 +512,24 @@ def train(
                 float(torch.nn.utils.clip_grad_norm_(params, g.max_grad_norm).item()) if params else 0.0
             )
             skipped = not math.isfinite(grad_norm)
+            nonfinite_diag = None
             if skipped:  # never apply a non-finite update; the step is recorded as skipped
+                bad = [
+                    n
+                    for n, p in train_model.named_parameters()
+                    if p.grad is not None and not bool(torch.isfinite(p.grad).all().item())
+                ]
+                nonfinite_diag = {
+                    "logprobs_at_loss_tokens": nonfinite_logp,
+                    "micro_batches_with_nonfinite_loss": nonfinite_loss_mb,
+                    "params_with_nonfinite_grad": len(bad),
+                    "first_params": bad[:8],
+                }
                 optimizer.zero_grad(set_to_none=True)
-                print(f"sqlrl train: step {step}: non-finite gradient norm; update skipped", file=sys.stderr)
+                print(
+                    f"sqlrl train: step {step}: non-finite gradient norm; update skipped ({nonfinite_diag})",
+                    file=sys.stderr,
+                )
             # The No-update control takes every step except the parameter write: AdamW with lr = 0 leaves
             # every value unchanged but still flips signed zeros (-0.0 + (-0.0 * negative) = +0.0), which
             # the bit-level audit rightly reports (seen on the dequantized Qwen weights, 2026-11-29).
@@ -538,6 +557,7 @@ def train(
                 "entropy": None,
                 "grad_norm": grad_norm if not skipped else None,
                 "skipped_nonfinite": skipped,
+                "nonfinite_diagnostics": nonfinite_diag,
                 "update_applied": bool(not skipped and g.control != "no-update"),
                 "lr": scheduler.get_last_lr()[0],
                 "n_trajectories": len(trajs),
