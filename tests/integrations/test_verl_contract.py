@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 
 import pytest
 
@@ -50,7 +51,10 @@ def test_default_config_passes_verl_validation_and_maps_fields():
     )
     d = build_verl_config(cfg, n_gpus_per_node=4, nnodes=2, model_path="/models/qwen")
     ar = d["actor_rollout_ref"]
-    assert d["algorithm"]["adv_estimator"] == "grpo"
+    assert d["algorithm"]["adv_estimator"] == "sqlrl_grpo"
+    assert (
+        ar["rollout"]["agent"]["agent_loop_manager_class"] == "sqlrl.integrations.verl.SqlrlAgentLoopManager"
+    )
     assert d["algorithm"]["norm_adv_by_std_in_grpo"] is True
     assert ar["rollout"]["n"] == 8 and d["data"]["train_batch_size"] == 16
     assert ar["actor"]["ppo_mini_batch_size"] == 16
@@ -144,23 +148,321 @@ def test_cli_writes_yaml_and_registry(tmp_path):
         loaded = compose(config_name="verl")
     validate_verl_config(loaded)
     assert loaded.actor_rollout_ref.actor.optim.lr == 1e-6
+    assert loaded.algorithm.adv_estimator == "sqlrl_grpo"
+    assert loaded.actor_rollout_ref.rollout.agent.agent_loop_manager_class.endswith(".SqlrlAgentLoopManager")
+
+
+def _gold_verdict(db_path: str, sql: str) -> str | None:
+    """Independent of sqlrl: plain sqlite3 says whether a gold can be scored (rows, no error)."""
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        rows = con.execute(sql).fetchall()
+    except sqlite3.Error:
+        return "gold_error"
+    finally:
+        con.close()
+    return None if rows else "gold_empty"
 
 
 @needs_verl
-def test_write_dataset_rows_hold_no_gold(tmp_path):
+def test_write_dataset_rows_hold_no_gold_and_no_unscorable_task(tmp_path, monkeypatch):
     import pandas as pd
 
     from sqlrl.data import SpiderData, embedded_root
     from sqlrl.integrations.verl import write_dataset
 
-    paths = write_dataset(_cfg(), tmp_path)
+    monkeypatch.setenv("SQLRL_GOLD_CACHE", str(tmp_path / "gc"))
+    paths = write_dataset(_cfg(), tmp_path / "data", quiet=True)
     df = pd.read_parquet(paths["train"])
-    golds = {t.public.task_id: t.gold_sql for t in SpiderData(embedded_root()).load("train")}
-    assert len(df) == len(golds)
+    tasks = SpiderData(embedded_root()).load("train")
+    golds = {t.public.task_id: t.gold_sql for t in tasks}
+    unscorable = {t.public.task_id for t in tasks if _gold_verdict(t.public.db_path, t.gold_sql)}
+    assert unscorable  # the embedded subset has golds that return nothing
+    written = [json.loads(r["ground_truth"])["task_id"] for r in df["reward_model"]]
+    assert set(written) == set(golds) - unscorable and len(written) == len(golds) - len(unscorable)
     for _, row in df.head(50).iterrows():
         ref = json.loads(row["reward_model"]["ground_truth"])
         assert ref["task_id"] in golds and golds[ref["task_id"]] not in json.dumps(row.to_dict(), default=str)
         assert row["agent_name"] == "sqlrl_agent"
+    audit = json.loads((tmp_path / "data" / "gold_audit.json").read_text())
+    assert audit["splits"]["train"]["written"] == len(written)
+    assert sum(audit["splits"]["train"]["excluded"].values()) == len(unscorable)
+
+
+def _spider_folder(root):
+    """10 databases x 3 questions; per database: `id = 0` returns no row (gold_empty), `id = 1` one row,
+    and the third gold is `SELECT nope FROM t` (gold_error) on db0..db4, `SELECT count(*) FROM t` else."""
+    import sqlite3
+
+    examples, tables = [], []
+    for d in range(10):
+        db = f"db{d}"
+        (root / "database" / db).mkdir(parents=True)
+        con = sqlite3.connect(root / "database" / db / f"{db}.sqlite")
+        con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT)")
+        con.executemany("INSERT INTO t VALUES (?, ?)", [(1, "a"), (2, "b")])
+        con.commit()
+        con.close()
+        tables.append({"db_id": db, "table_names_original": ["t"]})
+        third = "SELECT nope FROM t" if d < 5 else "SELECT count(*) FROM t"
+        for q, sql in enumerate(
+            ["SELECT name FROM t WHERE id = 0", "SELECT name FROM t WHERE id = 1", third]
+        ):
+            examples.append({"db_id": db, "question": f"q{q} of {db}?", "query": sql})
+    (root / "tables.json").write_text(json.dumps(tables))
+    (root / "train_spider.json").write_text(json.dumps(examples))
+    return root
+
+
+@needs_verl
+def test_write_dataset_drops_unscorable_golds_and_reports_counts(tmp_path, monkeypatch, capsys):
+    import pandas as pd
+
+    from sqlrl.data import SpiderData
+    from sqlrl.integrations.verl import write_dataset
+
+    root = _spider_folder(tmp_path / "spider")
+    monkeypatch.setenv("SQLRL_GOLD_CACHE", str(tmp_path / "gc"))
+    cfg = _cfg(data={"path": str(root), "val_fraction": 0.2})
+    paths = write_dataset(cfg, tmp_path / "out")
+    printed = capsys.readouterr().out
+    audit = json.loads(open(paths["gold_audit"]).read())
+    assert paths["gold_audit"] == str(tmp_path / "out" / "gold_audit.json")
+    total = {"written": 0, "gold_empty": 0, "gold_error": 0}
+    for name in ("train", "validation"):
+        dbs = sorted({t.db_id for t in SpiderData(root).load(name, seed=0, val_fraction=0.2)})
+        # by hand: every database loses its `id = 0` gold; db0..db4 also lose `SELECT nope`
+        n_err = sum(1 for db in dbs if int(db[2:]) < 5)
+        expected = {"gold_empty": len(dbs), "gold_error": n_err} if n_err else {"gold_empty": len(dbs)}
+        rep = audit["splits"][name]
+        assert rep["tasks"] == 3 * len(dbs)
+        assert rep["excluded"] == expected
+        assert rep["written"] == 3 * len(dbs) - len(dbs) - n_err
+        df = pd.read_parquet(paths[name])
+        assert len(df) == rep["written"]
+        questions = {r["sqlrl_task"]["question"] for r in df["extra_info"]}
+        assert not any(q.startswith("q0 ") for q in questions)  # `id = 0`: no rows
+        assert not any(q.startswith("q2 ") and int(q.split("db")[1][0]) < 5 for q in questions)
+        assert f"veRL data {name} ({name}): {3 * len(dbs)} tasks, {rep['written']} written" in printed
+        total["written"] += rep["written"]
+        total["gold_empty"] += rep["excluded"].get("gold_empty", 0)
+        total["gold_error"] += rep["excluded"].get("gold_error", 0)
+    assert total == {"written": 15, "gold_empty": 10, "gold_error": 5}  # 30 tasks: 10 empty, 5 errors
+
+
+@needs_verl
+def test_cli_write_data_refuses_a_split_without_scorable_gold(tmp_path, monkeypatch, capsys):
+    from sqlrl.integrations.verl import cli_main
+
+    root = _spider_folder(tmp_path / "spider")
+    spider = json.loads((root / "train_spider.json").read_text())
+    for ex in spider:
+        ex["query"] = "SELECT name FROM t WHERE id = 0"
+    (root / "train_spider.json").write_text(json.dumps(spider))
+    monkeypatch.setenv("SQLRL_GOLD_CACHE", str(tmp_path / "gc"))
+    toml = tmp_path / "run.toml"
+    toml.write_text(f'[data]\npath = "{root}"\n[grpo]\nprompts_per_step = 8\ngroup_size = 4\n')
+    rc = cli_main([str(toml), "-o", str(tmp_path / "verl.yaml"), "--write-data", str(tmp_path / "d")])
+    assert rc == 2 and "no task of split 'train' has a scorable gold" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------ advantages
+
+
+def _grpo_batch(rows):
+    """rows: (uid, score, n_mask_tokens); the score sits on the last masked token, as veRL puts it."""
+    import numpy as np
+    import torch
+
+    length = 5
+    rewards = torch.zeros(len(rows), length)
+    mask = torch.zeros(len(rows), length, dtype=torch.int64)
+    for i, (_, score, n) in enumerate(rows):
+        mask[i, :n] = 1
+        rewards[i, max(n, 1) - 1] = score
+    return rewards, mask, np.array([u for u, _, _ in rows], dtype=object)
+
+
+@needs_verl
+@pytest.mark.parametrize("norm", [True, False])
+def test_sqlrl_grpo_leaves_the_excluded_sample_out_of_its_group(norm):
+    import numpy as np
+    import torch
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_adv_estimator_fn
+
+    import sqlrl.integrations.verl as v
+
+    v.register_advantage_estimator()
+    fn = get_adv_estimator_fn("sqlrl_grpo")
+    assert fn is v.compute_sqlrl_grpo_advantage
+    # group a: 1, 0, 1 and one excluded (mask all zero; its reward 0.0 must not count as a wrong answer);
+    # group b: one valid (0.5) and one excluded -> a singleton group; group c: all excluded
+    rows = [("a", 1.0, 3), ("a", 0.0, 2), ("a", 0.0, 0), ("a", 1.0, 5), ("b", 0.5, 4), ("b", 0.0, 0)]
+    rows += [("c", 1.0, 0), ("c", 0.0, 0)]
+    rewards, mask, uid = _grpo_batch(rows)  # group c's 1.0 shows an excluded reward is never read
+    cfg = OmegaConf.create({"norm_adv_by_std_in_grpo": norm})
+    adv, ret = fn(token_level_rewards=rewards, response_mask=mask, index=uid, config=cfg)
+    assert torch.equal(adv, ret) and adv.shape == rewards.shape
+    excluded = [2, 5, 6, 7]
+    for i in excluded:
+        assert torch.equal(adv[i], torch.zeros(5))  # exactly 0
+    # by hand, group a = (1, 0, 1): mean 2/3, unbiased std sqrt(((1/3)^2 * 2 + (2/3)^2) / 2) = sqrt(1/3)
+    std = (1 / 3) ** 0.5
+    a_hand = [1 / 3, -2 / 3, 1 / 3]
+    a_hand = [x / (std + 1e-6) for x in a_hand] if norm else a_hand
+    for i, want in zip([0, 1, 3], a_hand):
+        n = rows[i][2]
+        assert adv[i, :n].tolist() == pytest.approx([want] * n, abs=1e-6) and adv[i, n:].abs().sum() == 0
+    # group b: singleton as veRL's GRPO treats one: mean 0, std 1
+    assert adv[4, :4].tolist() == pytest.approx([0.5 / (1 + 1e-6) if norm else 0.5] * 4, abs=1e-7)
+    # the same advantages, bit for bit, as veRL's own GRPO on the batch without the excluded samples
+    keep = [0, 1, 3, 4]
+    ref, _ = compute_grpo_outcome_advantage(
+        token_level_rewards=rewards[keep],
+        response_mask=mask[keep],
+        index=uid[keep],
+        norm_adv_by_std_in_grpo=norm,
+    )
+    assert torch.equal(adv[keep], ref)
+    # ... which plain GRPO on the whole batch does not give (the excluded 0 would pull group a's mean)
+    full, _ = compute_grpo_outcome_advantage(
+        token_level_rewards=rewards, response_mask=mask, index=uid, norm_adv_by_std_in_grpo=norm
+    )
+    assert not torch.equal(full[[0, 1, 3]], adv[[0, 1, 3]])
+    assert np.isfinite(adv.numpy()).all()
+
+
+class _FakeAgentLoopWorker:
+    """What veRL's AgentLoopWorker returns from generate_sequences (tensors, reward extra info, metrics)."""
+
+    def __init__(self, rows):
+        self.rows = rows
+        outer = self
+
+        class _Method:
+            async def remote(self, chunk):
+                return outer.output()
+
+        self.generate_sequences = _Method()
+
+    def output(self):
+        import numpy as np
+        import torch
+        from verl import DataProto
+
+        rewards, mask, uid = _grpo_batch([(u, s, n) for u, s, n, _, _ in self.rows])
+        n = len(self.rows)
+        excluded = np.array([float(e) for *_, e, _ in self.rows])
+        infra = np.empty(n, dtype=object)
+        infra[:] = [err for *_, err in self.rows]
+        metric = {"generate_sequences": 0.1, "tool_calls": 0.0, "compute_score": 0.0, "num_preempted": 0}
+        return DataProto.from_dict(
+            tensors={
+                "prompts": torch.ones(n, 3, dtype=torch.int64),
+                "responses": torch.ones(n, 5, dtype=torch.int64),
+                "response_mask": mask,
+                "rm_scores": rewards,
+            },
+            non_tensors={"uid": uid, "sqlrl_excluded": excluded, "sqlrl_infra_error": infra},
+            meta_info={"metrics": [dict(metric) for _ in range(n)], "reward_extra_keys": ["sqlrl_excluded"]},
+        )
+
+
+@needs_verl
+def test_manager_masks_excluded_trajectories_and_they_add_nothing_to_the_update():
+    import torch
+    from omegaconf import OmegaConf
+    from verl import DataProto
+    from verl.experimental.agent_loop import AgentLoopManager
+    from verl.trainer.ppo.core_algos import agg_loss
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    import sqlrl.integrations.verl as v
+
+    # (uid, score, mask tokens, sqlrl_excluded, sqlrl_infra_error): row 2 is excluded by its reward, row 5 by
+    # an infra error the reward did not see (e.g. scored elsewhere); both have tokens before masking
+    rows = [("a", 1.0, 3, 0, None), ("a", 0.0, 2, 0, None), ("a", 0.0, 4, 1, None), ("a", 1.0, 5, 0, None)]
+    rows += [("b", 1.0, 2, 0, None), ("b", 0.0, 3, 0, "sandbox worker crashed")]
+    cls = v.SqlrlAgentLoopManager
+    assert issubclass(cls, AgentLoopManager)
+    manager = cls.__new__(cls)  # veRL's __init__ only stores config and handles; the workers are faked
+    manager.agent_loop_workers = [_FakeAgentLoopWorker(rows)]
+    prompts = DataProto.from_dict(tensors={"x": torch.zeros(len(rows), 1)})
+    out = manager.generate_sequences(prompts)  # veRL's own generate_sequences + the mask
+    assert "timing" in out.meta_info
+    mask = out.batch["response_mask"]
+    assert mask[2].sum() == 0 and mask[5].sum() == 0
+    assert [int(mask[i].sum()) for i in (0, 1, 3, 4)] == [3, 2, 5, 2]
+    # veRL's compute_advantage, as the driver calls it, with the estimator the config selects
+    out.batch["token_level_rewards"] = out.batch["rm_scores"]
+    algo = OmegaConf.create({"adv_estimator": "sqlrl_grpo", "norm_adv_by_std_in_grpo": True})
+    out = compute_advantage(out, adv_estimator="sqlrl_grpo", config=algo)
+    adv = out.batch["advantages"]
+    assert adv[2].abs().sum() == 0 and adv[5].abs().sum() == 0
+    # group b keeps one valid trajectory: singleton (mean 0, std 1)
+    assert adv[4, :2].tolist() == pytest.approx([1.0 / (1 + 1e-6)] * 2)
+    # the loss veRL aggregates (its loss mask is response_mask) is the same with or without the excluded rows
+    loss_mat = torch.arange(adv.numel(), dtype=torch.float32).reshape(adv.shape) / 7 + adv
+    keep = [0, 1, 3, 4]
+    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+        with_excluded = agg_loss(loss_mat, mask, mode)
+        without = agg_loss(loss_mat[keep], mask[keep], mode)
+        assert torch.allclose(with_excluded, without), mode
+
+
+@needs_verl
+def test_the_driver_registers_the_estimator_by_loading_the_configured_manager(tmp_path):
+    """In a fresh process, do what veRL's trainer driver does with the generated YAML: load the agent loop
+    manager class by name (RayPPOTrainer.init_workers), then look the estimator up (compute_advantage)."""
+    import subprocess
+    import sys
+
+    from sqlrl.integrations.verl import cli_main
+
+    toml = tmp_path / "run.toml"
+    toml.write_text("[grpo]\nprompts_per_step = 8\ngroup_size = 4\n")
+    out = tmp_path / "verl.yaml"
+    assert cli_main([str(toml), "-o", str(out), "--gpus-per-node", "2"]) == 0
+    code = """
+import sys
+from omegaconf import OmegaConf
+from verl.trainer.ppo import ray_trainer  # noqa: F401  (what the driver has imported by then)
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+from verl.utils.import_utils import load_class_from_fqn
+cfg = OmegaConf.load(sys.argv[1])
+assert "sqlrl.integrations.verl" not in sys.modules
+try:
+    get_adv_estimator_fn(cfg.algorithm.adv_estimator)
+    print("before: registered")
+except ValueError as e:
+    print("before:", e)
+cls = load_class_from_fqn(cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class, "AgentLoopManager")
+fn = get_adv_estimator_fn(cfg.algorithm.adv_estimator)
+print("after:", cls.__name__, fn.__module__, fn.__name__)
+"""
+    r = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "before: Unknown advantage estimator simply: sqlrl_grpo" in r.stdout
+    assert "after: SqlrlAgentLoopManager sqlrl.integrations.verl compute_sqlrl_grpo_advantage" in r.stdout
+
+
+@needs_verl
+def test_verl_validation_refuses_sqlrl_grpo_without_the_manager(monkeypatch):
+    import sqlrl.integrations.verl as v
+
+    real = v.verl_overrides
+
+    def without_manager(cfg, **kw):
+        d = real(cfg, **kw)
+        d["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] = None
+        return d
+
+    monkeypatch.setattr(v, "verl_overrides", without_manager)
+    with pytest.raises(ValueError, match="agent_loop_manager_class"):
+        v.build_verl_config(_cfg())
 
 
 # ------------------------------------------------------------------------------------------------ agent loop
@@ -334,4 +636,6 @@ def test_reward_function_scores_from_the_private_task_on_the_trainer_side(tmp_pa
     fallback = compute_score(src, f"```sql\n{task.gold_sql}\n```", gt, {})
     assert fallback["score"] == 1.0
     infra = compute_score(src, "", gt, {"sqlrl_final_sql": task.gold_sql, "sqlrl_infra_error": "x"})
+    # excluded: no verdict (NaN), not a wrong answer; the 0.0 reward is masked out of the update
     assert infra["sqlrl_excluded"] == 1.0 and infra["score"] == 0.0
+    assert math.isnan(infra["acc"]) and math.isnan(infra["sqlrl_executable"])

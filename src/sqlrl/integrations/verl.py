@@ -21,14 +21,34 @@ Ray) runs the GRPO update, and sqlrl supplies three things:
    from the data folder itself and scores the agent's `final_sql` (passed from the agent loop through
    `extra_fields` -> `extra_info`) with sqlrl's `Evaluator`.
 
+Exclusions (an infrastructure failure is never scored as a wrong answer; an unscorable gold is excluded
+and counted, never scored):
+- Unscorable golds are known before training: `write_dataset` runs the gold audit (`audit_golds`, same
+  gold cache as the reward workers) and leaves those tasks out of the train and validation parquet files;
+  the counts by reason are written to `gold_audit.json` beside them and printed.
+- Runtime exclusions (a sandbox infra error during the rollout or while scoring; a gold that turns out
+  unscorable on the reward worker anyway) are removed from the update by two pieces, both selected by the
+  config `build_verl_config` writes: `SqlrlAgentLoopManager` (veRL's `rollout.agent.agent_loop_manager_class`,
+  instantiated in the trainer driver) zeroes the `response_mask` of every trajectory whose reward says
+  `sqlrl_excluded = 1`, so none of its tokens is in the policy loss, the KL or entropy terms or the
+  token/sequence counts that normalize them; and the advantage estimator `sqlrl_grpo`
+  (`compute_sqlrl_grpo_advantage`, `algorithm.adv_estimator`) computes each group's mean and std over
+  the trajectories with a non-zero mask only and gives the excluded ones advantage 0. A group left with
+  one valid trajectory is treated the way veRL's GRPO treats a singleton group (mean 0, std 1).
+  Importing the manager class (veRL does it by name in the driver, `load_class_from_fqn`) registers the
+  estimator in that process, which is where veRL computes advantages.
+
 veRL, torch, omegaconf and hydra are imported lazily: `import sqlrl.integrations.verl` works without
 them. veRL 0.8.0 pins numpy<2, so it lives in its own venv (`scripts/verl-env.sh` -> `.venv-verl`).
 
 Not guaranteed / known gaps:
 - Only `verl==0.8.0` is checked; other versions may rename config keys (the struct-mode merge then fails
   loudly) or change the agent-loop API.
-- An infra failure (sandbox worker crash) cannot be excluded from a veRL batch: the trajectory scores 0
-  and is counted in the `sqlrl_excluded` reward metric; a policy-server failure is re-raised.
+- An excluded trajectory still carries reward 0.0 in veRL's tensors (veRL needs a finite reward); it is
+  neutralized in the update as above, but veRL's own `critic/score/*` and validation `reward` means count
+  it as 0. The verdict metrics it returns (`acc`, `sqlrl_executable`) are NaN for it, so a validation
+  `acc` mean is NaN, not lower, when something was excluded; `sqlrl_excluded` counts them.
+- A policy-server failure is re-raised (it fails the step), not excluded.
 - `model.lora_rank > 0` with vLLM is only validated where vLLM is importable.
 """
 
@@ -48,13 +68,21 @@ from typing import Any
 VERL_VERSION = "0.8.0"
 AGENT_NAME = "sqlrl_agent"
 DATA_SOURCE = "sqlrl"
+ADV_ESTIMATOR = "sqlrl_grpo"
+MANAGER_CLASS = f"{__name__}.SqlrlAgentLoopManager"
+GOLD_AUDIT_FILE = "gold_audit.json"
 
 __all__ = [
+    "ADV_ESTIMATOR",
     "AGENT_NAME",
+    "MANAGER_CLASS",
     "VERL_VERSION",
     "build_verl_config",
     "cli_main",
     "compute_score",
+    "compute_sqlrl_grpo_advantage",
+    "mask_excluded",
+    "register_advantage_estimator",
     "task_to_row",
     "verl_overrides",
     "write_agent_loop_registry",
@@ -123,7 +151,7 @@ def verl_overrides(
         lora.update(lora_alpha=int(m.lora_alpha), target_modules=list(m.lora_targets))
     return {
         "algorithm": {
-            "adv_estimator": "grpo",
+            "adv_estimator": ADV_ESTIMATOR,  # GRPO with excluded trajectories left out (see module doc)
             "norm_adv_by_std_in_grpo": g.adv_scale == "std",
             "use_kl_in_reward": False,
         },
@@ -193,7 +221,11 @@ def verl_overrides(
                     "max_assistant_turns": int(a.turns),
                     "max_user_turns": int(a.turns),
                 },
-                "agent": {"default_agent_loop": AGENT_NAME, "agent_loop_config_path": agent_loop_config_path},
+                "agent": {
+                    "default_agent_loop": AGENT_NAME,
+                    "agent_loop_config_path": agent_loop_config_path,
+                    "agent_loop_manager_class": MANAGER_CLASS,  # masks excluded trajectories (driver)
+                },
             },
         },
         "critic": {"enable": False},
@@ -223,11 +255,18 @@ def _load_default_config():
     verl = _require_verl()
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import open_dict
 
     config_dir = str(Path(verl.__file__).resolve().parent / "trainer" / "config")
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose(config_name="ppo_trainer")
+        config = compose(config_name="ppo_trainer")
+    # veRL's AgentLoopConfig dataclass declares `agent_loop_manager_class` (read by the trainer with
+    # .get()), but its YAML omits it, so struct mode would refuse it; add only that key (value None), and
+    # the dataclass conversion in `validate_verl_config` checks it is a real field.
+    with open_dict(config.actor_rollout_ref.rollout.agent):
+        config.actor_rollout_ref.rollout.agent.agent_loop_manager_class = None
+    return config
 
 
 def validate_verl_config(config) -> None:
@@ -253,6 +292,29 @@ def validate_verl_config(config) -> None:
     omega_conf_to_dataclass(resolved.algorithm)
     omega_conf_to_dataclass(ar.rollout.multi_turn)
     omega_conf_to_dataclass(ar.rollout.agent)
+    _check_driver_imports(resolved)
+
+
+def _check_driver_imports(config) -> None:
+    """Resolve the agent-loop manager class and the advantage estimator the way veRL's trainer driver does
+    (`load_class_from_fqn`, then `get_adv_estimator_fn` in `compute_advantage`); raises ValueError."""
+    from verl.experimental.agent_loop import AgentLoopManager
+    from verl.trainer.ppo.core_algos import AdvantageEstimator, get_adv_estimator_fn
+    from verl.utils.import_utils import load_class_from_fqn
+
+    fqn = config.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")
+    if fqn:
+        cls = load_class_from_fqn(fqn, "AgentLoopManager")
+        if not (isinstance(cls, type) and issubclass(cls, AgentLoopManager)):
+            raise ValueError(f"rollout.agent.agent_loop_manager_class {fqn} is not an AgentLoopManager")
+    name = config.algorithm.adv_estimator
+    if name not in {e.value for e in AdvantageEstimator}:
+        get_adv_estimator_fn(name)  # ValueError("Unknown advantage estimator ...") if not registered
+    if name == ADV_ESTIMATOR and fqn != MANAGER_CLASS:
+        raise ValueError(
+            f"algorithm.adv_estimator = {ADV_ESTIMATOR} needs rollout.agent.agent_loop_manager_class = "
+            f"{MANAGER_CLASS}: it masks the excluded trajectories and registers the estimator in the driver"
+        )
 
 
 def build_verl_config(cfg, *, validate: bool = True, **kwargs) -> dict:
@@ -333,37 +395,74 @@ def task_to_row(
     }
 
 
-def write_dataset(cfg, out_dir: str | os.PathLike) -> dict[str, str]:
-    """Write train/validation parquet files for veRL from the run config's data section."""
+def _gold_cache_dir() -> str:
+    """The gold cache shared by `write_dataset`'s audit and the reward workers (`SQLRL_GOLD_CACHE`)."""
+    return os.environ.get("SQLRL_GOLD_CACHE", str(Path.home() / ".cache" / "sqlrl" / "verl-goldcache"))
+
+
+def write_dataset(cfg, out_dir: str | os.PathLike, *, quiet: bool = False) -> dict[str, str]:
+    """Write train/validation parquet files for veRL from the run config's data section.
+
+    Every gold is audited first (`sqlrl.goldcache.audit_golds`, in the gold cache the reward workers use,
+    `SQLRL_GOLD_CACHE`): a task whose gold errors, times out or returns no rows is left out of the files,
+    so it never enters a veRL batch. `gold_audit.json` beside the files records, per split, how many tasks
+    there were, how many were written and how many were excluded by reason; the same is printed unless
+    `quiet`. A split left with no scorable task is a ValueError. Returns the paths (`train`,
+    `validation`, `gold_audit`).
+    """
     import pandas as pd
 
+    from sqlrl.artifacts import write_json_atomic
     from sqlrl.data import SpiderData, embedded_root
+    from sqlrl.goldcache import GoldCache, audit_golds
 
     d, a = cfg.data, cfg.agent
     root = str(embedded_root()) if d.path == "embedded" else str(Path(d.path).expanduser().resolve())
     data = SpiderData(root)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for name, split in (("train", d.train_split), ("validation", d.eval_split)):
-        tasks = data.load(split, seed=d.split_seed, val_fraction=d.val_fraction)
-        rows = [
-            task_to_row(
-                t,
-                data_root=root,
-                split=split,
-                index=i,
-                turns=a.turns,
-                max_schema_chars=a.max_schema_chars,
-                split_seed=d.split_seed,
-                val_fraction=d.val_fraction,
-                reward_kind=cfg.grpo.reward,
-            )
-            for i, t in enumerate(tasks)
-        ]
-        path = out / f"{name}.parquet"
-        pd.DataFrame(rows).to_parquet(path)
-        paths[name] = str(path)
+    paths: dict[str, str] = {}
+    report: dict[str, Any] = {"data": root, "gold_cache": _gold_cache_dir(), "splits": {}}
+    with GoldCache(_gold_cache_dir()) as cache:
+        for name, split in (("train", d.train_split), ("validation", d.eval_split)):
+            tasks = data.load(split, seed=d.split_seed, val_fraction=d.val_fraction)
+            audit = audit_golds(tasks, cache)
+            kept = [t for t in tasks if audit.per_task.get(t.public.task_id) is None]
+            report["splits"][name] = {
+                "split": split,
+                "tasks": len(tasks),
+                "written": len(kept),
+                "excluded": dict(sorted(audit.excluded.items())),
+                "excluded_task_ids": sorted(k for k, v in audit.per_task.items() if v is not None),
+            }
+            if not quiet:
+                why = ", ".join(f"{k} {v}" for k, v in sorted(audit.excluded.items())) or "none"
+                print(
+                    f"veRL data {name} ({split}): {len(tasks)} tasks, {len(kept)} written, "
+                    f"{len(tasks) - len(kept)} excluded (unscorable gold: {why})"
+                )
+            if not kept:
+                raise ValueError(f"veRL data: no task of split {split!r} has a scorable gold ({root})")
+            rows = [
+                task_to_row(
+                    t,
+                    data_root=root,
+                    split=split,
+                    index=i,
+                    turns=a.turns,
+                    max_schema_chars=a.max_schema_chars,
+                    split_seed=d.split_seed,
+                    val_fraction=d.val_fraction,
+                    reward_kind=cfg.grpo.reward,
+                )
+                for i, t in enumerate(kept)
+            ]
+            path = out / f"{name}.parquet"
+            pd.DataFrame(rows).to_parquet(path)
+            paths[name] = str(path)
+    audit_path = out / GOLD_AUDIT_FILE
+    write_json_atomic(audit_path, report)
+    paths["gold_audit"] = str(audit_path)
     return paths
 
 
@@ -562,9 +661,12 @@ def _make_agent_loop_class():
 def __getattr__(name: str):
     # `SqlrlAgentLoop` is built (and registered with veRL) on first access, so importing this module
     # needs no veRL; veRL's hydra `_target_: sqlrl.integrations.verl.SqlrlAgentLoop` resolves through here.
-    if name == "SqlrlAgentLoop":
-        cls = _make_agent_loop_class()
-        globals()["SqlrlAgentLoop"] = cls
+    # `SqlrlAgentLoopManager` likewise (veRL's driver loads it with `load_class_from_fqn`), and building
+    # it registers the `sqlrl_grpo` advantage estimator in that process.
+    makers = {"SqlrlAgentLoop": _make_agent_loop_class, "SqlrlAgentLoopManager": _make_manager_class}
+    if name in makers:
+        cls = makers[name]()
+        globals()[name] = cls
         return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -598,9 +700,7 @@ def _evaluator(kind: str):
     with _EVAL_LOCK:
         ev = _EVAL_STATE.get(f"evaluator:{kind}")
         if ev is None:
-            cache_dir = os.environ.get(
-                "SQLRL_GOLD_CACHE", str(Path.home() / ".cache" / "sqlrl" / "verl-goldcache")
-            )
+            cache_dir = _gold_cache_dir()
             sandbox = Sandbox(
                 workers=int(os.environ.get("SQLRL_REWARD_WORKERS", "2")),
                 timeout_s=float(os.environ.get("SQLRL_SQL_TIMEOUT_S", "5.0")),
@@ -615,8 +715,13 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     `ground_truth` is the JSON reference written by `task_to_row` (data folder, split, task id); the
     PrivateTask (with the gold) is loaded here, on the reward worker. `extra_info["sqlrl_final_sql"]` is
     the agent's decision (from SqlrlAgentLoop's extra_fields); without it (another agent loop) the last
-    SQL block of `solution_str` is used. Excluded rewards (unscorable gold, infra error) give score 0
-    with `sqlrl_excluded = 1`: veRL cannot drop one trajectory from a group.
+    SQL block of `solution_str` is used.
+
+    An excluded trajectory (unscorable gold, sandbox infra error during the rollout or the scoring) gets
+    `sqlrl_excluded = 1` and score 0.0 only because veRL needs a finite reward: `SqlrlAgentLoopManager`
+    zeroes its response mask and the `sqlrl_grpo` estimator leaves it out of its group's statistics and
+    gives it advantage 0, so it does not count as a wrong answer in the update. Its verdict metrics
+    (`acc`, `sqlrl_executable`) are NaN: no verdict, rather than a wrong one.
     """
     from sqlrl.prompts import Parser
 
@@ -633,12 +738,130 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     else:
         rw = _evaluator(kind).score(final_sql, task)
         value, status = rw.value, rw.status
+    if value is None:
+        nan = float("nan")
+        return {"score": 0.0, "acc": nan, "sqlrl_excluded": 1.0, "sqlrl_executable": nan}
     return {
-        "score": float(value) if value is not None else 0.0,
+        "score": float(value),
         "acc": 1.0 if status == "match" else 0.0,
-        "sqlrl_excluded": 1.0 if value is None else 0.0,
+        "sqlrl_excluded": 0.0,
         "sqlrl_executable": 1.0 if status in ("match", "mismatch") else 0.0,
     }
+
+
+# ---------------------------------------------------------------------------------------------------
+# 4. Runtime exclusions: the trajectory is masked out (driver) and left out of its GRPO group
+
+
+def compute_sqlrl_grpo_advantage(
+    token_level_rewards,
+    response_mask,
+    index,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool | None = None,
+    config=None,
+    **kwargs,
+):
+    """veRL's GRPO outcome advantage (`core_algos.compute_grpo_outcome_advantage`, 0.8.0) over the
+    trajectories that are not excluded; registered with veRL as `sqlrl_grpo`.
+
+    A trajectory is excluded when its `response_mask` is all zero: `SqlrlAgentLoopManager` zeroes it for
+    every trajectory whose reward is excluded (and a trajectory that generated nothing has no token to
+    train either: its whole group shares the prompt, so the group is all such trajectories and gets
+    advantage 0 under plain GRPO as well). Per group (same `index`): mean and unbiased std (`torch.std`)
+    of the scores of the valid trajectories only; a group with one valid trajectory gets mean 0 and
+    std 1, as veRL's GRPO does for a singleton group; advantage = (score - mean) / (std + epsilon), or
+    score - mean when `norm_adv_by_std_in_grpo` is False (Dr. GRPO). Excluded trajectories get exactly
+    0. veRL's generic estimator call does not pass `norm_adv_by_std_in_grpo`, so it is read from
+    `config` (`algorithm`) when not given. Returns (advantages, returns), both (bs, response_length).
+    """
+    import torch
+
+    if norm_adv_by_std_in_grpo is None:
+        norm_adv_by_std_in_grpo = True
+        if config is not None:
+            get = config.get if hasattr(config, "get") else lambda k, d: getattr(config, k, d)
+            norm_adv_by_std_in_grpo = bool(get("norm_adv_by_std_in_grpo", True))
+    scores = token_level_rewards.sum(dim=-1)
+    valid = (response_mask.sum(dim=-1) > 0).tolist()
+    with torch.no_grad():
+        groups: dict[Any, list[int]] = {}
+        for i, ok in enumerate(valid):
+            if ok:
+                groups.setdefault(index[i], []).append(i)
+        adv = torch.zeros_like(scores)
+        for rows in groups.values():
+            s = scores[rows]
+            if len(rows) == 1:
+                mean, std = torch.tensor(0.0), torch.tensor(1.0)
+            else:
+                mean, std = torch.mean(s), torch.std(s)
+            adv[rows] = (s - mean) / (std + epsilon) if norm_adv_by_std_in_grpo else s - mean
+        adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+def register_advantage_estimator() -> None:
+    """Register `compute_sqlrl_grpo_advantage` as veRL's `sqlrl_grpo` in this process (idempotent)."""
+    _require_verl()
+    from verl.trainer.ppo import core_algos
+
+    import sqlrl.integrations.verl as canonical  # one function object, even if veRL loaded this file again
+
+    fn = canonical.compute_sqlrl_grpo_advantage
+    if core_algos.ADV_ESTIMATOR_REGISTRY.get(ADV_ESTIMATOR) is not fn:
+        core_algos.register_adv_est(ADV_ESTIMATOR)(fn)  # raises if another function holds the name
+
+
+def excluded_rows(data):
+    """Boolean numpy array: which trajectories of a veRL DataProto are excluded (reward extra info
+    `sqlrl_excluded`, or the agent loop's `sqlrl_infra_error` when the reward has not been merged)."""
+    import numpy as np
+
+    nt = data.non_tensor_batch
+    n = len(data)
+    out = np.zeros(n, dtype=bool)
+    if "sqlrl_excluded" in nt:
+        out |= np.asarray(nt["sqlrl_excluded"], dtype=float) > 0
+    if "sqlrl_infra_error" in nt:
+        out |= np.array([bool(x) for x in nt["sqlrl_infra_error"]], dtype=bool)
+    return out
+
+
+def mask_excluded(data) -> int:
+    """Zero `response_mask` (in place) for the excluded trajectories of a DataProto; returns how many.
+
+    veRL's losses use `response_mask` as the loss mask: a zero row is in no policy-gradient, KL or entropy
+    term, nor in the token (token-mean) or sequence (seq-mean-*) counts that normalize them."""
+    import torch
+
+    rows = excluded_rows(data)
+    if rows.any():
+        data.batch["response_mask"][torch.from_numpy(rows)] = 0
+    return int(rows.sum())
+
+
+def _make_manager_class():
+    _require_verl()
+    from verl.experimental.agent_loop import AgentLoopManager
+    from verl.utils.ray_utils import auto_await
+
+    register_advantage_estimator()  # the driver imports this class by name: the estimator is then there
+
+    class SqlrlAgentLoopManager(AgentLoopManager):
+        """veRL's AgentLoopManager (runs in the trainer driver) that masks excluded trajectories out of
+        the batch it returns (`mask_excluded`), for training and validation alike."""
+
+        @auto_await
+        async def generate_sequences(self, prompts):
+            output = await AgentLoopManager.generate_sequences.__wrapped__(self, prompts)
+            n = mask_excluded(output)
+            if n:
+                print(f"sqlrl: {n} of {len(output)} trajectories excluded (masked out of the update)")
+            return output
+
+    SqlrlAgentLoopManager.__qualname__ = "SqlrlAgentLoopManager"  # picklable by reference
+    return SqlrlAgentLoopManager
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -685,8 +908,13 @@ def cli_main(argv: list[str] | None = None) -> int:
     registry = write_agent_loop_registry(cfg, out.with_suffix(".agent_loops.yaml"))
     train_files, val_files = args.train_files, args.val_files
     if args.write_data:
-        paths = write_dataset(cfg, args.write_data)
+        try:
+            paths = write_dataset(cfg, args.write_data)
+        except ValueError as e:
+            print(f"error: {e}")
+            return 2
         train_files, val_files = paths["train"], paths["validation"]
+        print(f"wrote {paths['train']}, {paths['validation']} and {paths['gold_audit']}")
     try:
         verl_cfg = _build_for_cli(cfg, args, registry, train_files, val_files)
     except (AssertionError, ValueError) as e:  # veRL's own validation said no
