@@ -194,6 +194,7 @@ class GoldCache:
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
         self._checked_dirs: set[Path] = set()
+        self._resolved: dict[str, tuple[tuple, tuple[str, str]]] = {}  # given path -> (stat, result)
         self.hits = 0
         self.misses = 0
         self.executions = 0
@@ -375,6 +376,27 @@ class GoldCache:
             "this is an infrastructure failure, not a property of the gold"
         )
 
+    def _resolve(self, given: str) -> tuple[str, str]:
+        """(resolved path, file sha256) of a database path. Remembered per given path while one
+        `os.stat` of it (symlinks followed) shows the same file (device, inode, size, mtime): path
+        resolution and the location check cost more than the rest of a warm look-up."""
+        try:
+            st = os.stat(given)
+            stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            stamp = None
+        hit = self._resolved.get(given)
+        if hit is not None and stamp is not None and hit[0] == stamp:
+            return hit[1]
+        p = Path(given).resolve()
+        if not p.is_file():
+            raise FileNotFoundError(f"gold cache: no database file at {p}")
+        self._check_location(p)
+        out = (str(p), file_sha256(p))
+        if stamp is not None:
+            self._resolved[given] = (stamp, out)
+        return out
+
     def get(self, db_path: str | os.PathLike, sql: str) -> GoldResult:
         """The gold's result, executing it only when no trusted cached result exists."""
         return self.get_many([(db_path, sql)], progress=False)[0]
@@ -390,11 +412,7 @@ class GoldCache:
             for db_path, sql in items:
                 given = os.fspath(db_path)
                 if given not in dbs:
-                    p = Path(given).resolve()
-                    if not p.is_file():
-                        raise FileNotFoundError(f"gold cache: no database file at {p}")
-                    self._check_location(p)
-                    dbs[given] = (str(p), file_sha256(p))
+                    dbs[given] = self._resolve(given)
                 resolved, db_sha = dbs[given]
                 paths.append(resolved)
                 keys.append((db_sha, hashlib.sha256(sql.encode("utf-8")).hexdigest()))

@@ -67,6 +67,8 @@ too_many_rows / too_large -> `exec_error`, 0 (parts["sandbox_status"] records wh
 -> `infra_error`, value None (excluded, never 0 or 1). ok -> `match` (1.0) or `mismatch` (0.0).
 `Evaluator.score_many([(sql, task), ...])` gives exactly what `score` gives on each pair, but runs the
 predictions through `sandbox.execute_many` (parallel across sandbox workers) when the sandbox has it.
+The Evaluator memoizes the sandbox results and rewards of deterministic predictions (bounded LRU, see
+`Evaluator`); the rewards are the same with the memo on or off.
 `kind="validity"`: value 1.0 when the SQL executes with status ok (status still says match/mismatch as
 a diagnostic), 0 otherwise; the other statuses are as above.
 
@@ -97,6 +99,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import chain
 from operator import itemgetter
 from typing import Any
 
@@ -114,6 +117,7 @@ __all__ = [
     "cli_main",
     "execution_match",
     "gold_shape",
+    "is_deterministic_sql",
     "remove_distinct",
     "test_suite_result_eq",
     "validity_reward",
@@ -124,6 +128,7 @@ ABS_TOL = 1e-9
 MAX_TRIES = 5040
 MAX_WORK = 500_000
 _MATCHING_MAX = 64
+_FAST_PATH = True  # execution_match's identical-rows shortcut (tests turn it off to compare)
 
 STATUSES = ("no_sql", "exec_error", "timeout", "mismatch", "match", "gold_unscorable", "infra_error")
 _EXEC_ERROR_STATUSES = frozenset(
@@ -412,7 +417,7 @@ def _project(rows: list[tuple], cols: tuple[int, ...] | list[int]) -> list[tuple
 
 
 def _has_float(rows: list[tuple]) -> bool:
-    return any(type(v) is float for r in rows for v in r)
+    return float in set(map(type, chain.from_iterable(rows)))
 
 
 class _Budget(Exception):
@@ -439,13 +444,13 @@ def execution_match(
     """
     shape = shape or GoldShape()
     cmp = _Cmp(float_tol)
-    g = [tuple(r) for r in gold_rows]
-    p = [tuple(r) for r in pred_rows]
+    g = list(map(tuple, gold_rows))
+    p = list(map(tuple, pred_rows))
     if empty_equal_any_columns and not g and not p:
         return MatchResult(True, "match", None, "multiset")
     kg = len(gold_columns) if gold_columns is not None else (len(g[0]) if g else 0)
     kp = len(pred_columns) if pred_columns is not None else (len(p[0]) if p else 0)
-    if g and any(len(r) != kg for r in g) or p and any(len(r) != kp for r in p):
+    if g and set(map(len, g)) != {kg} or p and set(map(len, p)) != {kp}:
         return MatchResult(False, "ragged_rows")
     if kg != kp:
         return MatchResult(False, "column_count")
@@ -455,6 +460,25 @@ def execution_match(
     if n == 0:
         return MatchResult(True, "match", tuple(range(k)))
     has_float = float_tol and (_has_float(g) or _has_float(p))
+
+    # ---- fast path (same answer as the search below, only cheaper): identical rows, as a sequence
+    # when order matters or as a multiset when it does not, match under the identity permutation,
+    # which the search tries first at every depth, so it is the first leaf it reaches. Taken only
+    # when the search could not have run out of budget on the way there (at most k*k column checks,
+    # k partial checks and one full check, each charging n rows), and in "runs" mode only without
+    # floats (a run is a tolerance chain, so its boundary check is not implied by equal rows).
+    steps = (k * k if float_tol else 0) + k + 1
+    if _FAST_PATH and steps <= max_tries and n * steps <= max_work:
+        fast_mode = "multiset"
+        if shape.order_matters:
+            runs_ok = tie_relax and shape.key_columns is not None and all(c < k for c in shape.key_columns)
+            fast_mode = "runs" if runs_ok else "sequence"
+        if fast_mode == "multiset":
+            same = g == p or Counter(g) == Counter(p)
+        else:
+            same = (fast_mode == "sequence" or not has_float) and g == p
+        if same:
+            return MatchResult(True, "match", tuple(range(k)), fast_mode, 0)
 
     # ---- segments: multiset segments (list of position lists) and key-only boundary segments
     mode = "multiset"
@@ -507,8 +531,8 @@ def execution_match(
 
     gsig = [signature(c) for c in gcols]
     psig = [signature(c) for c in pcols]
-    gfloat = [has_float and any(type(v) is float for v in c) for c in gcols]
-    pfloat = [has_float and any(type(v) is float for v in c) for c in pcols]
+    gfloat = [has_float and float in set(map(type, c)) for c in gcols]
+    pfloat = [has_float and float in set(map(type, c)) for c in pcols]
 
     def coarse(values: list[Any]) -> tuple:
         nums = [float(v) for v in values if _is_num(v)]
@@ -663,16 +687,213 @@ def _gold_scorable(gold: Any) -> tuple[bool, str | None]:
     return bool(scorable), getattr(gold, "unscorable_reason", None)
 
 
-class Evaluator:
-    """Scores a final SQL for a PrivateTask. kind="execution" (match) or "validity" (executes)."""
+# ------------------------------------------------------------------------------------- memoization
 
-    def __init__(self, sandbox: Any, gold_cache: Any, kind: str = "execution", *, test_suite: bool = True):
+# Names whose presence makes a statement possibly non-deterministic. Matched as whole words anywhere in
+# the text (string literals and comments included: a false alarm only costs a cache miss), after
+# quote characters are blanked so `"random"()` is caught too. date()/time() are only flagged when called
+# (a Spider column is often named date or time); julianday, datetime, strftime, ... always.
+_NONDET_WORDS = re.compile(
+    r"\b(random|randomblob|changes|total_changes|last_insert_rowid|julianday|datetime|unixepoch|"
+    r"strftime|timediff|current_date|current_time|current_timestamp|now)\b",
+    re.I,
+)
+_NONDET_CALL = re.compile(r"\b(date|time)\s*(\(|/\*|--)", re.I)
+_QUOTES = re.compile(r"[\"`\[\]]")
+# sandbox statuses that are a function of (database bytes, SQL text, sandbox limits) alone
+_MEMO_STATUSES = frozenset(
+    {"ok", "empty_sql", "syntax_error", "forbidden", "multiple_statements", "too_many_rows"}
+)
+# runtime errors that may depend on the machine rather than the SQL: never memoized
+_TRANSIENT_ERROR = re.compile(
+    r"unable to open|disk i/o|out of memory|locked|busy|malformed|interrupt|not a database|no such file"
+    r"|memory|resource",
+    re.I,
+)
+
+
+@lru_cache(maxsize=65536)
+def is_deterministic_sql(sql: str) -> bool:
+    """False when `sql` might give different results on the same database bytes (random(), the clock,
+    connection state). Conservative: a False for deterministic SQL is allowed, a True for
+    non-deterministic SQL is not."""
+    text = _QUOTES.sub(" ", sql)
+    return not (_NONDET_WORDS.search(text) or _NONDET_CALL.search(text))
+
+
+def _memoizable(res: Any) -> bool:
+    """A sandbox result that the same (database, SQL, sandbox) would reproduce: never a timeout, a
+    worker crash, an exception, a size/memory failure (too_large), or a runtime error that smells of
+    the machine (I/O, memory, locks)."""
+    if isinstance(res, _InfraFailure):
+        return False
+    st = getattr(res, "status", None)
+    if st in _MEMO_STATUSES:
+        return True
+    return st == "runtime_error" and not _TRANSIENT_ERROR.search(str(getattr(res, "message", "") or ""))
+
+
+def _weight(res: Any) -> int:
+    rows = getattr(res, "rows", None) or []
+    cols = getattr(res, "columns", None) or []
+    return 1 + len(rows) * max(1, len(cols))
+
+
+class _LRU:
+    """Bounded least-recently-used map: at most `max_entries` entries and `max_weight` total weight
+    (an entry heavier than `max_weight` is not stored). Thread-safe."""
+
+    def __init__(self, max_entries: int, max_weight: int | None = None):
+        from collections import OrderedDict
+        from threading import Lock
+
+        self.max_entries = max(0, int(max_entries))
+        self.max_weight = max_weight
+        self._d: OrderedDict = OrderedDict()
+        self._lock = Lock()
+        self.weight = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._d
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            hit = self._d.get(key)
+            if hit is None:
+                self.misses += 1
+                return None
+            self._d.move_to_end(key)
+            self.hits += 1
+            return hit[0]
+
+    def put(self, key: Any, value: Any, weight: int = 1) -> bool:
+        if self.max_entries == 0 or (self.max_weight is not None and weight > self.max_weight):
+            return False
+        with self._lock:
+            old = self._d.pop(key, None)
+            if old is not None:
+                self.weight -= old[1]
+            self._d[key] = (value, weight)
+            self.weight += weight
+            while len(self._d) > self.max_entries or (
+                self.max_weight is not None and self.weight > self.max_weight
+            ):
+                _, (_, w) = self._d.popitem(last=False)
+                self.weight -= w
+                self.evictions += 1
+            return True
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+            self.weight = 0
+
+    def stats(self) -> dict:
+        return {
+            "entries": len(self._d),
+            "weight": self.weight,
+            "hits": self.hits,
+            "misses": self.misses,
+            "evictions": self.evictions,
+        }
+
+
+_SHAS: dict[str, tuple[tuple, str]] = {}  # db path -> (os.stat stamp, file sha256), process-wide
+
+
+def _copy_reward(r: Reward) -> Reward:
+    return Reward(r.value, r.status, {k: list(v) if isinstance(v, list) else v for k, v in r.parts.items()})
+
+
+@dataclass
+class _Pair:
+    i: int  # position in the score_many input
+    db_path: str
+    gold_sql: str
+    gold: Any
+    sql: str
+    rkey: tuple | None  # reward memo key; None when the prediction must not be memoized
+    pkey: tuple | None  # prediction result memo key (db sha256, sql); None likewise
+
+
+class Evaluator:
+    """Scores a final SQL for a PrivateTask. kind="execution" (match) or "validity" (executes).
+
+    Memoization (on by default, `memo_entries=0` turns it off; the rewards are identical either way):
+    the databases are read-only and identified by their sha256, so a deterministic statement
+    (`is_deterministic_sql`) gives the same sandbox result every time. The Evaluator keeps
+    - the sandbox result of each prediction (and DISTINCT-free variant) under (database sha256, exact
+      SQL text), for statuses that depend only on the SQL (`_memoizable`: ok, syntax_error,
+      forbidden, multiple_statements, too_many_rows, runtime errors other than I/O/memory/locks; never
+      timeout, too_large, worker_crash or an exception), LRU with at most `memo_entries` entries and
+      `memo_cells` result cells (rows x columns) in total (defaults 50,000 and 2,000,000: some
+      100-200 MB at worst for short text cells; a single larger result is not stored);
+    - the finished Reward under (database sha256, gold SQL, prediction SQL, kind, test_suite), LRU with
+      at most `memo_entries` entries, stored only when every execution behind it was memoizable; a
+      hit returns a fresh copy (callers may edit parts).
+    Non-deterministic SQL (random(), the clock, ...) is executed every time, and duplicates of it in
+    one batch are executed separately. A deterministic prediction repeated within one `score_many`
+    call is executed once; if that execution was not memoizable (a timeout, say), the repeats are
+    executed on their own, as without the memo. The memo belongs to one (sandbox, gold cache) pair: assigning
+    another sandbox or gold cache to the Evaluator clears it. Golds come from the gold cache as before.
+    """
+
+    def __init__(
+        self,
+        sandbox: Any,
+        gold_cache: Any,
+        kind: str = "execution",
+        *,
+        test_suite: bool = True,
+        memo_entries: int = 50_000,
+        memo_cells: int = 2_000_000,
+    ):
         if kind not in ("execution", "validity"):
             raise ValueError(f"Evaluator: kind must be 'execution' or 'validity', got {kind!r}")
         self.sandbox = sandbox
         self.gold_cache = gold_cache
         self.kind = kind
         self.test_suite = test_suite
+        self._results = _LRU(memo_entries, max(1, int(memo_cells)))
+        self._rewards = _LRU(memo_entries)
+        self._memo_owner = (id(sandbox), id(gold_cache))
+        self.executions = 0  # statements sent to the sandbox (predictions and variants)
+
+    def _db_sha256(self, db_path: str) -> str | None:
+        """sha256 of the database file, None if unreadable (then that pair is not memoized). Hashed
+        once (sqlrl.data.file_sha256), then trusted while one `os.stat` shows the same file (device,
+        inode, size, mtime); a database rewritten in place with the same size and mtime is not
+        noticed, which the sandbox's `immutable=1` connections already assume."""
+        try:
+            st = os.stat(db_path)
+            stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            hit = _SHAS.get(db_path)
+            if hit is not None and hit[0] == stamp:
+                return hit[1]
+            from sqlrl.data import file_sha256
+
+            sha = file_sha256(db_path)
+            _SHAS[db_path] = (stamp, sha)
+            return sha
+        except Exception:  # noqa: BLE001 - no memo for that pair; the sandbox reports the real problem
+            return None
+
+    def memo_stats(self) -> dict:
+        return {
+            "results": self._results.stats(),
+            "rewards": self._rewards.stats(),
+            "executions": self.executions,
+        }
+
+    def clear_memo(self) -> None:
+        self._results.clear()
+        self._rewards.clear()
 
     @staticmethod
     def _check_task(task: Any) -> tuple[str, str]:
@@ -700,6 +921,7 @@ class Evaluator:
         `execute_many`; an exception becomes that item's `_InfraFailure` (scored as infra_error)."""
         if not items:
             return []
+        self.executions += len(items)
         many = getattr(self.sandbox, "execute_many", None)
         if many is not None and len(items) > 1:
             try:
@@ -716,14 +938,77 @@ class Evaluator:
                 results.append(_InfraFailure(f"sandbox: {type(e).__name__}: {e}"))
         return results
 
+    def _run_memo(self, items: list[tuple[str, str, tuple | None]]) -> list[Any]:
+        """Results for (db_path, sql, memo key or None): memo hits, one execution per distinct key
+        (items without a key each execute), memoizable results stored."""
+        out: list[Any] = [None] * len(items)
+        run: list[tuple[str, str]] = []
+        keys: list[tuple | None] = []
+        waiting: list[list[int]] = []
+        where: dict[tuple, int] = {}
+        for n, (db_path, sql, key) in enumerate(items):
+            if key is not None:
+                hit = self._results.get(key)
+                if hit is not None:
+                    out[n] = hit
+                    continue
+                pos = where.get(key)
+                if pos is not None:
+                    waiting[pos].append(n)
+                    continue
+                where[key] = len(run)
+            waiting.append([n])
+            run.append((db_path, sql))
+            keys.append(key)
+        again: list[int] = []
+        for pos, res in enumerate(self._execute_batch(run)):
+            key = keys[pos]
+            ok = key is not None and _memoizable(res)
+            if ok:
+                self._results.put(key, res, _weight(res))
+            out[waiting[pos][0]] = res
+            for n in waiting[pos][1:]:
+                if ok:
+                    out[n] = res
+                else:  # a timeout or crash is not shared with the duplicates: they run on their own
+                    again.append(n)
+        if again:
+            for n, res in zip(again, self._execute_batch([items[n][:2] for n in again])):
+                out[n] = res
+        return out
+
+    def _execute_pending(self, pending: list[_Pair], want_ts: bool) -> tuple[list[Any], list[Any]]:
+        """Sandbox work of the pending pairs: the predictions, then the DISTINCT-free variants of those
+        that executed (None where there is no variant)."""
+        preds = self._run_memo([(p.db_path, p.sql, p.pkey) for p in pending])
+        variants: list[Any] = [None] * len(pending)
+        if want_ts:
+            todo: list[tuple[int, tuple[str, str, tuple | None]]] = []
+            for n, (p, res) in enumerate(zip(pending, preds)):
+                if isinstance(res, _InfraFailure) or getattr(res, "status", None) != "ok":
+                    continue
+                v_sql = remove_distinct(p.sql)
+                if v_sql != p.sql:
+                    todo.append((n, (p.db_path, v_sql, (p.pkey[0], v_sql) if p.pkey is not None else None)))
+            for (n, _), res in zip(todo, self._run_memo([x for _, x in todo])):
+                variants[n] = res
+        return preds, variants
+
     def score_many(self, items: list[tuple[str | None, Any]]) -> list[Reward]:
         """Score (final_sql, PrivateTask) pairs; same result as `score` on each, but predictions run
-        through `sandbox.execute_many` (parallel across the sandbox's workers)."""
+        through `sandbox.execute_many` (parallel across the sandbox's workers), in one batch and then
+        one batch of DISTINCT-free variants. A repeat of a deterministic prediction in the same call
+        is executed once (see the class docstring)."""
         checked = [self._check_task(task) for _, task in items]  # TypeError before any work
         base: dict[str, Any] = {"kind": self.kind}
         want_ts = self.kind == "execution" and self.test_suite
+        owner = (id(self.sandbox), id(self.gold_cache))
+        if owner != self._memo_owner:
+            self.clear_memo()
+            self._memo_owner = owner
+        memo = self._results.max_entries > 0
         out: list[Reward | None] = [None] * len(items)
-        pending: list[tuple[int, str, str, Any, str]] = []
+        pending: list[_Pair] = []
         # one batched cache look-up (one path resolution and file hash per database, not per pair);
         # if it fails, fall back to per-pair look-ups so one bad gold only affects its own pair
         fetched = None
@@ -732,6 +1017,9 @@ class Evaluator:
                 fetched = self.gold_cache.get_many(checked, progress=False)
             except Exception:
                 fetched = None
+        shas: dict[str, str | None] = {}
+        first: set[tuple] = set()  # reward memo keys of the pairs pending in this call
+        dups: list[tuple[int, tuple]] = []  # (position, reward memo key) of repeats of a pending pair
         for i, ((final_sql, _), (db_path, gold_sql)) in enumerate(zip(items, checked)):
             try:
                 gold = fetched[i] if fetched is not None else self.gold_cache.get(db_path, gold_sql)
@@ -746,11 +1034,46 @@ class Evaluator:
             elif final_sql is None or not final_sql.strip().strip(";").strip():
                 out[i] = Reward(0.0, "no_sql", self._fail_parts(base, want_ts))
             else:
-                pending.append((i, db_path, gold_sql, gold, final_sql))
+                rkey = pkey = None
+                if memo and is_deterministic_sql(final_sql):
+                    if db_path not in shas:
+                        shas[db_path] = self._db_sha256(db_path)
+                    sha = shas[db_path]
+                    if sha is not None:
+                        pkey = (sha, final_sql)
+                        rkey = (sha, gold_sql, final_sql, self.kind, want_ts)
+                        hit = self._rewards.get(rkey)
+                        if hit is not None:
+                            out[i] = _copy_reward(hit)
+                            continue
+                        if rkey in first:
+                            dups.append((i, rkey))
+                            continue
+                        first.add(rkey)
+                pending.append(_Pair(i, db_path, gold_sql, gold, final_sql, rkey, pkey))
 
-        results = self._execute_batch([(db, sql) for _, db, _, _, sql in pending])
-        executed: list[tuple[int, str, str, Any, str, Any, GoldShape, dict]] = []
-        for (i, db_path, gold_sql, gold, sql), res in zip(pending, results):
+        if pending:
+            self._finish_pending(pending, *self._execute_pending(pending, want_ts), out, base, want_ts)
+        # repeats of a pair scored in this call: its reward when that was memoized (so every execution
+        # behind it was reproducible), otherwise scored again on their own
+        redo = []
+        for i, rkey in dups:
+            r = self._rewards.get(rkey)
+            if r is not None:
+                out[i] = _copy_reward(r)
+            else:
+                redo.append((i, items[i]))
+        if redo:
+            for (i, _), r in zip(redo, self.score_many([item for _, item in redo])):
+                out[i] = r
+        return out  # type: ignore[return-value]
+
+    def _finish_pending(
+        self, chunk: list[_Pair], preds: list[Any], variants: list[Any], out: list, base: dict, want_ts: bool
+    ) -> None:
+        executed: list[tuple[_Pair, Any, Any, GoldShape, dict]] = []
+        for p, res, vres in zip(chunk, preds, variants):
+            i = p.i
             if isinstance(res, _InfraFailure):
                 out[i] = Reward(None, "infra_error", {**base, "error": res.error})
                 continue
@@ -766,8 +1089,11 @@ class Evaluator:
                     out[i] = Reward(0.0, "timeout", {**fail, "sandbox_status": st, "message": msg})
                 else:
                     out[i] = Reward(None, "infra_error", {**base, "sandbox_status": st, "message": msg})
+                if p.rkey is not None and out[i].status in ("no_sql", "exec_error") and _memoizable(res):
+                    self._rewards.put(p.rkey, _copy_reward(out[i]))
                 continue
-            shape = gold_shape(gold_sql)
+            gold = p.gold
+            shape = gold_shape(p.gold_sql)
             m = execution_match(gold.columns, gold.rows, res.columns, res.rows, shape)
             parts: dict[str, Any] = {
                 **base,
@@ -786,11 +1112,17 @@ class Evaluator:
                 )
             value = 1.0 if (m.match or self.kind == "validity") else 0.0
             out[i] = Reward(value, "match" if m.match else "mismatch", parts)
-            executed.append((i, db_path, gold_sql, gold, sql, res, shape, parts))
-
+            executed.append((p, res, vres, shape, parts))
         if want_ts:
-            self._test_suite_many(executed)
-        return out  # type: ignore[return-value]
+            self._test_suite_pending(executed)
+        for p, _, vres, _, parts in executed:
+            if p.rkey is None:
+                continue
+            if vres is not None and not _memoizable(vres):
+                continue
+            if str(parts.get("test_suite_reason", "")).startswith("gold_variant_infra"):
+                continue
+            self._rewards.put(p.rkey, _copy_reward(out[p.i]))
 
     @staticmethod
     def _fail_parts(base: dict, want_ts: bool) -> dict:
@@ -799,32 +1131,48 @@ class Evaluator:
             fail["test_suite_match"] = 0.0
         return fail
 
-    def _test_suite_many(self, executed: list) -> None:
+    def _gold_variants(self, wanted: list[tuple[str, str]]) -> list[Any]:
+        """Gold-cache results (or the exception) for the DISTINCT-free gold variants, batched."""
+        if not wanted:
+            return []
+        if hasattr(self.gold_cache, "get_many"):
+            try:
+                got = list(self.gold_cache.get_many(wanted, progress=False))
+                if len(got) == len(wanted):
+                    return got
+            except Exception:
+                pass  # one pair at a time, so an exception only affects its own pair
+        out: list[Any] = []
+        for db_path, sql in wanted:
+            try:
+                out.append(self.gold_cache.get(db_path, sql))
+            except Exception as e:
+                out.append(e)
+        return out
+
+    def _test_suite_pending(self, executed: list) -> None:
         """Fill parts["test_suite_match"] (and "test_suite_reason") in place; see the module docstring."""
-        todo: list[tuple[dict, Any, Any, Any, str | None, GoldShape]] = []
-        variants: list[tuple[str, str]] = []
-        for _, db_path, gold_sql, gold, sql, res, shape, parts in executed:
-            g_sql, p_sql = remove_distinct(gold_sql), remove_distinct(sql)
-            g_res: Any = gold
-            if g_sql != gold_sql:
-                try:
-                    g_res = self.gold_cache.get(db_path, g_sql)
-                except Exception as e:
+        need: list[int] = []
+        wanted: list[tuple[str, str]] = []
+        for n, (p, _, _, _, _) in enumerate(executed):
+            g_sql = remove_distinct(p.gold_sql)
+            if g_sql != p.gold_sql:
+                need.append(n)
+                wanted.append((p.db_path, g_sql))
+        g_vars: dict[int, Any] = dict(zip(need, self._gold_variants(wanted)))
+        for n, (p, res, vres, shape, parts) in enumerate(executed):
+            g_res: Any = p.gold
+            if n in g_vars:
+                g_res = g_vars[n]
+                if isinstance(g_res, BaseException):
                     parts["test_suite_match"] = None
-                    parts["test_suite_reason"] = f"gold_variant_infra: {type(e).__name__}"
+                    parts["test_suite_reason"] = f"gold_variant_infra: {type(g_res).__name__}"
                     continue
                 if getattr(g_res, "status", None) not in ("ok", "empty"):
                     parts["test_suite_match"] = None
                     parts["test_suite_reason"] = f"gold_variant_{getattr(g_res, 'status', 'unknown')}"
                     continue
-            slot: int | None = None
-            if p_sql != sql:
-                slot = len(variants)
-                variants.append((db_path, p_sql))
-            todo.append((parts, g_res, res, slot, p_sql, shape))
-        vres = self._execute_batch(variants)
-        for parts, g_res, res, slot, _, shape in todo:
-            p_res = res if slot is None else vres[slot]
+            p_res = res if vres is None else vres
             if isinstance(p_res, _InfraFailure) or getattr(p_res, "status", None) == "worker_crash":
                 parts["test_suite_match"] = None
                 parts["test_suite_reason"] = "pred_variant_infra"

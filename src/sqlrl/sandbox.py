@@ -59,7 +59,7 @@ caller's script is not re-imported in them and needs no `if __name__ == "__main_
 thread looking up `sys.modules["__main__"]` during those few milliseconds would see the bare module.
 Defaults: timeout_s=5, hard_timeout_s=2*timeout_s+1, max_rows=100_000, max_result_bytes=8 MiB,
 max_value_bytes=4 MiB, max_sql_chars=1_000_000, heap limit 512 MiB, RLIMIT_AS 2 GiB,
-32 cached connections per worker, progress check every 10_000 VM instructions.
+256 cached connections per worker, progress check every 10_000 VM instructions.
 """
 
 from __future__ import annotations
@@ -699,7 +699,7 @@ class Sandbox:
         max_sql_chars: int = 1_000_000,
         heap_limit_bytes: int = 512 * 2**20,
         memory_limit_bytes: int | None = 2 * 2**30,
-        max_connections: int = 32,
+        max_connections: int = 256,
         progress_ops: int = 10_000,
         chunk_size: int = 32,
     ) -> None:

@@ -1,0 +1,381 @@
+"""Evaluator memoization: identical rewards with and without the memo on real SQLite databases, no
+caching of non-deterministic SQL or infrastructure failures, LRU bounds; execution_match fast path."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from dataclasses import dataclass, field
+
+import pytest
+
+import sqlrl.reward as reward_mod
+from sqlrl.data import PrivateTask, PublicTask
+from sqlrl.goldcache import GoldCache
+from sqlrl.reward import _LRU, Evaluator, execution_match, gold_shape, is_deterministic_sql
+from sqlrl.sandbox import Sandbox
+
+
+@pytest.fixture()
+def dbs(tmp_path):
+    """Two real databases with the same schema and different contents."""
+    paths = []
+    for n, seed in (("a", 1), ("b", 2)):
+        (tmp_path / n).mkdir()
+        path = tmp_path / n / f"{n}.sqlite"
+        rng = random.Random(seed)
+        con = sqlite3.connect(path)
+        con.execute(
+            "CREATE TABLE singer (id INTEGER PRIMARY KEY, name TEXT, age INTEGER, country TEXT, score REAL)"
+        )
+        con.executemany(
+            "INSERT INTO singer VALUES (?, ?, ?, ?, ?)",
+            [
+                (i, f"s{i % 17}", rng.choice([25, 30, 30, 40]), rng.choice(["FR", "US", "DE"]), rng.random())
+                for i in range(1, 61)
+            ],
+        )
+        con.execute(
+            "CREATE TABLE song (id INTEGER PRIMARY KEY, singer_id INTEGER, title TEXT, sales INTEGER)"
+        )
+        con.executemany(
+            "INSERT INTO song VALUES (?, ?, ?, ?)",
+            [(i, rng.randint(1, 60), f"t{i % 9}", rng.randint(0, 5)) for i in range(1, 121)],
+        )
+        con.commit()
+        con.close()
+        paths.append(str(path))
+    return paths
+
+
+GOLDS = [
+    "SELECT name FROM singer WHERE country = 'US'",
+    "SELECT DISTINCT country FROM singer",
+    "SELECT country, count(*) FROM singer GROUP BY country",
+    "SELECT name, age FROM singer ORDER BY age DESC LIMIT 5",
+    "SELECT avg(score) FROM singer",
+    "SELECT T1.name, T2.title FROM singer AS T1 JOIN song AS T2 ON T1.id = T2.singer_id WHERE T2.sales > 3",
+    "SELECT count(DISTINCT title) FROM song",
+]
+PREDS = [
+    "SELECT name FROM singer WHERE country = 'US'",
+    "SELECT name FROM singer WHERE country = 'FR'",
+    "SELECT DISTINCT country FROM singer",
+    "SELECT country FROM singer",
+    "SELECT country FROM singer GROUP BY country",
+    "SELECT count(*), country FROM singer GROUP BY country",
+    "SELECT name, age FROM singer ORDER BY age DESC LIMIT 5",
+    "SELECT age, name FROM singer ORDER BY age DESC, id LIMIT 5",
+    "SELECT name, age FROM singer ORDER BY age LIMIT 5",
+    "SELECT avg(score) FROM singer",
+    "SELECT sum(score) / count(score) FROM singer",
+    "SELECT T2.title, T1.name FROM singer AS T1 JOIN song AS T2 ON T1.id = T2.singer_id WHERE T2.sales > 3",
+    "SELECT count(title) FROM song",
+    "SELECT count(DISTINCT title) FROM song",
+    "SELEC name FROM singer",
+    "SELECT nope FROM singer",
+    "DROP TABLE singer",
+    "SELECT 1; SELECT 2",
+    "",
+    None,
+    "SELECT abs(random()) % 1 FROM singer LIMIT 1",
+]
+
+
+def task(db: str, gold: str, k: int = 0) -> PrivateTask:
+    return PrivateTask(PublicTask(f"t/{k:05d}", "toy", "q?", "", "", db), gold)
+
+
+def test_memo_gives_identical_rewards_over_many_pairs(dbs, tmp_path):
+    rng = random.Random(0)
+    pairs = [(p, task(db, g)) for db in dbs for g in GOLDS for p in PREDS]
+    # a GRPO-like stream: the same pairs again and again, shuffled, in batches of varying size
+    stream = [pairs[rng.randrange(len(pairs))] for _ in range(3 * len(pairs))]
+    with Sandbox(workers=2) as sb, Sandbox(workers=1) as sb_off, GoldCache(tmp_path / "gc") as gc:
+        memo = Evaluator(sb, gc)
+        plain = Evaluator(sb_off, gc, memo_entries=0)
+        got_memo, got_plain = [], []
+        pos = 0
+        while pos < len(stream):
+            n = rng.randint(1, 80)
+            batch = stream[pos : pos + n]
+            pos += n
+            got_memo += memo.score_many(batch)
+            got_plain += plain.score_many(batch)
+        single = [plain.score(p, t) for p, t in stream[:60]]
+        # deterministic predictions compare exactly; the random() one may differ in its row only
+        for (p, _), a, b in zip(stream, got_memo, got_plain):
+            if p and "random" in p:
+                assert a.status == b.status
+            else:
+                assert a.to_dict() == b.to_dict(), p
+        assert [r.to_dict() for r in single] == [r.to_dict() for r in got_plain[:60]]
+        stats = memo.memo_stats()
+        assert stats["rewards"]["hits"] > len(stream) // 2  # the memo was really used
+        assert memo.executions < plain.executions
+        assert plain.memo_stats()["rewards"]["entries"] == 0 and plain.memo_stats()["results"]["entries"] == 0
+
+
+def test_memo_on_equals_off_across_databases_same_sql(dbs, tmp_path):
+    # the same SQL text on two databases with different contents must not share a memo entry
+    gold = "SELECT name FROM singer WHERE country = 'US'"
+    with Sandbox(workers=1) as sb, GoldCache(tmp_path / "gc") as gc:
+        ev = Evaluator(sb, gc)
+        a = ev.score(gold, task(dbs[0], gold))
+        # prediction = gold of db A, scored against db B's gold: runs on db B
+        b = ev.score(gold, task(dbs[1], gold))
+        assert a.status == b.status == "match"
+        x = ev.score("SELECT name FROM singer WHERE country = 'FR'", task(dbs[0], gold))
+        y = ev.score("SELECT name FROM singer WHERE country = 'FR'", task(dbs[1], gold))
+        assert (
+            x.parts["pred_row_count"] != y.parts["pred_row_count"]
+            or x.parts["gold_row_count"] != y.parts["gold_row_count"]
+        )
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT random()",
+        "SELECT RANDOM() FROM t",
+        'SELECT "random"() FROM t',
+        "SELECT randomblob(4)",
+        "SELECT datetime('now')",
+        "SELECT date('now')",
+        "SELECT date ('2020-01-01')",
+        "SELECT date/**/('2020-01-01')",
+        "SELECT time()",
+        "SELECT julianday('2020-01-01')",
+        "SELECT strftime('%Y', 'now')",
+        "SELECT current_timestamp",
+        "SELECT CURRENT_DATE",
+        "SELECT current_time",
+        "SELECT unixepoch()",
+        "SELECT changes()",
+        "SELECT total_changes()",
+        "SELECT last_insert_rowid()",
+        "SELECT * FROM t ORDER BY random() LIMIT 1",
+    ],
+)
+def test_non_deterministic_sql_detected(sql):
+    assert not is_deterministic_sql(sql)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT name FROM singer",
+        "SELECT date FROM events WHERE time > 3",  # columns named date / time
+        "SELECT random_id FROM t",
+        "SELECT count(*) FROM singer WHERE country = 'US' ORDER BY age",
+    ],
+)
+def test_deterministic_sql_accepted(sql):
+    assert is_deterministic_sql(sql)
+
+
+@dataclass(frozen=True)
+class FakeResult:
+    status: str
+    columns: list = field(default_factory=list)
+    rows: list = field(default_factory=list)
+    row_count: int = 0
+    elapsed_ms: float = 0.0
+    message: str = ""
+
+
+class CountingSandbox:
+    """Runs SQL on the real database in-process (read-only) and counts the calls; `script` forces
+    statuses (or exceptions) for the first calls of a given SQL."""
+
+    def __init__(self, script: dict | None = None):
+        self.calls: list[str] = []
+        self.script = {k: list(v) for k, v in (script or {}).items()}
+
+    def execute(self, db_path, sql, timeout_s=None):
+        self.calls.append(sql)
+        forced = self.script.get(sql)
+        if forced:
+            f = forced.pop(0)
+            if isinstance(f, BaseException):
+                raise f
+            return FakeResult(f, message="forced")
+        con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+        try:
+            cur = con.execute(sql)
+            rows = [tuple(r) for r in cur.fetchall()]
+            return FakeResult("ok", [d[0] for d in cur.description or []], rows, len(rows))
+        except sqlite3.Error as e:
+            return FakeResult("syntax_error" if "syntax" in str(e) else "runtime_error", message=str(e))
+        finally:
+            con.close()
+
+    def execute_many(self, items):
+        return [self.execute(d, s) for d, s in items]
+
+
+@pytest.fixture()
+def gc(tmp_path):
+    with GoldCache(tmp_path / "gc") as g:
+        yield g
+
+
+def test_non_deterministic_prediction_is_never_cached(dbs, gc):
+    sb = CountingSandbox()
+    ev = Evaluator(sb, gc)
+    t = task(dbs[0], "SELECT name FROM singer WHERE country = 'US'")
+    rnd = "SELECT name FROM singer ORDER BY random() LIMIT 3"
+    for _ in range(3):
+        ev.score(rnd, t)
+    ev.score_many([(rnd, t)] * 4)  # duplicates in one batch run separately too
+    assert sb.calls.count(rnd) == 7
+    det = "SELECT name FROM singer LIMIT 3"
+    for _ in range(3):
+        ev.score(det, t)
+    ev.score_many([(det, t)] * 4)
+    assert sb.calls.count(det) == 1
+
+
+@pytest.mark.parametrize("failure", ["worker_crash", "timeout", "too_large", RuntimeError("pipe broke")])
+def test_infra_errors_and_timeouts_are_not_cached(dbs, gc, failure):
+    pred = "SELECT name FROM singer WHERE country = 'US'"
+    sb = CountingSandbox({pred: [failure]})
+    ev = Evaluator(sb, gc)
+    t = task(dbs[0], pred)
+    first = ev.score(pred, t)
+    assert first.status in ("infra_error", "timeout", "exec_error")
+    second = ev.score(pred, t)  # executed again, and now it works
+    assert second.status == "match" and second.value == 1.0
+    assert sb.calls.count(pred) == 2
+    assert ev.score(pred, t).status == "match" and sb.calls.count(pred) == 2  # now memoized
+
+
+def test_timeout_in_a_batch_is_not_shared_with_its_duplicates(dbs, gc):
+    pred = "SELECT name FROM singer WHERE country = 'US'"
+    sb = CountingSandbox({pred: ["timeout"]})
+    ev = Evaluator(sb, gc)
+    out = ev.score_many([(pred, task(dbs[0], pred))] * 3)
+    assert [r.status for r in out] == ["timeout", "match", "match"]
+
+
+def test_transient_runtime_error_not_cached_but_sql_error_is(dbs, gc):
+    t = task(dbs[0], "SELECT name FROM singer")
+    sb = CountingSandbox()
+    ev = Evaluator(sb, gc)
+    for _ in range(3):
+        assert ev.score("SELECT nope FROM singer", t).status == "exec_error"
+    assert sb.calls.count("SELECT nope FROM singer") == 1
+
+    class Flaky(CountingSandbox):
+        def execute(self, db_path, sql, timeout_s=None):
+            self.calls.append(sql)
+            return FakeResult("runtime_error", message="disk I/O error")
+
+    fl = Flaky()
+    ev = Evaluator(fl, gc)
+    for _ in range(3):
+        ev.score("SELECT name FROM singer", t)
+    assert len(fl.calls) == 3
+
+
+def test_returned_rewards_are_copies(dbs, gc):
+    ev = Evaluator(CountingSandbox(), gc)
+    t = task(dbs[0], "SELECT name, age FROM singer ORDER BY age LIMIT 3")
+    a = ev.score("SELECT age, name FROM singer ORDER BY age LIMIT 3", t)
+    a.parts["permutation"].append(99)
+    a.parts["execution_match"] = "edited"
+    b = ev.score("SELECT age, name FROM singer ORDER BY age LIMIT 3", t)
+    assert "execution_match" not in b.parts and 99 not in b.parts["permutation"]
+
+
+def test_new_sandbox_clears_the_memo(dbs, gc):
+    ev = Evaluator(CountingSandbox(), gc)
+    t = task(dbs[0], "SELECT name FROM singer")
+    ev.score("SELECT name FROM singer", t)
+    ev.sandbox = other = CountingSandbox()
+    ev.score("SELECT name FROM singer", t)
+    assert other.calls == ["SELECT name FROM singer"]
+
+
+def test_lru_bounds():
+    lru = _LRU(3)
+    for i in range(5):
+        lru.put(i, str(i))
+    assert len(lru) == 3 and lru.get(0) is None and lru.get(1) is None
+    assert lru.get(2) == "2"  # 2 is now the most recent
+    lru.put(5, "5")
+    assert 3 not in lru and 2 in lru and lru.evictions == 3
+    w = _LRU(100, max_weight=10)
+    assert not w.put("huge", 1, weight=11)  # heavier than the whole budget: not stored
+    for i in range(6):
+        w.put(i, i, weight=4)
+    assert w.weight <= 10 and len(w) == 2
+    off = _LRU(0)
+    assert not off.put("k", 1) and len(off) == 0
+
+
+def test_evaluator_memo_is_bounded(dbs, gc):
+    sb = CountingSandbox()
+    ev = Evaluator(sb, gc, memo_entries=4, memo_cells=1000)
+    t = task(dbs[0], "SELECT name FROM singer")
+    preds = [f"SELECT name FROM singer WHERE id > {i}" for i in range(10)]
+    for p in preds:
+        ev.score(p, t)
+    st = ev.memo_stats()
+    assert st["results"]["entries"] <= 4 and st["rewards"]["entries"] <= 4
+    assert st["results"]["weight"] <= 1000
+    ev.score(preds[0], t)  # evicted long ago: executed again
+    assert sb.calls.count(preds[0]) == 2
+    ev.score(preds[-1], t)  # recent: memoized
+    assert sb.calls.count(preds[-1]) == 1
+
+
+# ------------------------------------------------------------------- execution_match fast path
+
+
+def _rand_rows(rng, n, k, floats):
+    vals = [1, 2, 3, "a", "b", None] + ([0.5, 1.25, 1e-12] if floats else [])
+    return [tuple(rng.choice(vals) for _ in range(k)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fast_path_changes_nothing(seed, monkeypatch):
+    rng = random.Random(seed)
+    golds = [
+        "SELECT a, b FROM t",
+        "SELECT a, b FROM t ORDER BY a",
+        "SELECT a, b FROM t ORDER BY a LIMIT 4",
+        "SELECT a, b, c FROM t ORDER BY count(*)",
+        "SELECT a FROM t ORDER BY a DESC LIMIT 3 OFFSET 1",
+    ]
+    cases = []
+    for _ in range(300):
+        gsql = rng.choice(golds)
+        k = 1 if "SELECT a FROM" in gsql else (3 if ", c" in gsql else 2)
+        n = rng.randint(0, 8)
+        g = _rand_rows(rng, n, k, rng.random() < 0.5)
+        kind = rng.random()
+        if kind < 0.4:
+            p = list(g)
+        elif kind < 0.6:
+            p = rng.sample(g, len(g))
+        elif kind < 0.8:
+            p = [tuple(reversed(r)) for r in g]
+        else:
+            p = _rand_rows(rng, n, k, rng.random() < 0.5)
+        cases.append((gsql, g, p))
+    # a tolerance chain inside an ORDER BY run: equal rows, but the boundary key check differs
+    cases.append(("SELECT a FROM t ORDER BY a LIMIT 3", [(1.0,), (1.0000009,), (1.0000018,)], None))
+    cases[-1] = (cases[-1][0], cases[-1][1], list(cases[-1][1]))
+
+    def run():
+        out = []
+        for gsql, g, p in cases:
+            for tol in (True, False):
+                m = execution_match(None, g, None, p, gold_shape(gsql), float_tol=tol, tie_relax=tol)
+                out.append((m.match, m.reason, m.permutation, m.mode))
+        return out
+
+    fast = run()
+    monkeypatch.setattr(reward_mod, "_FAST_PATH", False)
+    assert run() == fast
