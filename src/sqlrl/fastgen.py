@@ -173,6 +173,66 @@ def _check_args(prompts, max_new_tokens, temperature, top_p, eos_token_ids):
         raise ValueError("eos_token_ids must not be empty")
 
 
+# ------------------------------------------------------------------------------ shared by the engines
+class _Run:
+    """Per-call state shared by ``generate_fast`` and ``staticgen.generate_static``: resolved seed, eos
+    sets, statistics, the jobs (one per unique prompt; greedy copies share one row, sampled copies get
+    one row each, split to <= ``max_batch`` rows) in longest-first order, and the results list."""
+
+    def __init__(self, method, prompts, *, temperature, seed, eos_token_ids, max_batch, device, stats):
+        import torch
+
+        self.greedy = temperature == 0.0
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,)).item())
+        self.seed = int(seed) & ((1 << 64) - 1)
+        self.eos = set(int(e) for e in eos_token_ids)
+        self.eos_t = torch.tensor(sorted(self.eos), dtype=torch.long, device=device)
+        self.device = device
+        st = stats if stats is not None else GenStats()
+        st.method = method
+        st.n_prompts = len(prompts)
+        st.prompt_tokens = sum(len(p) for p in prompts)
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, p in enumerate(prompts):
+            groups.setdefault(tuple(int(t) for t in p), []).append(i)
+        st.n_unique_prompts = len(groups)
+        # (prompt, stream ids of its rows, output indices)
+        self.jobs: list[tuple[list[int], list[int], list[int]]] = []
+        for key, idxs in groups.items():
+            if self.greedy:
+                self.jobs.append((list(key), [idxs[0]], idxs))  # one row, fanned out to all copies
+            else:
+                for s in range(0, len(idxs), max_batch):
+                    part = idxs[s : s + max_batch]
+                    self.jobs.append((list(key), part, part))
+        self.order = sorted(range(len(self.jobs)), key=lambda j: (-len(self.jobs[j][0]), j))  # longest first
+        self.results: list[tuple[list[int], list[float], str] | None] = [None] * len(prompts)
+        self.st = st
+
+    def store(self, job: int, seq_id: int, tokens: list[int], logprobs: list[float], ngen: int, max_new: int):
+        """Record one finished row (truncated after the first eos) for its output position(s)."""
+        res = _truncate(tokens[:ngen], logprobs[:ngen], self.eos, max_new)
+        if self.greedy:
+            for out_i in self.jobs[job][2]:
+                self.results[out_i] = (list(res[0]), list(res[1]), res[2])
+        else:
+            self.results[seq_id] = res
+
+    def finish(self, t0: float, name: str, extra: dict) -> list[tuple[list[int], list[float], str]]:
+        global last_stats
+        _sync(self.device)
+        st = self.st
+        st.wall_s = time.perf_counter() - t0
+        assert all(r is not None for r in self.results), f"{name}: internal error, missing results"
+        st.tokens_generated = sum(len(r[0]) for r in self.results)  # type: ignore[index]
+        st.tokens_per_s = st.tokens_generated / st.wall_s if st.wall_s > 0 else 0.0
+        st.peak_memory_gb = _peak_gb(self.device)
+        st.extra = {"seed": self.seed, **extra}
+        last_stats = st
+        return self.results  # type: ignore[return-value]
+
+
 # ------------------------------------------------------------------------------------------- reference
 def generate_reference(
     model,
@@ -465,35 +525,20 @@ def generate_fast(
     if max_batch < 1 or check_every < 1:
         raise ValueError("max_batch and check_every must be >= 1")
     device = _device_of(model)
-    greedy = temperature == 0.0
-    if seed is None:
-        seed = int(torch.randint(0, 2**62, (1,)).item())
-    seed = int(seed) & ((1 << 64) - 1)
+    run = _Run(
+        "fast",
+        prompts,
+        temperature=temperature,
+        seed=seed,
+        eos_token_ids=eos_token_ids,
+        max_batch=max_batch,
+        device=device,
+        stats=stats,
+    )
+    seed, eos_t, st, jobs = run.seed, run.eos_t, run.st, run.jobs
     cache_kw = _cache_kwarg(model)
-    eos_t = torch.tensor(sorted(set(int(e) for e in eos_token_ids)), dtype=torch.long, device=device)
-    eos = set(int(e) for e in eos_token_ids)
-    st = stats if stats is not None else GenStats()
-    st.method = "fast"
-    st.n_prompts = len(prompts)
-    st.prompt_tokens = sum(len(p) for p in prompts)
-
-    # ---- jobs: one per unique prompt (greedy: copies share one sequence), split to <= max_batch rows
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for i, p in enumerate(prompts):
-        groups.setdefault(tuple(int(t) for t in p), []).append(i)
-    st.n_unique_prompts = len(groups)
-    jobs: list[tuple[list[int], list[int], list[int]]] = []  # (prompt, stream ids of rows, output indices)
-    for key, idxs in groups.items():
-        if greedy:
-            jobs.append((list(key), [idxs[0]], idxs))  # one row, fanned out to all copies at the end
-        else:
-            for s in range(0, len(idxs), max_batch):
-                part = idxs[s : s + max_batch]
-                jobs.append((list(key), part, part))
-    order = sorted(range(len(jobs)), key=lambda j: (-len(jobs[j][0]), j))  # longest first
-    waiting = list(order)
+    waiting = list(run.order)
     wpos = 0
-    results: list[tuple[list[int], list[float], str] | None] = [None] * len(prompts)
 
     def prefill(job_ids: list[int]) -> _Rows:
         plist = [jobs[j][0] for j in job_ids]
@@ -563,13 +608,7 @@ def generate_fast(
         ngens = rows.ngen.index_select(0, idx).tolist()
         sids = rows.seq_ids.index_select(0, idx).tolist()
         for r, row in enumerate(done):
-            job = jobs[rows.owner[row]]
-            res = _truncate(toks[r][: ngens[r]], lps[r][: ngens[r]], eos, max_new_tokens)
-            if greedy:
-                for out_i in job[2]:
-                    results[out_i] = (list(res[0]), list(res[1]), res[2])
-            else:
-                results[int(sids[r])] = res
+            run.store(rows.owner[row], int(sids[r]), toks[r], lps[r], ngens[r], max_new_tokens)
 
     _reset_peak(device)
     _sync(device)
@@ -632,12 +671,4 @@ def generate_fast(
                     rows.tok = tok
     finally:
         model.train(was_training)
-    _sync(device)
-    st.wall_s = time.perf_counter() - t0
-    assert all(r is not None for r in results), "fastgen: internal error, missing results"
-    st.tokens_generated = sum(len(r[0]) for r in results)  # type: ignore[index]
-    st.tokens_per_s = st.tokens_generated / st.wall_s if st.wall_s > 0 else 0.0
-    st.peak_memory_gb = _peak_gb(device)
-    st.extra = {"seed": seed, "max_batch": max_batch, "check_every": check_every, "refill": refill}
-    last_stats = st
-    return results  # type: ignore[return-value]
+    return run.finish(t0, "fastgen", {"max_batch": max_batch, "check_every": check_every, "refill": refill})

@@ -63,17 +63,7 @@ import heapq
 import sys
 import time
 
-from sqlrl.fastgen import (
-    GenStats,
-    _check_args,
-    _choose,
-    _device_of,
-    _left_pad,
-    _peak_gb,
-    _reset_peak,
-    _sync,
-    _truncate,
-)
+from sqlrl.fastgen import GenStats, _check_args, _choose, _device_of, _left_pad, _reset_peak, _Run, _sync
 
 __all__ = ["generate_static", "release", "supports"]
 
@@ -298,32 +288,19 @@ def generate_static(
     if not ok:
         raise ValueError(f"generate_static does not support this model: {why}; use fastgen.generate_fast")
     device = _device_of(model)
-    greedy = temperature == 0.0
-    if seed is None:
-        seed = int(torch.randint(0, 2**62, (1,)).item())
-    seed = int(seed) & ((1 << 64) - 1)
+    run = _Run(
+        "static",
+        prompts,
+        temperature=temperature,
+        seed=seed,
+        eos_token_ids=eos_token_ids,
+        max_batch=max_batch,
+        device=device,
+        stats=stats,
+    )
+    seed, eos_t, st, jobs = run.seed, run.eos_t, run.st, run.jobs
     cache_kw = _cache_kwarg(model)
-    eos_t = torch.tensor(sorted(set(int(e) for e in eos_token_ids)), dtype=torch.long, device=device)
-    eos = set(int(e) for e in eos_token_ids)
-    st = stats if stats is not None else GenStats()
-    st.method = "static"
-    st.n_prompts = len(prompts)
-    st.prompt_tokens = sum(len(p) for p in prompts)
-
-    # ---- jobs: one per unique prompt; greedy copies share one row, sampled copies get one row each
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for i, p in enumerate(prompts):
-        groups.setdefault(tuple(int(t) for t in p), []).append(i)
-    st.n_unique_prompts = len(groups)
-    jobs: list[tuple[list[int], list[int], list[int]]] = []  # (prompt, stream ids of rows, output indices)
-    for key, idxs in groups.items():
-        if greedy:
-            jobs.append((list(key), [idxs[0]], idxs))
-        else:
-            for s in range(0, len(idxs), max_batch):
-                part = idxs[s : s + max_batch]
-                jobs.append((list(key), part, part))
-    order = sorted(range(len(jobs)), key=lambda j: (-len(jobs[j][0]), j))  # longest first
+    order = run.order
     n_rows = sum(len(j[1]) for j in jobs)
     slots = min(max_batch, n_rows)
     if device.type == "cuda":  # round up so a few graph shapes serve every call
@@ -336,7 +313,6 @@ def generate_static(
     eng = _engine(model, slots, t_max, bool(use_graphs))
     S = eng.slots
 
-    results: list[tuple[list[int], list[float], str] | None] = [None] * len(prompts)
     gen_tok = torch.full((S, max_new_tokens + 1), pad_token_id, dtype=torch.long, device=device)
     gen_lp = torch.zeros((S, max_new_tokens + 1), dtype=torch.float32, device=device)
     ngen = torch.zeros(S, dtype=torch.long, device=device)
@@ -419,13 +395,7 @@ def generate_static(
         ngens = ngen.index_select(0, idx).tolist()
         sids = seq_ids.index_select(0, idx).tolist()
         for r, s in enumerate(done):
-            job = jobs[owner[s]]  # type: ignore[index]
-            res = _truncate(toks[r][: ngens[r]], lps[r][: ngens[r]], eos, max_new_tokens)
-            if greedy:
-                for out_i in job[2]:
-                    results[out_i] = (list(res[0]), list(res[1]), res[2])
-            else:
-                results[int(sids[r])] = res
+            run.store(owner[s], int(sids[r]), toks[r], lps[r], ngens[r], max_new_tokens)  # type: ignore[arg-type]
             owner[s] = None
             heapq.heappush(free, s)
         eng.pos[idx] = 0
@@ -503,14 +473,7 @@ def generate_static(
                     eng.tok[:rows].copy_(tok)
     finally:
         model.train(was_training)
-    _sync(device)
-    st.wall_s = time.perf_counter() - t0
-    assert all(r is not None for r in results), "staticgen: internal error, missing results"
-    st.tokens_generated = sum(len(r[0]) for r in results)  # type: ignore[index]
-    st.tokens_per_s = st.tokens_generated / st.wall_s if st.wall_s > 0 else 0.0
-    st.peak_memory_gb = _peak_gb(device)
-    st.extra = {
-        "seed": seed,
+    extra = {
         "slots": S,
         "t_max": eng.t_max,
         "check_every": check_every,
@@ -520,5 +483,6 @@ def generate_static(
         "spans": sorted(spans),
         "row_buckets": sorted(row_buckets),
     }
+    out = run.finish(t0, "staticgen", extra)
     last_stats = st
-    return results  # type: ignore[return-value]
+    return out
