@@ -23,6 +23,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("sqlrl.evaluate", "run the agent greedily over a split and score it"),
     "audit": ("sqlrl.audit", "audits: `audit weights` (tensor-level) and `audit leakage` (gold mutation)"),
     "train": ("sqlrl.trainer", "GRPO training from a TOML config (with --resume)"),
+    "sft": ("sqlrl.sft", "supervised warm start on training references of debugging tasks (with --resume)"),
+    "curriculum": (
+        "sqlrl.curriculum",
+        "staged curriculum on debugging tasks (sft -> single-turn -> multi-turn GRPO), resumable; eval by category",
+    ),
     "experiment": (
         "sqlrl.experiment",
         "run the equal-budget arm matrix (Base, GRPO, No-update, validity-only)",

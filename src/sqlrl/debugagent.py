@@ -622,3 +622,49 @@ def write_debug_eval_run(
                 summ[k] = provenance[k]
         write_json_atomic(out / "run.json", provenance)
     write_json_atomic(out / "summary.json", summ)
+
+
+def category_table(results: Sequence[dict]) -> dict:
+    """Evaluation by category: for each of query / management / personalization and `all`:
+    n_trajectories, n (scored), excluded (reward None, e.g. infra_error), solved, accuracy (= solved / n,
+    the solved rate) and mean_pass_fraction (mean fraction of hidden tests passed over scored ones)."""
+    from sqlrl.debugtasks import CATEGORIES
+
+    out: dict[str, dict] = {}
+    for cat in (*CATEGORIES, "all"):
+        rows = [r for r in results if cat == "all" or r.get("category") == cat]
+        scored = [r for r in rows if r.get("reward") is not None]
+        n = len(scored)
+        solved = sum(bool(r.get("solved")) for r in scored)
+        out[cat] = {
+            "n_trajectories": len(rows),
+            "n": n,
+            "excluded": len(rows) - n,
+            "solved": solved,
+            "accuracy": solved / n if n else None,
+            "mean_pass_fraction": sum(r["reward"] for r in scored) / n if n else None,
+        }
+    return out
+
+
+def category_table_md(rows: Sequence[tuple[str, dict]]) -> str:
+    """A markdown table: one row per (label, category_table(...)); cells 'solved/n (acc %), pass frac'."""
+    from sqlrl.debugtasks import CATEGORIES
+
+    cols = (*CATEGORIES, "all")
+    lines = [
+        "| model | " + " | ".join(cols) + " | excluded |",
+        "| --- | " + " | ".join("---" for _ in cols) + " | --- |",
+    ]
+    for label, tab in rows:
+        cells = []
+        for c in cols:
+            d = tab[c]
+            if not d["n"]:
+                cells.append("-")
+                continue
+            cells.append(
+                f"{d['solved']}/{d['n']} ({100 * d['accuracy']:.1f}%), pass {d['mean_pass_fraction']:.3f}"
+            )
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {tab['all']['excluded']} |")
+    return "\n".join(lines) + "\n"

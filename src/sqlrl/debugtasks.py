@@ -232,6 +232,16 @@ def debug_demo_root() -> Path:
     return Path(__file__).resolve().parent / "embedded" / "debug_demo"
 
 
+def resolve_debug_file(path: str | os.PathLike | None) -> Path:
+    """`data.path` of a debug run -> the task file: `embedded` (the demo slice), a folder holding
+    `debug_tasks.jsonl`, or a `.jsonl` file (as `envs.DebugEnv` reads it). FileNotFoundError if absent."""
+    p = Path(debug_demo_root() if path in ("embedded", "", None) else path)
+    file = p / "debug_tasks.jsonl" if p.is_dir() else p
+    if not file.is_file():
+        raise FileNotFoundError(f"no debugging tasks at {file}; build them with bench/make_debug_tasks.py")
+    return file
+
+
 # ------------------------------------------------------------------------------------ sqlite helpers
 
 

@@ -351,7 +351,18 @@ def cli_main(argv: list[str]) -> int:
         "--tokenizer", help="with --endpoint: where the chat template comes from (default: --model)"
     )
     add_budget_args(p)
+    p.add_argument(
+        "--kind",
+        default="text2sql",
+        choices=["text2sql", "debug"],
+        help="debug: SQL-debugging tasks (--data: embedded, a folder with debug_tasks.jsonl, or the .jsonl; "
+        "--split: the tasks' split field); results per category (query / management / personalization)",
+    )
     a = p.parse_args(argv)
+    if a.kind == "debug":
+        from sqlrl.curriculum import debug_eval_cli
+
+        return debug_eval_cli(a, ["sqlrl", "eval", *argv])
     try:
         policy = load_endpoint_policy(a.endpoint, a.model, a.tokenizer) if a.endpoint else None
         out = run_eval(
