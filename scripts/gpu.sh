@@ -9,6 +9,8 @@
 #   there: bash scripts/gpu.sh stage 00   (carry .stage/q50/part00)   ... one call per part
 #          bash scripts/gpu.sh setup      (carry last part, MANIFEST, spider.tgz, .whl)
 #          bash scripts/gpu.sh bench | engine BENCH.json | experiment SECONDS | pack DIR [EXPDIRS]
+#   or, after staging part00..08, the same call repeated: bash scripts/gpu.sh go $OUT   (carry part09,
+#          MANIFEST, spider.tgz, .whl, .stage/tree.tgz): setup, benchmark, exp1 (1 turn), exp3 (3 turns)
 set -euo pipefail
 S=${SQLRL_SCRATCH:-/root/sqlrl-scratch}
 mkdir -p "$S/parts"
@@ -51,11 +53,46 @@ PY
     budget=$1; shift
     python3 -m sqlrl.cli experiment configs/spider-0.5b-gpu.toml --out "$S/${EXP:-exp}" \
       --set "data.path=\"$S/spider\"" --time-budget "$budget" "$@" ;;
+  go)
+    # One command for every call after the parts are staged (so no decision is needed between calls;
+    # the machine is given back 30 s after a call ends): copy the last part, unpack the committed tree,
+    # set up once, benchmark once, then run the single-turn matrix (exp1) and the 3-turn matrix (exp3)
+    # until DEST's time budget (default 570 s) is spent, and pack whatever exists into DEST.
+    # Rerun the same command (with the same carry) until both experiments are finished.
+    dest=$1; end=$((SECONDS + ${2:-570}))
+    cp .stage/q50/part* .stage/q50/MANIFEST "$S/parts/" 2>/dev/null || true
+    [ -d "$S/tree/src" ] || bash scripts/gpu.sh tree
+    cd "$S/tree"
+    if [ ! -f "$S/setup.done" ]; then
+      if bash scripts/gpu.sh setup > "$dest/setup.log" 2>&1; then touch "$S/setup.done"; else tail -20 "$dest/setup.log"; exit 1; fi
+    fi
+    if [ ! -f "$S/bench.done" ]; then
+      timeout 240 bash scripts/gpu.sh bench --n-prompts 64 --max-batch 512 --static-slots 512 \
+        --skip-fast-sampling --fp32-identity 8 --out "$S/bench_generate.json" > "$S/bench.log" 2>&1 || true
+      touch "$S/bench.done"; grep -v '^{' "$S/bench.log" | tail -9
+    fi
+    cp "$S"/bench_generate.json "$S"/bench.log "$dest/" 2>/dev/null || true
+    # the engine is decided once (from the benchmark) and kept, so that resumed arms see the same config
+    [ -s "$S/engine" ] || { bash scripts/gpu.sh engine "$S/bench_generate.json" 2>/dev/null || echo fast; } > "$S/engine"
+    engine=$(cat "$S/engine"); echo "engine: $engine"
+    for t in 1 3; do
+      exp=exp$t
+      if [ -f "$S/$exp/experiment.json" ] && python3 -c "import json,sys; sys.exit(0 if json.load(open('$S/$exp/experiment.json')).get('finished') else 1)"; then
+        echo "$exp finished"; continue
+      fi
+      left=$((end - SECONDS - 30)); [ "$left" -ge 120 ] || break
+      name=spider-0.5b-single-turn; [ "$t" = 1 ] || name=spider-0.5b-$t-turn
+      EXP=$exp bash scripts/gpu.sh experiment "$left" --set "experiment.name=\"$name\"" --set "experiment.turns=[$t]" \
+        --set "run.gen_engine=\"$engine\"" >> "$dest/$exp.log" 2>&1; echo "$exp: exit $?"
+      grep -v "it/s\]\|s/it\]\|s/step\]" "$dest/$exp.log" | tail -4
+    done
+    ls -d "$S"/exp? >/dev/null 2>&1 && bash scripts/gpu.sh pack "$dest" $(cd "$S" && ls -d exp?) > /dev/null
+    ls "$dest" ;;
   pack)
     dest=$1; shift
     dirs=${*:-exp}
     tar czf "$dest/exp.tgz" -C "$S" --exclude='*.safetensors' --exclude='*.pt' --exclude='.goldcache' \
       --exclude='.gold_real' --exclude='.gold_mutated' --exclude='tokenizer.json' $dirs
     ls -la "$dest" ;;
-  *) echo "usage: gpu.sh stage NN|tree|setup|bench|engine BENCH.json|experiment SECONDS|pack DIR [EXPDIRS]" >&2; exit 2 ;;
+  *) echo "usage: gpu.sh stage NN|tree|setup|bench|engine BENCH.json|experiment SECONDS|go DEST [SECONDS]|pack DIR [EXPDIRS]" >&2; exit 2 ;;
 esac
