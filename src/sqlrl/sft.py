@@ -237,22 +237,11 @@ def train_sft(
         restore_rng,
         save_checkpoint,
     )
-    from sqlrl.models import load_model
-    from sqlrl.trainer import TaskSampler, _device_and_dtypes
+    from sqlrl.trainer import TaskSampler, _device_and_dtypes, load_trainable, open_run_folder
 
     out = Path(out_dir)
     mine = json.loads(json.dumps(resolved(cfg, sft)))
-    if resume:
-        if not (out / "config.json").is_file():
-            raise ConfigError(f"--resume {out}: no config.json there; is this a sqlrl sft run folder?")
-        saved = read_json(out / "config.json")
-        if saved != mine:
-            diff = [f"{s}.{k}" for s in mine for k in mine[s] if saved.get(s, {}).get(k) != mine[s][k]]
-            raise ConfigError(
-                f"--resume {out}: the config differs from the run's config.json in {diff}; "
-                "resume with the same config (or start a new run folder)"
-            )
-    elif out.exists() and any(out.iterdir()):
+    if not resume and out.exists() and any(out.iterdir()):
         raise ConfigError(f"run folder {out} is not empty; choose a new --out or pass --resume {out}")
 
     budgets = Budgets.from_config(cfg.agent)
@@ -260,41 +249,13 @@ def train_sft(
     check_training_references(
         tasks, all_tasks, train_split=cfg.data.train_split, eval_split=cfg.data.eval_split
     )
-    out.mkdir(parents=True, exist_ok=True)
+    open_run_folder(out, mine, resume, "sft")
 
     seed = cfg.run.seed
     random.seed(seed)
     torch.manual_seed(seed)
     device, gen_dtype = _device_and_dtypes(cfg)
-    if policy_factory is not None:
-        model, tokenizer, base_name, base_identity = policy_factory()
-    else:
-        loaded = load_model(
-            cfg.model.name, device=device, dtype=gen_dtype if cfg.model.lora_rank > 0 else "float32"
-        )
-        model, tokenizer, base_name, base_identity = (
-            loaded.model,
-            loaded.tokenizer,
-            loaded.name,
-            loaded.identity,
-        )
-    if cfg.model.lora_rank > 0:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(
-            model,
-            LoraConfig(
-                r=cfg.model.lora_rank,
-                lora_alpha=cfg.model.lora_alpha,
-                lora_dropout=cfg.model.lora_dropout,
-                target_modules=list(cfg.model.lora_targets),
-                task_type="CAUSAL_LM",
-            ),
-        )
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-        if hasattr(model, "enable_input_require_grads"):
-            model.enable_input_require_grads()
+    model, tokenizer, base_name, base_identity = load_trainable(cfg, device, gen_dtype, policy_factory)
 
     examples, dropped = build_sft_examples(tasks, tokenizer, budgets)
     if not examples:

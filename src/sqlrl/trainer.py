@@ -241,6 +241,59 @@ def sequence_logprobs(model, batch, temperature: float, autocast_dtype):
     return token_logprobs(logits, targets, temperature=temperature)  # [B, keep-1]
 
 
+def open_run_folder(out: Path, mine: dict, resume: bool, command: str) -> None:
+    """Check a run folder before training: with `resume`, its config.json must equal `mine` (the
+    resolved config as JSON); without, the folder must be new or empty. `command` names the command in
+    the error (``train``, ``sft``). Creates the folder."""
+    if resume:
+        if not (out / "config.json").is_file():
+            raise ConfigError(f"--resume {out}: no config.json there; is this a sqlrl {command} run folder?")
+        saved = read_json(out / "config.json")
+        if saved != mine:
+            diff = [f"{s}.{k}" for s in mine for k in mine[s] if saved.get(s, {}).get(k) != mine[s][k]]
+            raise ConfigError(
+                f"--resume {out}: the config differs from the run's config.json in {diff}; "
+                "resume with the same config file (or start a new run folder)"
+            )
+    elif out.exists() and any(out.iterdir()):
+        raise ConfigError(f"run folder {out} is not empty; choose a new --out or pass --resume {out}")
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def load_trainable(cfg: Config, device: str, gen_dtype: str, policy_factory=None):
+    """(model, tokenizer, base name, base identity) ready to train: float32 master weights for a full
+    fine-tune (`gen_dtype` under LoRA), the LoRA adapters of `cfg.model`, gradient checkpointing."""
+    if policy_factory is not None:
+        model, tokenizer, base_name, base_identity = policy_factory()
+    else:
+        master_dtype = gen_dtype if cfg.model.lora_rank > 0 else "float32"
+        from sqlrl.models import load_model
+
+        loaded = load_model(cfg.model.name, device=device, dtype=master_dtype)
+        model, tokenizer, base_name, base_identity = (
+            loaded.model,
+            loaded.tokenizer,
+            loaded.name,
+            loaded.identity,
+        )
+    if cfg.model.lora_rank > 0:
+        from peft import LoraConfig, get_peft_model
+
+        lcfg = LoraConfig(
+            r=cfg.model.lora_rank,
+            lora_alpha=cfg.model.lora_alpha,
+            lora_dropout=cfg.model.lora_dropout,
+            target_modules=list(cfg.model.lora_targets),
+            task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(model, lcfg)
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        if hasattr(model, "enable_input_require_grads"):
+            model.enable_input_require_grads()
+    return model, tokenizer, base_name, base_identity
+
+
 def train(
     cfg: Config,
     out_dir: str | Path,
@@ -272,25 +325,12 @@ def train(
     from sqlrl.envs import make_env
     from sqlrl.evaluate import EXECUTABLE_FAIL
     from sqlrl.grpo import group_advantages, policy_loss
-    from sqlrl.models import load_model
     from sqlrl.policy import HFPolicy
 
     out = Path(out_dir)
     g = cfg.grpo
-    if resume:
-        if not (out / "config.json").is_file():
-            raise ConfigError(f"--resume {out}: no config.json there; is this a sqlrl train run folder?")
-        saved = read_json(out / "config.json")
-        mine = json.loads(json.dumps(cfg.resolve()))  # tuples -> lists, as in the saved JSON
-        if saved != mine:
-            diff = [f"{s}.{k}" for s in mine for k in mine[s] if saved.get(s, {}).get(k) != mine[s][k]]
-            raise ConfigError(
-                f"--resume {out}: the config differs from the run's config.json in {diff}; "
-                "resume with the same config file (or start a new run folder)"
-            )
-    elif out.exists() and any(out.iterdir()):
-        raise ConfigError(f"run folder {out} is not empty; choose a new --out or pass --resume {out}")
-    out.mkdir(parents=True, exist_ok=True)
+    # tuples -> lists, as in the saved JSON
+    open_run_folder(out, json.loads(json.dumps(cfg.resolve())), resume, "train")
 
     seed = cfg.run.seed
     random.seed(seed)
@@ -304,32 +344,7 @@ def train(
     sampler = TaskSampler(len(tasks), seed)
 
     # ---- model ----
-    if policy_factory is not None:
-        train_model, tokenizer, base_name, base_identity = policy_factory()
-    else:
-        master_dtype = gen_dtype if cfg.model.lora_rank > 0 else "float32"
-        loaded = load_model(cfg.model.name, device=device, dtype=master_dtype)
-        train_model, tokenizer, base_name, base_identity = (
-            loaded.model,
-            loaded.tokenizer,
-            loaded.name,
-            loaded.identity,
-        )
-    if cfg.model.lora_rank > 0:
-        from peft import LoraConfig, get_peft_model
-
-        lcfg = LoraConfig(
-            r=cfg.model.lora_rank,
-            lora_alpha=cfg.model.lora_alpha,
-            lora_dropout=cfg.model.lora_dropout,
-            target_modules=list(cfg.model.lora_targets),
-            task_type="CAUSAL_LM",
-        )
-        train_model = get_peft_model(train_model, lcfg)
-    if cfg.model.gradient_checkpointing:
-        train_model.gradient_checkpointing_enable()
-        if hasattr(train_model, "enable_input_require_grads"):
-            train_model.enable_input_require_grads()
+    train_model, tokenizer, base_name, base_identity = load_trainable(cfg, device, gen_dtype, policy_factory)
     separate_gen = cfg.model.lora_rank == 0 and device == "cuda" and gen_dtype != "float32"
     if separate_gen:
         import copy
