@@ -237,19 +237,18 @@ def train_sft(
         restore_rng,
         save_checkpoint,
     )
-    from sqlrl.trainer import TaskSampler, _device_and_dtypes, load_trainable, open_run_folder
+    from sqlrl.trainer import TaskSampler, _device_and_dtypes, check_run_folder, load_trainable
 
     out = Path(out_dir)
     mine = json.loads(json.dumps(resolved(cfg, sft)))
-    if not resume and out.exists() and any(out.iterdir()):
-        raise ConfigError(f"run folder {out} is not empty; choose a new --out or pass --resume {out}")
+    check_run_folder(out, mine, resume, "sft")
 
     budgets = Budgets.from_config(cfg.agent)
     tasks, all_tasks, file = load_sft_tasks(cfg)
     check_training_references(
         tasks, all_tasks, train_split=cfg.data.train_split, eval_split=cfg.data.eval_split
     )
-    open_run_folder(out, mine, resume, "sft")
+    out.mkdir(parents=True, exist_ok=True)
 
     seed = cfg.run.seed
     random.seed(seed)

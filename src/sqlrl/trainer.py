@@ -241,10 +241,10 @@ def sequence_logprobs(model, batch, temperature: float, autocast_dtype):
     return token_logprobs(logits, targets, temperature=temperature)  # [B, keep-1]
 
 
-def open_run_folder(out: Path, mine: dict, resume: bool, command: str) -> None:
+def check_run_folder(out: Path, mine: dict, resume: bool, command: str) -> None:
     """Check a run folder before training: with `resume`, its config.json must equal `mine` (the
     resolved config as JSON); without, the folder must be new or empty. `command` names the command in
-    the error (``train``, ``sft``). Creates the folder."""
+    the error (``train``, ``sft``). Creates nothing."""
     if resume:
         if not (out / "config.json").is_file():
             raise ConfigError(f"--resume {out}: no config.json there; is this a sqlrl {command} run folder?")
@@ -257,7 +257,6 @@ def open_run_folder(out: Path, mine: dict, resume: bool, command: str) -> None:
             )
     elif out.exists() and any(out.iterdir()):
         raise ConfigError(f"run folder {out} is not empty; choose a new --out or pass --resume {out}")
-    out.mkdir(parents=True, exist_ok=True)
 
 
 def load_trainable(cfg: Config, device: str, gen_dtype: str, policy_factory=None):
@@ -330,7 +329,8 @@ def train(
     out = Path(out_dir)
     g = cfg.grpo
     # tuples -> lists, as in the saved JSON
-    open_run_folder(out, json.loads(json.dumps(cfg.resolve())), resume, "train")
+    check_run_folder(out, json.loads(json.dumps(cfg.resolve())), resume, "train")
+    out.mkdir(parents=True, exist_ok=True)
 
     seed = cfg.run.seed
     random.seed(seed)
