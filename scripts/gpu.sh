@@ -82,9 +82,10 @@ PY
       fi
       left=$((end - SECONDS - 30)); [ "$left" -ge 120 ] || break
       name=spider-0.5b-single-turn; [ "$t" = 1 ] || name=spider-0.5b-$t-turn
+      rc=0  # exit 3 = stopped at the time budget (resumable): keep going so that the results get packed
       EXP=$exp bash scripts/gpu.sh experiment "$left" --set "experiment.name=\"$name\"" --set "experiment.turns=[$t]" \
-        --set "run.gen_engine=\"$engine\"" >> "$dest/$exp.log" 2>&1; echo "$exp: exit $?"
-      grep -v "it/s\]\|s/it\]\|s/step\]" "$dest/$exp.log" | tail -4
+        --set "run.gen_engine=\"$engine\"" >> "$dest/$exp.log" 2>&1 || rc=$?; echo "$exp: exit $rc"
+      grep -v "it/s\]\|s/it\]\|s/step\]" "$dest/$exp.log" | tail -4 || true
     done
     ls -d "$S"/exp? >/dev/null 2>&1 && bash scripts/gpu.sh pack "$dest" $(cd "$S" && ls -d exp?) > /dev/null
     ls "$dest" ;;

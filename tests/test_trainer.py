@@ -6,6 +6,7 @@ every group) to guarantee a learning signal; the real reward path is covered by 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -345,3 +346,134 @@ def test_nonfinite_gradient_skips_the_update_and_records_why(tmp_path, monkeypat
     assert st[1]["skipped_nonfinite"] is False and st[1]["update_applied"] is True
     assert st[1]["nonfinite_diagnostics"] is None
     assert final_hash(run) != tiny_factory()[3]
+
+
+def test_micro_batches_split_by_count_and_by_logit_tokens():
+    from sqlrl.trainer import micro_batches
+
+    assert micro_batches([10, 10, 10], 2) == [(0, 2), (2, 3)]
+    # cap 600: [100, 200] -> 2 x 200 = 400 fits; adding 300 -> 3 x 300 = 900 does not; [300, 400] -> 800 does not
+    assert micro_batches([100, 200, 300, 400], 8, 600) == [(0, 2), (2, 3), (3, 4)]
+    # an item above the cap on its own still runs, alone
+    assert micro_batches([50, 700, 50], 8, 600) == [(0, 1), (1, 2), (2, 3)]
+    assert micro_batches([5, 5, 5, 5], 3, 0) == [(0, 3), (3, 4)]  # 0 = no token cap
+    assert micro_batches([], 4, 100) == []
+    with pytest.raises(ValueError):
+        micro_batches([1], 0)
+
+
+def test_logit_span_is_the_keep_of_build_batch():
+    from types import SimpleNamespace as NS
+
+    from sqlrl.trainer import build_batch, logit_span
+
+    a = NS(token_ids=list(range(1, 11)), loss_mask=[0] * 6 + [1] * 4, logprobs=[0.0] * 10)  # 10 - 6 + 1
+    b = NS(token_ids=list(range(1, 6)), loss_mask=[0, 1, 1, 0, 1], logprobs=[0.0] * 5)  # 5 - 1 + 1
+    c = NS(token_ids=list(range(1, 21)), loss_mask=[0] * 17 + [1] * 3, logprobs=[0.0] * 20)  # 20 - 17 + 1
+    assert [logit_span(t) for t in (a, b, c)] == [5, 5, 4]
+    for group in ([a], [b], [c], [a, b, c], [a, c], [c, b]):
+        got = build_batch(group, [1.0] * len(group), "cpu", 0)["keep"]
+        assert got == max(logit_span(t) for t in group)
+
+
+def test_logit_token_cap_changes_the_passes_not_the_update(tmp_path):
+    """A cap of 2 logit tokens puts every trajectory in a pass of its own: same loss and gradient norm
+    as micro-batches of 3 (token-mean over the whole step either way), and weights within 1 % of the
+    step (AdamW's first step, lr * g / (|g| + eps), amplifies float noise where |g| ~ eps)."""
+    from safetensors.torch import load_file
+
+    from sqlrl.trainer import train
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(tiny_cfg(steps=1), a, policy_factory=tiny_factory, evaluator_factory=Alternating, progress=False)
+    train(
+        tiny_cfg(steps=1, micro_batch_logit_tokens=2),
+        b,
+        policy_factory=tiny_factory,
+        evaluator_factory=Alternating,
+        progress=False,
+    )
+    sa, sb = steps(a)[0], steps(b)[0]
+    assert sa["trained_tokens"] == sb["trained_tokens"] > 0
+    assert sb["loss"] == pytest.approx(sa["loss"], rel=1e-5, abs=1e-7)
+    assert sb["grad_norm"] == pytest.approx(sa["grad_norm"], rel=1e-5)
+    wa, wb = (
+        load_file(str(a / "final" / "model.safetensors")),
+        load_file(str(b / "final" / "model.safetensors")),
+    )
+    base = tiny_factory()[0].state_dict()
+    for k in wa:
+        moved = (wa[k] - base[k]).abs().max().item()
+        assert (wa[k] - wb[k]).abs().max().item() <= 1e-2 * max(moved, 1e-6), k  # AdamW step 1 ~ lr * sign(g)
+
+
+def test_resume_may_change_memory_only_settings_and_records_it(tmp_path):
+    from sqlrl.trainer import train
+
+    run = tmp_path / "r"
+    r = train(
+        tiny_cfg(steps=2),
+        run,
+        policy_factory=tiny_factory,
+        evaluator_factory=Alternating,
+        progress=False,
+        stop_after=1,
+    )
+    assert not r["finished"]
+    train(
+        tiny_cfg(steps=2, micro_batch=1, micro_batch_logit_tokens=64),
+        run,
+        resume=True,
+        policy_factory=tiny_factory,
+        evaluator_factory=Alternating,
+        progress=False,
+    )
+    info = json.loads((run / "run.json").read_text())
+    assert info["resume_changes"] == [
+        "grpo.micro_batch: 3 -> 1",
+        "grpo.micro_batch_logit_tokens: 0 -> 64",
+    ]
+    saved = json.loads((run / "config.json").read_text())["grpo"]
+    assert (saved["micro_batch"], saved["micro_batch_logit_tokens"]) == (1, 64)
+    assert [s["step"] for s in steps(run)] == [1, 2]
+
+
+def test_out_of_memory_in_the_update_says_what_to_change(tmp_path, monkeypatch):
+    import torch
+
+    from sqlrl import trainer as T
+
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 18.33 GiB")
+
+    monkeypatch.setattr(T, "sequence_logprobs", oom)
+    with pytest.raises(RuntimeError, match=r"grpo\.micro_batch \(now 3\).*micro_batch_logit_tokens \(now 0"):
+        T.train(
+            tiny_cfg(steps=1),
+            tmp_path / "o",
+            policy_factory=tiny_factory,
+            evaluator_factory=Alternating,
+            progress=False,
+        )
+
+
+def test_training_attention_excludes_the_cudnn_kernel_on_cuda_only(monkeypatch):
+    import torch.nn.attention as A
+
+    from sqlrl.trainer import train_attention_context
+
+    seen = []
+
+    def record(backends):
+        seen.append(list(backends))
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(A, "sdpa_kernel", record)
+    with train_attention_context("cpu"):
+        pass
+    assert seen == []
+    with train_attention_context("cuda"):
+        pass
+    assert len(seen) == 1
+    assert A.SDPBackend.CUDNN_ATTENTION not in seen[0]
+    assert {A.SDPBackend.EFFICIENT_ATTENTION, A.SDPBackend.MATH} <= set(seen[0])

@@ -137,6 +137,10 @@ class GRPOConfig:
     """Loss aggregation over tokens."""
     micro_batch: int = 8
     """Trajectories per forward/backward pass (gradient accumulation covers the rest)."""
+    micro_batch_logit_tokens: int = 0
+    """Cap on trajectories x logit columns kept per pass (0 = no cap). The float32 log-prob pass holds
+    about this many x vocabulary floats, so long multi-turn trajectories get smaller micro-batches;
+    e.g. 16384 x 151,936 (Qwen vocabulary) x 4 bytes = 10 GB. A single longer trajectory still runs alone."""
     temperature: float = 1.0
     """Sampling temperature for rollouts."""
     top_p: float = 1.0
@@ -474,6 +478,10 @@ def validate(cfg: Config, source: str = "<config>") -> None:
         f"grpo.group_size = {g.group_size}: GRPO compares rollouts within a group, use >= 2",
     )
     need(g.micro_batch >= 1, "grpo.micro_batch must be >= 1")
+    need(
+        g.micro_batch_logit_tokens >= 0,
+        f"grpo.micro_batch_logit_tokens = {g.micro_batch_logit_tokens}: use 0 (no cap) or a positive token count",
+    )
     need(g.lr >= 0, f"grpo.lr = {g.lr} is negative")
     if g.control == "no-update":
         need(

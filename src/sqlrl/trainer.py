@@ -216,6 +216,22 @@ def build_batch(trajs, advantages, device, pad_id: int):
     }
 
 
+def train_attention_context(device_type: str):
+    """Attention kernels for the training forward/backward passes.
+
+    On CUDA the cuDNN SDPA kernel is excluded (flash, memory-efficient and math remain). Batches are
+    left-padded, so padding query rows are fully masked; on an H200 (torch 2.11, cuDNN SDPA) such
+    batches occasionally gave non-finite gradients in every parameter while the loss was finite
+    (GRPO runs of 2026-11-29; reproduced on random weights by `scripts/nan_probe.py`: cuDNN 1 of 150
+    batches, math and memory-efficient 0 of the same 150). Elsewhere: no change.
+    """
+    if device_type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 def sequence_logprobs(model, batch, temperature: float, autocast_dtype):
     """Log-probs of each sequence's own next tokens on the last `keep` columns: [B, keep-1]."""
     import torch
@@ -228,7 +244,7 @@ def sequence_logprobs(model, batch, temperature: float, autocast_dtype):
         if autocast_dtype is not None
         else contextlib.nullcontext()
     )
-    with ctx:
+    with ctx, train_attention_context(batch["input_ids"].device.type):
         out = model(
             input_ids=batch["input_ids"],
             attention_mask=batch["attention_mask"],
@@ -241,22 +257,72 @@ def sequence_logprobs(model, batch, temperature: float, autocast_dtype):
     return token_logprobs(logits, targets, temperature=temperature)  # [B, keep-1]
 
 
-def check_run_folder(out: Path, mine: dict, resume: bool, command: str) -> None:
+def logit_span(traj) -> int:
+    """Logit columns `build_batch` keeps for this trajectory: from its first generated token to its
+    end, plus one (at least 2, as in `build_batch`)."""
+    gen = next((i for i, m in enumerate(traj.loss_mask) if m), None)
+    return 2 if gen is None else max(2, len(traj.token_ids) - gen + 1)
+
+
+def micro_batches(spans: list[int], max_seqs: int, max_logit_tokens: int = 0) -> list[tuple[int, int]]:
+    """Split consecutive items (already in batch order) into [start, end) micro-batches.
+
+    A micro-batch holds at most `max_seqs` items and, when `max_logit_tokens` > 0, at most that many
+    items x largest span (the padded logit block the log-prob pass materialises). An item whose own
+    span is above the cap still gets a micro-batch of its own (it cannot be split).
+    """
+    if max_seqs < 1:
+        raise ValueError(f"max_seqs must be >= 1, got {max_seqs}")
+    out: list[tuple[int, int]] = []
+    start, widest = 0, 0
+    for i, span in enumerate(spans):
+        w = max(widest, span)
+        n = i - start + 1
+        if n > 1 and (n > max_seqs or (max_logit_tokens > 0 and n * w > max_logit_tokens)):
+            out.append((start, i))
+            start, w = i, span
+        widest = w
+    if start < len(spans):
+        out.append((start, len(spans)))
+    return out
+
+
+def _oom_message(step: int, n: int, keep: int, g) -> str:
+    return (
+        f"out of GPU memory in the update of step {step}: a micro-batch of {n} trajectories x {keep} "
+        f"logit columns. Lower grpo.micro_batch (now {g.micro_batch}) or cap "
+        f"grpo.micro_batch_logit_tokens (now {g.micro_batch_logit_tokens}; e.g. 16384), then resume "
+        "with --resume (the last checkpoint is kept)"
+    )
+
+
+# Settings that change only how an update is split into passes (memory), never what is computed: a
+# resumed run may change them, e.g. after running out of GPU memory.
+MEMORY_ONLY_KEYS = {("grpo", "micro_batch"), ("grpo", "micro_batch_logit_tokens")}
+
+
+def check_run_folder(out: Path, mine: dict, resume: bool, command: str) -> list[str]:
     """Check a run folder before training: with `resume`, its config.json must equal `mine` (the
-    resolved config as JSON); without, the folder must be new or empty. `command` names the command in
-    the error (``train``, ``sft``). Creates nothing."""
+    resolved config as JSON) except for `MEMORY_ONLY_KEYS`, whose changes are returned (as
+    "section.key: old -> new"); without, the folder must be new or empty. `command` names the
+    command in the error (``train``, ``sft``). Creates nothing."""
     if resume:
         if not (out / "config.json").is_file():
             raise ConfigError(f"--resume {out}: no config.json there; is this a sqlrl {command} run folder?")
         saved = read_json(out / "config.json")
-        if saved != mine:
-            diff = [f"{s}.{k}" for s in mine for k in mine[s] if saved.get(s, {}).get(k) != mine[s][k]]
+        changed = [(s, k) for s in mine for k in mine[s] if saved.get(s, {}).get(k) != mine[s][k]] + [
+            (s, None) for s in saved if s not in mine
+        ]
+        diff = [f"{s}.{k}" if k else s for s, k in changed if (s, k) not in MEMORY_ONLY_KEYS]
+        if diff:
             raise ConfigError(
                 f"--resume {out}: the config differs from the run's config.json in {diff}; "
                 "resume with the same config file (or start a new run folder)"
             )
-    elif out.exists() and any(out.iterdir()):
+        return [f"{s}.{k}: {saved.get(s, {}).get(k)} -> {mine[s][k]}" for s, k in changed]
+    if out.exists() and any(out.iterdir()):
         raise ConfigError(f"run folder {out} is not empty; choose a new --out or pass --resume {out}")
+    return []
 
 
 def load_trainable(cfg: Config, device: str, gen_dtype: str, policy_factory=None):
@@ -329,7 +395,7 @@ def train(
     out = Path(out_dir)
     g = cfg.grpo
     # tuples -> lists, as in the saved JSON
-    check_run_folder(out, json.loads(json.dumps(cfg.resolve())), resume, "train")
+    resume_changes = check_run_folder(out, json.loads(json.dumps(cfg.resolve())), resume, "train")
     out.mkdir(parents=True, exist_ok=True)
 
     seed = cfg.run.seed
@@ -388,6 +454,9 @@ def train(
             start_step = int(side["step"])
             if separate_gen:
                 _sync(gen_model, train_model)
+        if resume_changes:  # memory-only settings changed: recorded in config.json and run.json
+            print(f"sqlrl train: resuming with {resume_changes}", file=sys.stderr)
+            write_json_atomic(out / "config.json", cfg.resolve())
         # drop metrics of steps after the checkpoint (the run was killed after logging them)
         for name in ("steps.jsonl", "rollouts.jsonl"):
             if (out / name).exists():
@@ -411,6 +480,7 @@ def train(
         "budgets": budgets.to_dict(),
         "arm": arm_kind(cfg),
         "resumed_from_step": start_step if resume else None,
+        "resume_changes": resume_changes,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "status": "running",
     }
@@ -490,11 +560,15 @@ def train(
                 if (a != 0.0 or g.kl_coef > 0) and tr.generated_tokens > 0
             ]
             active.sort(key=lambda x: len(x[0].token_ids))
-            for mb_start in range(0, len(active), g.micro_batch):
-                mb = active[mb_start : mb_start + g.micro_batch]
+            spans = [logit_span(x[0]) for x in active]
+            for mb_start, mb_end in micro_batches(spans, g.micro_batch, g.micro_batch_logit_tokens):
+                mb = active[mb_start:mb_end]
                 batch = build_batch([x[0] for x in mb], [x[1] for x in mb], device, pad_id)
                 keep = batch["keep"]
-                logp = sequence_logprobs(train_model, batch, g.temperature, autocast)  # [b, keep-1]
+                try:
+                    logp = sequence_logprobs(train_model, batch, g.temperature, autocast)  # [b, keep-1]
+                except torch.OutOfMemoryError as e:
+                    raise RuntimeError(_oom_message(step, len(mb), keep, g)) from e
                 m = batch["loss_mask"][:, -keep + 1 :]
                 old = batch["old_logprobs"][:, -keep + 1 :]
                 ref = None
@@ -517,7 +591,10 @@ def train(
                 with torch.no_grad():
                     nonfinite_logp += int((~torch.isfinite(logp) & (m != 0)).sum().item())
                     nonfinite_loss_mb += int(not bool(torch.isfinite(loss).item()))
-                loss.backward()
+                try:
+                    loss.backward()
+                except torch.OutOfMemoryError as e:
+                    raise RuntimeError(_oom_message(step, len(mb), keep, g)) from e
                 ntok = float(m.sum().item())
                 loss_sum += float(loss.item())
                 kl_sum += lm.get("kl", 0.0) * ntok
