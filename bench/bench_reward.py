@@ -30,12 +30,21 @@ Scorers, on the same pairs:
   the same `execution_match`, close. No sandbox, no cache, no test-suite metric.
 Printed: median pairs/s over the rounds for each, the ratio of medians and the per-round range, the
 verdict agreement (ours match == naive match wherever ours did not time out) and memo statistics.
+Every gold's shape (`gold_shape`, a sqlglot parse) is computed before the rounds, as part of the cached
+gold, for both scorers (before, whichever scorer went first in a round paid for it).
+
+Floor (after each round, one process, skip with `--no-floor`): the naive steps timed one by one
+(connect, gold, pred, compare, close; mean us per pair over all rounds), and the executions ours cannot
+avoid, run bare on already-open read-only connections without statement cache, sandbox, limits or IPC:
+each distinct prediction of a run and, where it executed and contains DISTINCT, its DISTINCT-free
+variant (the test-suite metric). "best ratio possible" = naive per pair / (bare per pair / 2 cores).
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 import os
 import random
@@ -103,6 +112,83 @@ def naive_score(db_path: str, gold_sql: str, pred_sql: str | None) -> bool | Non
         return execution_match(g_cols, g_rows, p_cols, p_rows, gold_shape(gold_sql)).match
     finally:
         con.close()
+
+
+def naive_parts(db_path: str, gold_sql: str, pred_sql: str | None, t: dict) -> None:
+    """`naive_score` with each step timed into `t` (seconds): connect, gold, pred, compare, close.
+    Used only for the floor analysis, never for the naive figures."""
+    pc = time.perf_counter
+    t0 = pc()
+    con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    t1 = pc()
+    try:
+        cur = con.execute(gold_sql)
+        g_rows, g_cols = cur.fetchall(), [d[0] for d in cur.description or []]
+        t2 = pc()
+        try:
+            cur = con.execute(pred_sql or "")
+            p_rows, p_cols = cur.fetchall(), [d[0] for d in cur.description or []]
+            ok = True
+        except sqlite3.Error:
+            ok = False
+        t3 = pc()
+        if ok:
+            execution_match(g_cols, g_rows, p_cols, p_rows, gold_shape(gold_sql))
+        t4 = pc()
+    finally:
+        con.close()
+    t5 = pc()
+    for k, a, b in (
+        ("connect", t0, t1),
+        ("gold", t1, t2),
+        ("pred", t2, t3),
+        ("compare", t3, t4),
+        ("close", t4, t5),
+    ):
+        t[k] = t.get(k, 0.0) + (b - a)
+
+
+def bare_exec(conns: dict, db_path: str, sql: str | None) -> tuple[float, bool]:
+    """Seconds to execute and fetch `sql` on an already-open read-only connection to `db_path` (no
+    sandbox, no limits, no IPC), and whether it executed."""
+    con = conns.get(db_path)
+    if con is None:
+        # no statement cache: every round's SQL is prepared anew, as in the sandbox's fresh statements
+        con = sqlite3.connect(f"file:{db_path}?mode=ro&immutable=1", uri=True, cached_statements=0)
+        conns[db_path] = con
+        con.execute("SELECT * FROM sqlite_master").fetchall()
+    t0 = time.perf_counter()
+    try:
+        con.execute(sql or "").fetchall()
+        ok = True
+    except (sqlite3.Error, ValueError):
+        ok = False
+    return time.perf_counter() - t0, ok
+
+
+def floor_round(pairs, conns: dict, floor: dict, runs: list[int] | None = None) -> None:
+    """Single-process costs of one round's pairs for the floor analysis: the naive steps, and the bare
+    executions that ours cannot avoid: each distinct prediction and, where it executed and contains
+    DISTINCT, its DISTINCT-free variant (the test-suite metric), on warm open connections."""
+    t: dict = floor.setdefault("naive", {})
+    for task, p in pairs:
+        naive_parts(task.public.db_path, task.gold_sql, p, t)
+    seen: set = set()
+    ends = set(itertools.accumulate(runs or [len(pairs)]))
+    for n, (task, p) in enumerate(pairs):
+        if n in ends:  # a new training run: nothing shared with the previous one
+            seen = set()
+        key = (task.public.db_path, p)
+        if key in seen:
+            continue
+        seen.add(key)
+        dt, ok = bare_exec(conns, task.public.db_path, p)
+        floor["pred"] = floor.get("pred", 0.0) + dt
+        v = remove_distinct(p) if (ok and p) else p
+        if ok and v != p and (task.public.db_path, v) not in seen:
+            seen.add((task.public.db_path, v))
+            floor["variant"] = floor.get("variant", 0.0) + bare_exec(conns, task.public.db_path, v)[0]
+    floor["pairs"] = floor.get("pairs", 0) + len(pairs)
 
 
 def duplicate_patterns(root: Path) -> tuple[list[list[int]], dict]:
@@ -197,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-floor", action="store_true", help="skip the single-process floor analysis")
     args = ap.parse_args(argv)
 
     patterns, evidence = duplicate_patterns(ROOT)
@@ -219,6 +306,11 @@ def main(argv: list[str] | None = None) -> int:
         tasks = [t for t, g in zip(all_tasks, golds) if g.scorable]
         gc.get_many([(t.public.db_path, remove_distinct(t.gold_sql)) for t in tasks], progress=False)
         excluded = len(all_tasks) - len(tasks)
+        # the gold's shape (sqlglot parse: top-level ORDER BY, LIMIT, sort keys) is part of the cached
+        # gold for both scorers: parsed here, once per gold, so neither scorer pays for it in a round
+        # (before, whichever scorer went first in a round parsed it and the others got a cache hit)
+        for t in tasks:
+            gold_shape(t.gold_sql)
         pos = 0
 
         def take(n: int) -> list[PrivateTask]:
@@ -265,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
         arms = list(dict.fromkeys(a for a, _, _ in logged))
         real_runs = [sum(1 for a, _, _ in logged if a == arm) for arm in arms]  # one Evaluator per arm
         gc.get_many([(t.public.db_path, remove_distinct(t.gold_sql)) for t, _ in real], progress=False)
+        for t, _ in real:
+            gold_shape(t.gold_sql)
+        floor_conns: dict = {}
 
         def workload_c(_: list) -> list:
             return list(real)
@@ -280,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             memo = None
             n_pairs = distinct = 0
             n_rounds = args.rounds_c if name == "c" else args.rounds
+            floor: dict = {}
             for r in range(n_rounds):
                 pairs = make(take(n_tasks))
                 n_pairs += len(pairs)
@@ -307,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
                 if name == "c":
                     s_on.close()
                     s_off.close()
+                if not args.no_floor:
+                    floor_round(pairs, floor_conns, floor, runs)
                 identical += sum(a.to_dict() == b.to_dict() for a, b in zip(got["ours"], got["ours_nomemo"]))
                 for rw, m in zip(got["ours"], got["naive"]):
                     if rw.status in ("timeout", "infra_error", "gold_unscorable"):
@@ -315,6 +413,18 @@ def main(argv: list[str] | None = None) -> int:
                     agree += (rw.value == 1.0) == bool(m)
             med = {k: statistics.median(v) for k, v in rows.items()}
             per_round = [o / n for o, n in zip(rows["ours"], rows["naive"])]
+            fl = None
+            if floor:
+                us = {k: v / floor["pairs"] * 1e6 for k, v in floor["naive"].items()}
+                naive_us = sum(us.values())
+                bare = (floor.get("pred", 0.0) + floor.get("variant", 0.0)) / floor["pairs"] * 1e6
+                fl = {
+                    "naive_us_per_pair": round(naive_us, 1),
+                    "naive_steps_us_per_pair": {k: round(v, 1) for k, v in us.items()},
+                    "bare_pred_us_per_pair": round(floor.get("pred", 0.0) / floor["pairs"] * 1e6, 1),
+                    "bare_variant_us_per_pair": round(floor.get("variant", 0.0) / floor["pairs"] * 1e6, 1),
+                    "max_ratio_2_cores": round(naive_us / (bare / 2), 2) if bare > 0 else None,
+                }
             results[name] = {
                 "rounds": n_rounds,
                 "pairs_per_round": n_pairs // n_rounds,
@@ -327,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                 "ratio_per_round_min_max": [round(min(per_round), 2), round(max(per_round), 2)],
                 "memo_on_equals_memo_off": f"{identical}/{n_pairs}",
                 "verdict_agreement_with_naive": f"{agree}/{total}",
+                "floor": fl,
                 "memo_last_round": {
                     "result_hits": memo["results"]["hits"],
                     "reward_hits": memo["rewards"]["hits"],
@@ -389,6 +500,23 @@ def main(argv: list[str] | None = None) -> int:
             f"  memo, last round                      {m['reward_hits']} reward hits, "
             f"{m['result_hits']} result hits, {m['sandbox_executions']} sandbox executions"
         )
+        f = v["floor"]
+        if f:
+            st = f["naive_steps_us_per_pair"]
+            print(
+                f"  floor, one process, all rounds        naive {f['naive_us_per_pair']:.0f} us/pair = "
+                + " + ".join(f"{k} {st[k]:.0f}" for k in ("connect", "gold", "pred", "compare", "close"))
+            )
+            print(
+                f"                                        bare execution on open connections "
+                f"{f['bare_pred_us_per_pair'] + f['bare_variant_us_per_pair']:.0f} us/pair (distinct "
+                f"predictions {f['bare_pred_us_per_pair']:.0f} + DISTINCT-free variants "
+                f"{f['bare_variant_us_per_pair']:.0f})"
+            )
+            print(
+                f"                                        best ratio possible on 2 cores (zero overhead, "
+                f"perfect split) {f['max_ratio_2_cores']}x"
+            )
     return 0
 
 

@@ -293,6 +293,75 @@ def test_remove_distinct(sql, expected):
     assert remove_distinct(sql) == expected
 
 
+def _spider_sql() -> list[str]:
+    from conftest import SHARED_SPIDER
+
+    out: list[str] = []
+    for name in ("train_spider.json", "train_others.json", "dev.json"):
+        f = SHARED_SPIDER / name
+        if f.is_file():
+            out += [e["query"] for e in json.loads(f.read_text())]
+    return out
+
+
+def test_remove_distinct_fast_path_equals_the_tokenizer():
+    """The regex fast path either declines (None) or gives exactly the tokenizer's answer: on every
+    Spider SQL (with DISTINCT inserted and case-varied), on edge cases, and on random text."""
+    from sqlrl.reward import _remove_distinct_fast, _remove_distinct_tokens
+
+    rng = random.Random(0)
+    texts = [
+        "SELECT 1distinct",
+        "select t.distinct from x",
+        "select $distinct",
+        "select @distinct",
+        "select a::distinct",
+        "select `distinct`",
+        "select x distinct_y",
+        "select 1.distinct",
+        "select 1e5distinct",
+        "select 'x'distinct",
+        "select distinct'x'",
+        "select x'00'distinct",
+        "select n'a'distinct",
+        "select 'a''distinct'",
+        '"a""distinct"',
+        "select [a]distinct",
+        "select [a]]distinct]",
+        "select\x0cdistinct a",
+        "select\x00distinct",
+        "select 'a\\' distinct '",
+        "select 'unterminated distinct",
+        "select distinct -- distinct\n a",
+        "select distinct /* distinct */ a",
+        "SELECT DISTINCT a FROM t WHERE b = 'DISTINCT' AND \"distinct\" = 1",
+        "SELECT DiStInCt a FROM t",
+    ]
+    base = _spider_sql()
+    for sql in base[:4000]:
+        texts.append(sql)
+        texts.append(sql.replace("SELECT ", "SELECT DISTINCT ", 1))
+        texts.append(sql.replace("select ", "select distinct ", 1).replace("count(", "count(DiStInCt "))
+    alphabet = list("aDdIiSsTtNnCc_1 .,()*'\"`[]-/;:$@#?\\{}\n\t=<>|!&~^%é\x00")
+    pieces = ["distinct", "DISTINCT", "Distinct", "--", "/*", "*/", "''", "select", " "]
+    for _ in range(20000):
+        k = rng.randint(1, 12)
+        texts.append(
+            "".join(rng.choice(pieces) if rng.random() < 0.4 else rng.choice(alphabet) for _ in range(k))
+        )
+    answered = 0
+    for sql in texts:
+        fast = _remove_distinct_fast(sql)
+        if fast is not None:
+            answered += 1
+            assert fast == _remove_distinct_tokens(sql), sql
+        assert remove_distinct(sql) == _remove_distinct_tokens(sql) or "distinct" not in sql.lower(), sql
+    if base:  # the fast path must actually carry the Spider SQL
+        spider_answered = sum(_remove_distinct_fast(s) is not None for s in base if "distinct" in s.lower())
+        assert spider_answered >= 0.9 * sum("distinct" in s.lower() for s in base)
+    assert answered > 1000
+
+
 def test_test_suite_semantics_exact_values_and_strict_order():
     assert not test_suite_result_eq(["x"], [(1.0,)], ["x"], [(1.0000005,)], False).match
     assert test_suite_result_eq(["x"], [(1,)], ["x"], [(1.0,)], False).match

@@ -379,3 +379,20 @@ def test_fast_path_changes_nothing(seed, monkeypatch):
     fast = run()
     monkeypatch.setattr(reward_mod, "_FAST_PATH", False)
     assert run() == fast
+
+
+def test_evaluator_fast_paths_change_no_reward(dbs, tmp_path, monkeypatch):
+    """Every reward (parts included: test-suite match, permutation, modes) is the same with the
+    identical-rows fast path and the tokenizer-free DISTINCT removal on, and with both off."""
+    pairs = [(p, task(db, g)) for db in dbs for g in GOLDS for p in PREDS if not (p and "random" in p)]
+    with Sandbox(workers=2) as sb, GoldCache(tmp_path / "gc") as gc:
+        fast = [r.to_dict() for r in Evaluator(sb, gc, memo_entries=0).score_many(pairs)]
+        monkeypatch.setattr(reward_mod, "_FAST_PATH", False)
+        monkeypatch.setattr(reward_mod, "_remove_distinct_fast", lambda sql: None)
+        reward_mod.remove_distinct.cache_clear()
+        try:
+            slow = [r.to_dict() for r in Evaluator(sb, gc, memo_entries=0).score_many(pairs)]
+        finally:
+            reward_mod.remove_distinct.cache_clear()
+    assert slow == fast
+    assert sum(r["parts"].get("test_suite_match") == 1.0 for r in fast) >= len(dbs) * len(GOLDS)

@@ -662,6 +662,18 @@ class _Worker:
 
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()
+_ABS: dict[str, str] = {}  # absolute path given -> os.path.abspath of it (independent of the cwd)
+
+
+def _abspath(db_path: str | os.PathLike) -> str:
+    p = os.fspath(db_path)
+    hit = _ABS.get(p) if isinstance(p, str) else None
+    if hit is not None:
+        return hit
+    out = os.path.abspath(p)
+    if isinstance(p, str) and os.path.isabs(p) and len(_ABS) < 65536:
+        _ABS[p] = out
+    return out
 
 
 @atexit.register
@@ -757,7 +769,7 @@ class Sandbox:
             if isinstance(pre, SQLResult):
                 results[i] = pre
             else:
-                todo.append((i, os.path.abspath(os.fspath(db_path)), pre, t))
+                todo.append((i, _abspath(db_path), pre, t))
         if todo:
             n_chunks_target = self.workers * 4
             size = max(1, min(self.chunk_size, -(-len(todo) // n_chunks_target)))
