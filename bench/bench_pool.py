@@ -1,26 +1,50 @@
-"""Replica pool vs copy-per-rollout: bytes copied and wall time per rollout on real Spider databases.
+"""Replica pool vs copy-per-rollout: bytes of I/O and wall time per rollout on real Spider databases.
 
-Workload (same seeded sequence for both arms): rollouts spread over a few Spider databases of different
-sizes; `--write-frac` (default 20%) of them run one UPDATE (a no-op rewrite of one row, enough to dirty
-the replica) among their statements, the others run 2-4 SELECTs only. `--concurrency` threads run
+Workload (same seeded sequence for every arm): rollouts spread over a few Spider databases of different
+sizes; `--write-frac` (default 20%) of them run one write among their 2-4 SELECTs, the others run the
+SELECTs only. `--write-kind delete` (default): DELETE one row of a non-empty table, a real change of at
+least one page. `--write-kind noop-update`: the write of the earlier results (`UPDATE t SET c = c` on
+one row): it dirties the replica for the pool's authorizer, but SQLite does not even mark a page dirty
+when the new cell equals the old one, so most such "writes" change no byte (measured: 8 of 100 wrote a
+WAL frame), which flatters any reset that is proportional to the changed pages. `--concurrency` threads run
 rollouts at once (lease -> statements -> release), like a batch of trajectories. Each arm gets a fresh
 pool (replicas are created lazily: the first copies are counted). Arms run alternately, `--repeats`
-times each (ABBA order) in one process; figures are summed over repeats.
+times each (ABCD DCBA order) in one process; figures are summed over repeats.
 
-    python bench/bench_pool.py [--rollouts 300] [--out bench_pool.json]
+Arms: copy_per_rollout (baseline), pool_wal_reset (default pool: WAL-mode replicas, a dirty one is reset
+by discarding its WAL), pool_delta_reset (`wal_reset=False`: rollback-mode replicas, in-place reset of
+the differing blocks), pool_full_copy_reset (`wal_reset=False, delta_reset=False`).
+
+I/O is measured two ways, the same way for every arm:
+- the pool's counters: bytes written into replicas by resets (`bytes_copied`), bytes read by resets
+  (`bytes_read`), and for the WAL arm also `wal_bytes` (what SQLite wrote into the discarded WAL files:
+  charged to the pool although the other arms' SQL writes the same pages into their replica files,
+  which their counters do not include);
+- /proc/<pid>/io of the parent process plus every worker process, from after the workers started to
+  before the pool closed: rchar / wchar (bytes through read/write syscalls: includes the SQL's own page
+  reads and the parent<->worker pipe traffic, common to all arms), read_bytes / write_bytes (storage
+  layer: page-cache misses and newly dirtied page-cache bytes) and cancelled_write_bytes (dirty bytes
+  dropped again by deleting / truncating a file before writeback).
+
+    python bench/bench_pool.py [--rollouts 300] [--repeats 2] [--out x.json] [--text x.txt]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import io
 import json
 import os
+import platform
 import random
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from contextlib import redirect_stdout
 from pathlib import Path
 
 from sqlrl.pool import CopyPerRollout, ReplicaPool
@@ -32,8 +56,8 @@ def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _queries(path: str) -> tuple[list[str], list[str]]:
-    """(read-only SELECTs, single-row UPDATEs) built from the schema (read via a read-only connection)."""
+def _queries(path: str, write_kind: str = "noop-update") -> tuple[list[str], list[str]]:
+    """(read-only SELECTs, single-row writes) built from the schema (read via a read-only connection)."""
     c = sqlite3.connect("file:" + path + "?mode=ro&immutable=1", uri=True)
     try:
         tables = [r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")]
@@ -49,10 +73,13 @@ def _queries(path: str) -> tuple[list[str], list[str]]:
                 f"SELECT * FROM {_q(t)} LIMIT 5",
                 f"SELECT {_q(cols[0])}, count(*) FROM {_q(t)} GROUP BY 1 ORDER BY 2 DESC LIMIT 3",
             ]
-            writes.append(
-                f"UPDATE {_q(t)} SET {_q(cols[-1])} = {_q(cols[-1])} "
-                f"WHERE rowid IN (SELECT rowid FROM {_q(t)} LIMIT 1)"
-            )
+            if write_kind == "noop-update":
+                writes.append(
+                    f"UPDATE {_q(t)} SET {_q(cols[-1])} = {_q(cols[-1])} "
+                    f"WHERE rowid IN (SELECT rowid FROM {_q(t)} LIMIT 1)"
+                )
+            elif c.execute(f"SELECT EXISTS (SELECT 1 FROM {_q(t)})").fetchone()[0]:  # delete: non-empty only
+                writes.append(f"DELETE FROM {_q(t)} WHERE rowid IN (SELECT rowid FROM {_q(t)} LIMIT 1)")
         return reads, writes
     finally:
         c.close()
@@ -73,6 +100,30 @@ def _plan(
             stmts.insert(rng.randint(0, len(stmts)), rng.choice(writes))
         plan.append((db, stmts, w))
     return plan
+
+
+_IO_KEYS = ("rchar", "wchar", "syscr", "syscw", "read_bytes", "write_bytes", "cancelled_write_bytes")
+
+
+def _proc_io(pid: int) -> dict:
+    out = {}
+    with open(f"/proc/{pid}/io") as f:
+        for line in f:
+            k, v = line.split(":")
+            out[k.strip()] = int(v)
+    return out
+
+
+def _io_snapshot(pool) -> dict:
+    """{pid: /proc/<pid>/io} for this process and the pool's worker processes."""
+    pids = [os.getpid()] + [w.proc.pid for w in pool._workers if w.proc is not None]
+    return {pid: _proc_io(pid) for pid in pids}
+
+
+def _io_delta(a: dict, b: dict) -> dict:
+    if set(a) != set(b):  # a worker was respawned: its counters restarted
+        return {"error": f"process set changed: {sorted(a)} -> {sorted(b)}"}
+    return {k: sum(b[p][k] - a[p][k] for p in a) for k in _IO_KEYS}
 
 
 def _run_arm(arm: tuple, templates: dict, plan: list, args, root: str) -> dict:
@@ -111,6 +162,7 @@ def _run_arm(arm: tuple, templates: dict, plan: list, args, root: str) -> dict:
 
     try:
         pool.wait_ready()  # worker start-up (spawn) is not counted in either arm
+        io0 = _io_snapshot(pool)
         t0 = time.perf_counter()
         threads = [threading.Thread(target=worker) for _ in range(args.concurrency)]
         for th in threads:
@@ -118,10 +170,30 @@ def _run_arm(arm: tuple, templates: dict, plan: list, args, root: str) -> dict:
         for th in threads:
             th.join()
         wall = time.perf_counter() - t0
+        io1 = _io_snapshot(pool)
         st = pool.stats()
     finally:
         pool.close()
-    return {"wall_s": wall, "setup_s": setup_s, "stats": st, "statuses": statuses}
+    return {"wall_s": wall, "setup_s": setup_s, "stats": st, "statuses": statuses, "io": _io_delta(io0, io1)}
+
+
+def _machine() -> dict:
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", *a], capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "cpu_count": os.cpu_count(),
+        "loadavg": list(os.getloadavg()),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "git_commit": git("rev-parse", "--short", "HEAD"),
+        "git_dirty_files": git("status", "--porcelain", "--untracked-files=no").splitlines(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dbs", default=",".join(DEFAULT_DBS))
     p.add_argument("--rollouts", type=int, default=300)
     p.add_argument("--write-frac", type=float, default=0.2)
+    p.add_argument("--write-kind", choices=("delete", "noop-update"), default="delete")
     p.add_argument("--replicas-per-db", type=int, default=4)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=4)
@@ -139,24 +212,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--root", default=None, help="folder for replicas (default: a temp dir)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--text", default=None, help="also write the printed report here")
     args = p.parse_args(argv)
+    machine_before = _machine()
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = _main(args, machine_before)
+    sys.stdout.write(buf.getvalue())
+    if args.text:
+        with open(args.text, "w") as f:
+            f.write(buf.getvalue())
+    return rc
+
+
+def _main(args, machine_before: dict) -> int:
+    argv_s = " ".join(["python"] + [os.path.relpath(sys.argv[0])] + sys.argv[1:])
 
     dbs = [d for d in args.dbs.split(",") if d]
     templates = {d: os.path.join(args.spider, "database", d, f"{d}.sqlite") for d in dbs}
     sizes = {d: os.path.getsize(pth) for d, pth in templates.items()}
-    qs = {d: _queries(pth) for d, pth in templates.items()}
+    qs = {d: _queries(pth, args.write_kind) for d, pth in templates.items()}
     plan = _plan(dbs, qs, args.rollouts, args.write_frac, args.seed)
     n_write = sum(w for _, _, w in plan)
     n_stmts = sum(len(s) for _, s, _ in plan)
 
     arms = {
         "copy_per_rollout": (CopyPerRollout, {}),
-        "pool_lazy_reset": (ReplicaPool, {}),  # delta (in-place, changed blocks only) reset
-        "pool_full_copy_reset": (ReplicaPool, {"delta_reset": False}),  # ablation
+        "pool_wal_reset": (ReplicaPool, {}),  # default: WAL-mode replicas, reset = discard the WAL
+        "pool_delta_reset": (ReplicaPool, {"wal_reset": False}),  # previous default: changed blocks only
+        "pool_full_copy_reset": (ReplicaPool, {"wal_reset": False, "delta_reset": False}),  # ablation
     }
     order = []
     for r in range(args.repeats):
-        order += list(arms) if r % 2 == 0 else list(reversed(list(arms)))  # ABC CBA ...
+        order += list(arms) if r % 2 == 0 else list(reversed(list(arms)))  # ABCD DCBA ...
     res: dict[str, list[dict]] = {a: [] for a in arms}
     root = args.root or tempfile.mkdtemp(prefix="sqlrl-bench-pool-")
     for k, arm in enumerate(order):
@@ -176,13 +264,20 @@ def main(argv: list[str] | None = None) -> int:
         for r in runs:
             for s, c in r["statuses"].items():
                 statuses[s] = statuses.get(s, 0) + c
+        io_ok = all("error" not in r["io"] for r in runs)
+        proc_io = {k: sum(r["io"][k] for r in runs) for k in _IO_KEYS} if io_ok else None
         summary[arm] = {
             "rollouts": n,
             "bytes_copied": b,
             "bytes_per_rollout": b / n,
             "bytes_read": sum(r["stats"]["bytes_read"] for r in runs),
+            "wal_bytes": sum(r["stats"].get("wal_bytes", 0) for r in runs),
+            "proc_io": proc_io,
+            "proc_io_runs": [r["io"] for r in runs],
+            "worker_crashes": sum(r["stats"]["worker_crashes"] for r in runs),
             "resets": sum(r["stats"]["resets"] for r in runs),
             "delta_resets": sum(r["stats"]["delta_resets"] for r in runs),
+            "wal_resets": sum(r["stats"].get("wal_resets", 0) for r in runs),
             "dirty_releases": sum(r["stats"]["dirty_releases"] for r in runs),
             "clean_releases": sum(r["stats"]["clean_releases"] for r in runs),
             "wall_s": w,
@@ -191,42 +286,92 @@ def main(argv: list[str] | None = None) -> int:
             "statuses": statuses,
         }
     c = summary["copy_per_rollout"]
+
+    def counted(s: dict) -> int:  # pool counters: reset reads + writes, plus the discarded WAL bytes
+        return s["bytes_copied"] + s["bytes_read"] + s["wal_bytes"]
+
+    def pio(s: dict, *keys: str) -> int | None:
+        return None if s["proc_io"] is None else sum(s["proc_io"][k] for k in keys)
+
+    def ratio(a: int | None, b: int | None) -> float | None:
+        return None if a is None or b is None else a / max(1, b)
+
     ratios = {}
-    for arm in ("pool_lazy_reset", "pool_full_copy_reset"):
+    for arm in ("pool_wal_reset", "pool_delta_reset", "pool_full_copy_reset"):
         p_ = summary[arm]
         ratios[arm] = {
-            "written_bytes_copy_over_pool": c["bytes_copied"] / max(1, p_["bytes_copied"]),
-            "read_plus_written_copy_over_pool": (c["bytes_copied"] + c["bytes_read"])
-            / max(1, p_["bytes_copied"] + p_["bytes_read"]),
+            "written_bytes_copy_over_pool": c["bytes_copied"] / max(1, p_["bytes_copied"] + p_["wal_bytes"]),
+            "read_plus_written_copy_over_pool": counted(c) / max(1, counted(p_)),
+            "proc_rchar_plus_wchar_copy_over_pool": ratio(
+                pio(c, "rchar", "wchar"), pio(p_, "rchar", "wchar")
+            ),
+            "proc_storage_read_plus_write_copy_over_pool": ratio(
+                pio(c, "read_bytes", "write_bytes"), pio(p_, "read_bytes", "write_bytes")
+            ),
             "time_copy_over_pool": c["wall_s"] / max(1e-9, p_["wall_s"]),
         }
+    print(f"command: {argv_s}")
+    mb = machine_before
+    print(
+        f"machine: {mb['cpu_count']} CPUs (shared), load average before {mb['loadavg']}, "
+        f"after {list(os.getloadavg())}; {mb['platform']}; Python {mb['python']}, SQLite {mb['sqlite']}; "
+        f"git {mb['git_commit']}"
+        + (f" + uncommitted changes in {len(mb['git_dirty_files'])} files" if mb["git_dirty_files"] else "")
+    )
     print(
         f"\n{args.rollouts} rollouts x {args.repeats} repeats per arm; {n_write} write rollouts "
-        f"({100 * n_write / args.rollouts:.0f}%), {n_stmts} statements per pass; "
+        f"({100 * n_write / args.rollouts:.0f}%, write kind {args.write_kind}), {n_stmts} statements per pass; "
         f"replicas/db={args.replicas_per_db}, workers={args.workers}, concurrency={args.concurrency}"
     )
     print("databases: " + ", ".join(f"{d} ({sizes[d] / 1024:.0f} KiB)" for d in dbs))
+    print("\npool counters (summed over repeats)")
     hdr = (
-        f"{'arm':<21} {'bytes written':>14} {'KiB wr/roll':>11} {'bytes read':>14} {'resets':>7} "
-        f"{'delta':>6} {'dirty':>6} {'clean':>6} {'ms/rollout':>11}"
+        f"{'arm':<21} {'reset written':>14} {'reset read':>14} {'WAL discarded':>14} {'KiB/rollout':>11} "
+        f"{'resets':>7} {'wal':>5} {'delta':>6} {'dirty':>6} {'clean':>6} {'ms/rollout':>11}"
     )
     print(hdr)
     print("-" * len(hdr))
     for arm, s in summary.items():
         print(
-            f"{arm:<21} {s['bytes_copied']:>14,} {s['bytes_per_rollout'] / 1024:>11.1f} {s['bytes_read']:>14,} "
-            f"{s['resets']:>7} {s['delta_resets']:>6} {s['dirty_releases']:>6} {s['clean_releases']:>6} "
-            f"{s['ms_per_rollout']:>11.2f}"
+            f"{arm:<21} {s['bytes_copied']:>14,} {s['bytes_read']:>14,} {s['wal_bytes']:>14,} "
+            f"{counted(s) / s['rollouts'] / 1024:>11.1f} {s['resets']:>7} {s['wal_resets']:>5} "
+            f"{s['delta_resets']:>6} {s['dirty_releases']:>6} {s['clean_releases']:>6} {s['ms_per_rollout']:>11.2f}"
         )
+    print("\n/proc/<pid>/io, parent + workers, during the runs (summed over repeats)")
+    hdr = (
+        f"{'arm':<21} {'rchar':>14} {'wchar':>14} {'KiB r+w/roll':>12} {'read_bytes':>12} "
+        f"{'write_bytes':>14} {'cancelled_wr':>14}"
+    )
+    print(hdr)
+    print("-" * len(hdr))
+    for arm, s in summary.items():
+        q = s["proc_io"]
+        if q is None:
+            print(f"{arm:<21} (a worker was respawned: not measured)")
+            continue
+        print(
+            f"{arm:<21} {q['rchar']:>14,} {q['wchar']:>14,} {(q['rchar'] + q['wchar']) / s['rollouts'] / 1024:>12.1f} "
+            f"{q['read_bytes']:>12,} {q['write_bytes']:>14,} {q['cancelled_write_bytes']:>14,}"
+        )
+    print()
+
+    def fx(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.1f}x"
+
     for arm, r in ratios.items():
         print(
-            f"copy_per_rollout / {arm}: bytes written {r['written_bytes_copy_over_pool']:.1f}x, "
-            f"read+written {r['read_plus_written_copy_over_pool']:.1f}x, wall time {r['time_copy_over_pool']:.2f}x"
+            f"copy_per_rollout / {arm}: counters written {r['written_bytes_copy_over_pool']:.1f}x, "
+            f"read+written {r['read_plus_written_copy_over_pool']:.1f}x; /proc rchar+wchar "
+            f"{fx(r['proc_rchar_plus_wchar_copy_over_pool'])}, storage read+write "
+            f"{fx(r['proc_storage_read_plus_write_copy_over_pool'])}; wall time {r['time_copy_over_pool']:.2f}x"
         )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(
                 {
+                    "command": argv_s,
+                    "machine_before": machine_before,
+                    "loadavg_after": list(os.getloadavg()),
                     "args": vars(args),
                     "databases": {d: {"path": templates[d], "bytes": sizes[d]} for d in dbs},
                     "write_rollouts_per_pass": n_write,

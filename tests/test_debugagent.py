@@ -172,7 +172,9 @@ def test_replica_released_and_reset_for_next_lease(tasks, pool):
     assert all(st["needs_reset"] and st["available"] for st in pool.replica_state("body_builder"))
     lease = pool.lease("probe", "body_builder")
     assert pool.stats()["resets"] == s1["resets"] + 1
-    assert sha256_file(lease.path) == tpl_sha  # byte-identical to the template again
+    # byte-identical to the clean replica image again (the template with the WAL-mode header bytes)
+    assert sha256_file(lease.path) == pool.replica_sha256["body_builder"]
+    assert sha256_file(task.public.db_path) == tpl_sha  # the template itself never changed
     assert _rows(pool, "probe", "SELECT count(*) FROM people") == [(6,)]
     assert pool.release("probe") is False  # read-only -> clean
     # a read-only trajectory with no submission is released clean and not reset again

@@ -58,9 +58,10 @@ def test_isolation_and_same_binding(tpl, tmp_path):
     assert sha256_file(tpl) == sha
 
 
-def test_lazy_reset_counts_bytes(tpl, tmp_path):
+@pytest.mark.parametrize("wal", [True, False])
+def test_lazy_reset_counts_bytes(tpl, tmp_path, wal):
     size = os.path.getsize(tpl)
-    with ReplicaPool({"shop": tpl}, tmp_path / "pool", replicas_per_db=1, workers=1) as pool:
+    with ReplicaPool({"shop": tpl}, tmp_path / "pool", replicas_per_db=1, workers=1, wal_reset=wal) as pool:
         pool.lease("t1", "shop")
         assert pool.execute("t1", "SELECT count(*) FROM t").rows == [(200,)]
         assert pool.execute("t1", "SELECT * FROM t WHERE id = 3").rows == [(3, "row3")]
@@ -77,20 +78,28 @@ def test_lazy_reset_counts_bytes(tpl, tmp_path):
         s = pool.stats()
         assert s["bytes_copied"] == size and s["dirty_releases"] == 1  # lazy: not yet reset
         assert pool.replica_state("shop")[0]["needs_reset"] is True
-        lease = pool.lease("after", "shop")  # delta reset: only the differing blocks are rewritten
-        assert sha256_file(lease.path) == sha256_file(tpl)  # byte-identical to the template
+        lease = pool.lease("after", "shop")
+        # WAL: the -wal file is discarded, the main file was never written; delta: only the differing
+        # blocks are rewritten. Either way byte-identical to the clean image (WAL: template except
+        # header bytes 18-19, the WAL-mode flag).
+        assert sha256_file(lease.path) == pool.replica_sha256["shop"]
+        assert (pool.replica_sha256["shop"] == sha256_file(tpl)) is (not wal)
         assert pool.execute("after", "SELECT count(*) FROM t").rows == [(200,)]
         pool.release("after")
         s = pool.stats()
-        assert s["resets"] == 2 and s["delta_resets"] == 1
-        assert size < s["bytes_copied"] < 2 * size
+        assert s["resets"] == 2 and s["delta_resets"] == int(not wal) and s["wal_resets"] == int(wal)
+        if wal:
+            assert s["bytes_copied"] == size and 0 < s["wal_bytes"] < size // 10
+            assert s["bytes_read"] == size + 136 + 32  # first copy + -shm and -wal headers checked
+        else:
+            assert size < s["bytes_copied"] < 2 * size
         assert s["leases"] == 6 and s["clean_releases"] == 5 and s["dirty_releases"] == 1
 
 
 def test_full_copy_reset(tpl, tmp_path):
     size = os.path.getsize(tpl)
     with ReplicaPool(
-        {"shop": tpl}, tmp_path / "pool", replicas_per_db=1, workers=1, delta_reset=False
+        {"shop": tpl}, tmp_path / "pool", replicas_per_db=1, workers=1, delta_reset=False, wal_reset=False
     ) as pool:
         pool.lease("w", "shop")
         assert pool.execute("w", "CREATE TABLE big AS SELECT * FROM t, t AS u").status == "ok"  # file grows
@@ -103,7 +112,7 @@ def test_full_copy_reset(tpl, tmp_path):
 
 def test_delta_reset_after_growth_truncates(tpl, tmp_path):
     with ReplicaPool(
-        {"shop": tpl}, tmp_path / "pool", replicas_per_db=1, workers=1, delta_max_frac=1e9
+        {"shop": tpl}, tmp_path / "pool", replicas_per_db=1, workers=1, delta_max_frac=1e9, wal_reset=False
     ) as pool:
         lease = pool.lease("w", "shop")
         assert pool.execute("w", "CREATE TABLE big AS SELECT * FROM t, t AS u").status == "ok"
@@ -222,7 +231,16 @@ def test_denied_statements_leave_template_unchanged(tpl, tmp_path):
             "PRAGMA main.synchronous = FULL",
             "SELECT load_extension('/tmp/x.so')",
             "BEGIN",
+            "BEGIN IMMEDIATE",
+            "COMMIT",
+            "END",
+            "ROLLBACK",
             "SAVEPOINT s1",
+            "RELEASE s1",
+            "PRAGMA wal_checkpoint(TRUNCATE)",
+            "PRAGMA wal_autocheckpoint = 1",
+            "PRAGMA journal_mode = WAL",
+            "PRAGMA cache_spill = 0",
             "ANALYZE",
             "EXPLAIN VACUUM",
             "CREATE VIRTUAL TABLE v USING fts5(a)",
@@ -231,6 +249,8 @@ def test_denied_statements_leave_template_unchanged(tpl, tmp_path):
         for sql in denied:
             r = pool.execute("x", sql)
             assert r.status == "forbidden", (sql, r)
+        # pragmas with side effects have no table-valued form at all
+        assert pool.execute("x", "SELECT * FROM pragma_wal_checkpoint").status == "runtime_error"
         assert pool.execute("x", "SELECT 1; DROP TABLE t").status == "multiple_statements"
         assert pool.execute("x", "   ").status == "empty_sql"
         assert pool.execute("x", "SELECT count(*) FROM t").rows == [(200,)]
@@ -240,10 +260,12 @@ def test_denied_statements_leave_template_unchanged(tpl, tmp_path):
 
 
 def test_template_change_detected(tmp_path):
+    """Delta / full resets read the template and refuse changed bytes. (WAL resets read no template
+    bytes; see test_pool_wal.py::test_wal_reset_ignores_template_change_fallback_detects_it.)"""
     tpl = _make_template(str(tmp_path / "data" / "db" / "db.sqlite"))
     with pytest.raises(ValueError, match="data folder"):
         ReplicaPool({"db": tpl}, tmp_path / "data" / "db" / "replicas")
-    with ReplicaPool({"db": tpl}, tmp_path / "pool", replicas_per_db=1, workers=1) as pool:
+    with ReplicaPool({"db": tpl}, tmp_path / "pool", replicas_per_db=1, workers=1, wal_reset=False) as pool:
         pool.lease("a", "db")
         assert pool.execute("a", "INSERT INTO marks VALUES ('a', 1)").status == "ok"
         pool.release("a")  # dirty: the next lease needs a reset copy

@@ -4,27 +4,64 @@
 template database, a fixed set of replica files under `root_dir` (never inside a template's folder),
 partitioned across a few persistent worker processes (multiprocessing, *spawn*). Each replica has an
 `available` and a `needs_reset` flag. `lease(trajectory_id, db_id)` binds a trajectory to one
-(worker, db, replica) for its whole life; the replica is copied from its clean template just before
-it is handed out, and only if it `needs_reset` (a never-used replica needs one). `release()` makes it
-available again and marks it dirty when anything may have changed. A clean replica is never copied
-again. `CopyPerRollout` has the same interface but copies the template on every lease (the baseline).
+(worker, db, replica) for its whole life; the replica is reset just before it is handed out, and only if
+it `needs_reset` (a never-used replica needs one). `release()` makes it available again and marks it
+dirty when anything may have changed. A clean replica is never reset. `CopyPerRollout` has the same
+interface but copies the template on every lease (the baseline).
 
-Reset: the first creation of a replica is a full copy (to `<replica>.tmp`, then an atomic rename). A
-dirty replica is reset *in place* by default (`delta_reset=True`): one read pass over template and
-replica collects the `delta_block`-byte blocks that differ and hashes the template; only when the hash
-equals the recorded sha256 are those blocks written and the file truncated to the template's length,
-after which the replica is byte-identical to the template. When more than `delta_max_frac` (25%)
-differs, or the replica file is missing, a full copy is made instead. Both need no open connection on
-the replica: a dirty release closes the worker's connection before anything is reset.
-`stats()`: leases, resets, delta_resets, bytes_copied (bytes WRITTEN into replicas by resets),
-bytes_read (template + replica bytes read by resets), dirty_releases, clean_releases, timeouts,
-worker_crashes, exhausted, active_leases, replicas.
+Replicas in WAL mode, reset by discarding the WAL (default, `wal_reset=True`)
+----------------------------------------------------------------------------
+A replica's main file is the template with header bytes 18-19 (file format write/read version) set to
+2, which makes EVERY connection to it (the worker's, and a scorer's own connection, e.g.
+`debugtasks.apply_submission` / `score_debug` on `lease.path`) use WAL mode. `replica_sha256[db_id]`
+is the sha256 of that clean image. Each statement autocommits as before, but SQLite appends the
+changed pages to `<replica>-wal` instead of writing the main file, so SQLite itself tracks the dirty
+pages, other connections see the committed state, and an interrupted statement is rolled back by
+SQLite without touching the earlier statements' commits. The main file is written only by a
+checkpoint, and no checkpoint can happen while a lease is open:
+- the worker's connection has `wal_autocheckpoint=0`; checkpoint / journal_mode pragmas are denied by
+  the authorizer;
+- right after each reset the worker opens the replica (eagerly, from `lease()`, before anything else
+  can touch it) with a read-only "pin" connection first, and begins a read transaction on it while the
+  WAL is empty: it holds WAL read-lock 0 until the worker closes the replica. A checkpoint by ANY
+  connection (the scorer's autocheckpoint past 1000 pages, its `PRAGMA wal_checkpoint`) needs read-lock 0
+  exclusively and gets SQLITE_BUSY; a close can checkpoint only with an EXCLUSIVE lock on the main file,
+  which the pin's SHARED lock denies; the pin is closed last (after the writer) and, being read-only,
+  never checkpoints. (The pin lives in the worker because POSIX locks are per process: any close of any
+  descriptor of the file in the same process would drop them; the worker opens the replica through
+  SQLite only.)
+A dirty release closes the worker's connections (writer, then pin); the lazy reset then deletes
+`-wal` and `-shm` (0 bytes written, at most 136 + 32 header bytes read) after checking: the pin was held since the last
+reset (`pin_ok`: every open of the replica began its pin on an empty WAL, and the worker was never
+lost - a killed / respawned worker clears it for all its replicas), the main file's (size, mtime_ns,
+inode) is unchanged, no `-journal`, `-wal` and `-shm` exist and record no checkpoint (wal-index
+nBackfill == nBackfillAttempted == 0 - the latter is set before a checkpoint writes any page; WAL header
+checkpoint sequence 0 and salts equal to the wal-index ones). When any check fails, the fallback
+below runs; it never trusts the main file.
+Why not one transaction per lease, rolled back at release (the same dirty pages, in the rollback
+journal): its changes would be uncommitted, so the scorer's own connection would not see them and could
+not write (`database is locked`; checked), and an interrupted statement can make SQLite roll back the
+whole transaction. WAL keeps per-statement autocommit and makes the discard safe instead.
+
+Fallback / `wal_reset=False` reset: the first creation of a replica is a full copy (to `<replica>.tmp`,
+then an atomic rename). Otherwise, by default (`delta_reset=True`), the replica is reset *in place*:
+one read pass over template and replica collects the `delta_block`-byte blocks that differ from the
+clean image and hashes the template; only when the hash equals the recorded sha256 are those blocks
+written and the file truncated to the template's length. When more than `delta_max_frac` (25%)
+differs, or the replica file is missing, a full copy is made instead. Sidecar files are removed first.
+With `wal_reset=False` the replicas stay in rollback mode (`journal_mode=MEMORY`, the main file is
+written by every commit) and every dirty release costs a delta / full reset, as before.
+`stats()`: leases, resets, delta_resets, wal_resets, wal_bytes (size of the WAL files discarded = what
+SQLite wrote into them), bytes_copied (bytes WRITTEN into replicas by resets), bytes_read (template +
+replica bytes read by resets; WAL resets: the 136 + 32 header bytes checked), dirty_releases,
+clean_releases, timeouts, worker_crashes, exhausted, active_leases, replicas.
 
 Dirty detection (release marks the replica dirty, hence reset before its next lease, when ANY holds):
 1. the authorizer of the replica's connection allowed a writing action (INSERT, UPDATE, DELETE, any
    CREATE / DROP incl. TEMP objects, ALTER TABLE, REINDEX) while the statement was *compiled*. Every statement
-   on a replica is compiled on that one connection (the only connection to the file), so a statement
-   that can change data or schema cannot run without setting the flag. This is deliberately
+   run through the pool is compiled on that one connection, so a statement that can change data or
+   schema cannot run without setting the flag (a caller writing through its own connection to
+   `lease.path` must say so: `release(..., crashed=True)`, as debugagent does). This is deliberately
    conservative: an UPDATE matching no row, a write that failed (constraint error, rolled back) or
    was interrupted counts as dirty, because we cannot prove cheaply that nothing changed (so does a
    SELECT over a table-valued function such as `json_each`: SQLite authorizes an internal UPDATE of
@@ -32,7 +69,8 @@ Dirty detection (release marks the replica dirty, hence reset before its next le
 2. `total_changes()` of the connection grew;
 3. any call of the lease ended in `timeout` or `worker_crash`, or `release(..., crashed=True)`;
 4. the replica file's (size, mtime_ns, inode) differs from what it was right after the reset, or a
-   `-journal` / `-wal` file lies next to it (belt and braces; cannot prove cleanliness on its own).
+   `-journal` file lies next to it, or a non-empty `-wal` (rollback mode: any `-wal`) (belt and braces;
+   cannot prove cleanliness on its own).
 A replica is released clean only when none of them holds: then only SELECT/READ/FUNCTION/RECURSIVE
 and read-only schema pragmas were compiled on the replica during the lease, which cannot change it.
 `PRAGMA data_version` is not used: it only reports commits by *other* connections.
@@ -42,16 +80,19 @@ Execution (`execute(trajectory_id, sql)` -> `sqlrl.sandbox.SQLResult`), outermos
   (`multiple_statements`), empty -> `empty_sql`, too long -> `too_large`; statements starting with
   ATTACH, DETACH, VACUUM (incl. VACUUM INTO), BEGIN, COMMIT, END, ROLLBACK, SAVEPOINT, RELEASE,
   ANALYZE -> `forbidden`; EXPLAIN only in front of SELECT / WITH / VALUES;
-- the worker's connection to the leased replica (`mode=rw`, so it never creates a file) has
-  `journal_mode=MEMORY`, `synchronous=OFF` (replicas are disposable: a crash mid-write marks the
-  replica dirty and the reset replaces the file), `trusted_schema=0`, `temp_store=MEMORY`, set before
-  the authorizer; SQLITE_LIMIT_ATTACHED=0 and the other limits of the sandbox;
+- the worker's connection to the leased replica (`mode=rw`, so it never creates a file) has, in WAL
+  mode, `wal_autocheckpoint=0` (it must report journal_mode `wal`, else the open fails -> dirty), in
+  rollback mode `journal_mode=MEMORY`; and `synchronous=OFF` (replicas are disposable: a crash mid-write
+  marks the replica dirty and the reset replaces the file / the WAL), `trusted_schema=0`,
+  `temp_store=MEMORY`, set before the authorizer; SQLITE_LIMIT_ATTACHED=0 and the other limits of the
+  sandbox;
 - an authorizer ALLOWLIST: reads, the write actions listed above, functions except the sandbox's deny
   list (`load_extension`, `readfile`, `writefile`, ...; SQLite's internal `sqlite_rename_*` helpers
   are allowed because ALTER TABLE calls them and user SQL cannot), the read-only schema pragmas of
   the sandbox. Everything else is denied -> `forbidden`: ATTACH/DETACH (also what VACUUM does
   internally), transactions and savepoints (each statement autocommits, so no transaction ever spans
-  two calls or two trajectories), every other PRAGMA (journal_mode, writable_schema, query_only, ...),
+  two calls or two trajectories), every other PRAGMA (journal_mode, wal_checkpoint, wal_autocheckpoint,
+  cache_spill, writable_schema, query_only, ...),
   virtual tables, ANALYZE;
 - a progress-handler deadline (`timeout_s`) -> `timeout`; a parent watchdog (`hard_timeout_s`, default
   2 * timeout_s + 1) kills and respawns a worker that does not answer -> `timeout`; a worker that
@@ -65,13 +106,27 @@ sha256 recorded at start, else `TemplateChanged` is raised and the replica stays
 until the template is restored; one
 trajectory id maps to one replica until released, and a replica is leased to at most one trajectory
 at a time, so concurrent trajectories never see each other's writes; a replica released dirty (per
-the rules above) is reset before it is handed out again; a released-clean replica's file is unchanged.
+the rules above) is reset before it is handed out again; a released-clean replica's file is unchanged;
+WAL mode: a WAL reset happens only when the checks listed above pass, otherwise the verified delta /
+full reset runs (tested: scorer connections writing past the autocheckpoint threshold and asking for
+checkpoints, workers killed mid-lease and mid-write, checkpoints forced while unpinned).
 Not guaranteed: a worker killed for one trajectory's hung statement also drops the *connections* of
 the other replicas it owns: their TEMP objects (already counted as dirty) vanish mid-lease, files
-are unaffected. Memory limits are per worker, not per call. Templates are trusted files, the SQL is
-not. Non-deterministic SQL stays non-deterministic. A template changed and restored between two
-checks is not noticed (only the bytes actually copied are verified). Threads may share the pool;
-calls for replicas owned by the same worker are serialised.
+are unaffected (WAL mode: the committed statements of every lease survive in its WAL, a killed
+statement's uncommitted frames are ignored; the next reset of each of that worker's replicas is a
+delta / full one, since their pins died). Memory limits are per worker, not per call. Templates are
+trusted files, the SQL is not. Non-deterministic SQL stays non-deterministic. A template changed and
+restored between two checks is not noticed (only the bytes actually copied are verified); a WAL reset
+reads no template bytes, so a template changed after its replica was copied is noticed only by the
+next delta / full reset (the replica keeps the content verified when it was copied). Callers that open
+`lease.path` themselves must do so through SQLite (the lease's state is in `-wal`; a raw copy of the
+main file misses it), must not delete the sidecar files, and must close their connections before
+`release()`. The WAL is never checkpointed or restarted during a lease: it grows with what the lease
+writes (disk, not memory) until the reset deletes it. WAL mode needs shared memory (`-shm`, mmap) and
+POSIX locks that work between processes: `root_dir` must be on a local filesystem, not NFS / SMB
+(`wal_reset=False` otherwise). Each open replica costs a worker ~5 file descriptors (the worker raises
+its RLIMIT_NOFILE soft limit) and a 32 KiB `-shm` file. Threads may share the pool; calls for replicas
+owned by the same worker are serialised.
 """
 
 from __future__ import annotations
@@ -83,6 +138,7 @@ import multiprocessing
 import os
 import re
 import sqlite3
+import struct
 import sys
 import threading
 import time
@@ -198,20 +254,83 @@ def _remove_sidecars(path: str) -> None:
             pass
 
 
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _wal_image(head: bytes) -> bytes:
+    """The first chunk of a template as a WAL-mode replica stores it: header bytes 18 and 19 (file format
+    write/read version) = 2, which makes every connection open the file in WAL mode. Nothing else differs."""
+    if len(head) >= 100 and head.startswith(_SQLITE_MAGIC) and head[18:20] != b"\x02\x02":
+        return head[:18] + b"\x02\x02" + head[20:]
+    return head
+
+
+def _wal_size(path: str) -> int:
+    try:
+        return os.path.getsize(path + "-wal")
+    except OSError:
+        return 0
+
+
 class _Conn:
-    __slots__ = ("conn", "wrote")
+    __slots__ = ("conn", "pin", "wrote")
 
     def __init__(self) -> None:
         self.conn: sqlite3.Connection | None = None
+        self.pin: sqlite3.Connection | None = None  # WAL mode: read-only connection holding WAL read-lock 0
         self.wrote = False
 
+    def close(self) -> None:
+        """The writer first, the read-only pin last: while the pin is open nobody can take the exclusive
+        lock a checkpoint-on-close needs, and a read-only connection never checkpoints."""
+        for c in (self.conn, self.pin):
+            if c is not None:
+                try:
+                    c.close()
+                except Exception:  # noqa: BLE001
+                    pass
+        self.conn = self.pin = None
 
-def _open_replica(path: str, cfg: dict, deadline: _Deadline) -> _Conn:
+
+def _open_pin(path: str) -> tuple[sqlite3.Connection, bool]:
+    """Read-only connection in a read transaction. Begun while the WAL is empty, it holds WAL read-lock 0,
+    which forbids every checkpoint (by any connection) to copy WAL frames into the main file until it
+    ends. Returns (pin, pinned): pinned is False when the WAL was not empty (then the lock is not 0)."""
+    before = _wal_size(path)
+    pin = sqlite3.connect(
+        "file:" + urllib.parse.quote(path) + "?mode=ro",
+        uri=True,
+        isolation_level=None,
+        check_same_thread=False,
+    )
+    try:
+        pin.execute("BEGIN")
+        pin.execute("PRAGMA schema_version").fetchall()  # starts the read; does not load the schema
+        pinned = pin.in_transaction and before == 0 and _wal_size(path) == 0
+    except BaseException:
+        pin.close()
+        raise
+    return pin, pinned
+
+
+def _open_replica(path: str, cfg: dict, deadline: _Deadline) -> tuple[_Conn, bool]:
+    """-> (connection box, pinned). Non-WAL pools: pinned is False and unused."""
     uri = "file:" + urllib.parse.quote(path) + "?mode=rw"
     box = _Conn()
-    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+    wal = bool(cfg.get("wal"))
+    pinned = False
     try:
-        for pragma in ("journal_mode=MEMORY", "synchronous=OFF", "trusted_schema=0", "temp_store=MEMORY"):
+        if wal:
+            box.pin, pinned = _open_pin(path)
+        conn = box.conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        if wal:
+            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise sqlite3.OperationalError(f"replica is not in WAL mode (journal_mode={mode})")
+            pragmas: tuple[str, ...] = ("wal_autocheckpoint=0", "synchronous=OFF")
+        else:
+            pragmas = ("journal_mode=MEMORY", "synchronous=OFF")
+        for pragma in pragmas + ("trusted_schema=0", "temp_store=MEMORY"):
             conn.execute("PRAGMA " + pragma).fetchall()
         _limit(conn, cfg, deadline, trigger_depth=10)
 
@@ -229,20 +348,23 @@ def _open_replica(path: str, cfg: dict, deadline: _Deadline) -> _Conn:
 
         conn.set_authorizer(authorizer)
     except BaseException:
-        conn.close()
+        box.close()
         raise
-    box.conn = conn
-    return box
+    return box, pinned
 
 
 def _exec(conns: dict, cfg: dict, deadline: _Deadline, path: str, sql: str, timeout_s: float) -> tuple:
-    """-> (status, cols, rows, n, ms, msg, wrote, total_changes)."""
+    """-> (status, cols, rows, n, ms, msg, wrote, total_changes, opened). opened: 0 the connection was
+    already open, 1 opened by this call without a WAL pin, 2 opened with the pin on read-lock 0."""
     t0 = time.perf_counter()
     deadline.t = time.monotonic() + timeout_s
     box = conns.get(path)
+    opened = 0
     try:
         if box is None:
-            box = conns[path] = _open_replica(path, cfg, deadline)
+            box, pinned = _open_replica(path, cfg, deadline)
+            conns[path] = box
+            opened = 2 if pinned else 1
     except Exception as e:  # noqa: BLE001
         return (
             "runtime_error",
@@ -253,6 +375,7 @@ def _exec(conns: dict, cfg: dict, deadline: _Deadline, path: str, sql: str, time
             f"cannot open replica: {e}",
             1,
             0,
+            1,
         )
     conn = box.conn
     try:
@@ -263,40 +386,66 @@ def _exec(conns: dict, cfg: dict, deadline: _Deadline, path: str, sql: str, time
         if st == "forbidden":
             msg = f"{e} (replica pool: ATTACH/DETACH/VACUUM, transactions, pragmas and extensions are denied)"
         out = (st, [], [], 0, (time.perf_counter() - t0) * 1e3, msg)
-    return out + (int(box.wrote), conn.total_changes)
+    return out + (int(box.wrote), conn.total_changes, opened)
+
+
+def _raise_nofile() -> None:
+    """WAL mode keeps ~5 descriptors per open replica (writer + pin: db and WAL each, shared -shm)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, ValueError, OSError):
+        pass
 
 
 def _pool_worker_main(pipe: Any, cfg: dict) -> None:
-    """Requests (marshal): ("exec", path, sql, timeout_s) -> result tuple; ("close", path) -> ("ok",)."""
+    """Requests (marshal): ("exec", path, sql, timeout_s) -> result tuple; ("open", path) -> ("ok", opened)
+    or ("error", message); ("close", path) -> ("ok",)."""
     _setup_process(cfg)
+    _raise_nofile()
     conns: dict[str, _Conn] = {}
     deadline = _Deadline()
     try:
-        pipe.send_bytes(marshal.dumps(("ready",)))
-    except (EOFError, OSError):
-        return
-    while True:
         try:
-            req = marshal.loads(pipe.recv_bytes())
+            pipe.send_bytes(marshal.dumps(("ready",)))
         except (EOFError, OSError):
             return
-        op = req[0]
-        if op == "exec":
-            out = _exec(conns, cfg, deadline, req[1], req[2], req[3])
-        elif op == "close":
-            box = conns.pop(req[1], None)
-            if box is not None and box.conn is not None:
-                try:
-                    box.conn.close()
-                except Exception:  # noqa: BLE001
-                    pass
-            out = ("ok",)
-        else:
-            out = ("runtime_error", f"unknown op {op!r}")
-        try:
-            pipe.send_bytes(marshal.dumps(out))
-        except (EOFError, OSError):
-            return
+        while True:
+            try:
+                req = marshal.loads(pipe.recv_bytes())
+            except (EOFError, OSError):
+                return
+            op = req[0]
+            if op == "exec":
+                out = _exec(conns, cfg, deadline, req[1], req[2], req[3])
+            elif op == "open":
+                if req[1] in conns:
+                    out = ("ok", 0)
+                else:
+                    try:
+                        box, pinned = _open_replica(req[1], cfg, deadline)
+                        conns[req[1]] = box
+                        out = ("ok", 2 if pinned else 1)
+                    except Exception as e:  # noqa: BLE001
+                        out = ("error", f"{type(e).__name__}: {e}")
+            elif op == "close":
+                box = conns.pop(req[1], None)
+                if box is not None:
+                    box.close()
+                out = ("ok",)
+            else:
+                out = ("runtime_error", f"unknown op {op!r}")
+            try:
+                pipe.send_bytes(marshal.dumps(out))
+            except (EOFError, OSError):
+                return
+    finally:  # writers before pins (see _Conn.close), not in the interpreter's arbitrary order
+        for box in conns.values():
+            box.close()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -421,6 +570,7 @@ class _Replica:
     open_in_worker: bool = False
     sig: tuple | None = None  # (size, mtime_ns, inode) right after the reset
     base_changes: int = 0
+    pin_ok: bool = False  # WAL mode: a pin held the main file unwritable since the last reset
 
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()
@@ -454,6 +604,8 @@ class ReplicaPool:
     max_rows / max_result_bytes / max_value_bytes / max_sql_chars / heap_limit_bytes /
     memory_limit_bytes / progress_ops: as in `sqlrl.sandbox.Sandbox`.
     remove_files: delete the replica files this pool created on `close()`.
+    wal_reset: keep replicas in WAL mode and reset a dirty one by discarding its `-wal`/`-shm` files
+        (see the module docstring); the fallback, and the only reset when False, is the delta / full copy.
     delta_reset: reset a dirty replica in place, rewriting only the `delta_block`-byte blocks that differ
         from the template (full copy when more than `delta_max_frac` differs or the file is missing).
     """
@@ -478,6 +630,7 @@ class ReplicaPool:
         memory_limit_bytes: int | None = 2 * 2**30,
         progress_ops: int = 10_000,
         remove_files: bool = True,
+        wal_reset: bool = True,
         delta_reset: bool = True,
         delta_block: int = 4096,
         delta_max_frac: float = 0.25,
@@ -500,6 +653,7 @@ class ReplicaPool:
         self.lease_timeout_s = float(lease_timeout_s)
         self.max_sql_chars = int(max_sql_chars)
         self.remove_files = bool(remove_files)
+        self.wal_reset = bool(wal_reset) and not self._always_reset
         self.delta_reset = bool(delta_reset)
         self.delta_block = max(512, int(delta_block))
         self.delta_max_frac = float(delta_max_frac)
@@ -507,6 +661,7 @@ class ReplicaPool:
         self.templates: dict[str, str] = {}
         self.template_sha256: dict[str, str] = {}
         self.template_size: dict[str, int] = {}
+        self.replica_sha256: dict[str, str] = {}  # of a clean replica (WAL mode: header bytes 18-19 = 2)
         for db_id, p in templates.items():
             path = os.path.realpath(os.fspath(p))
             if not os.path.isfile(path):
@@ -517,8 +672,15 @@ class ReplicaPool:
                     "replicas must never be written into the data folder"
                 )
             self.templates[str(db_id)] = path
-            self.template_sha256[str(db_id)] = sha256_file(path)
-            self.template_size[str(db_id)] = os.path.getsize(path)
+            ht, hr, n = hashlib.sha256(), hashlib.sha256(), 0
+            with open(path, "rb") as f:
+                while b := f.read(1 << 20):
+                    ht.update(b)
+                    hr.update(_wal_image(b) if n == 0 and self.wal_reset else b)
+                    n += len(b)
+            self.template_sha256[str(db_id)] = ht.hexdigest()
+            self.replica_sha256[str(db_id)] = hr.hexdigest()
+            self.template_size[str(db_id)] = n
         os.makedirs(self.root_dir, exist_ok=True)
         template_paths = set(self.templates.values())
         self._cfg = {
@@ -529,6 +691,7 @@ class ReplicaPool:
             "heap_limit_bytes": int(heap_limit_bytes) if heap_limit_bytes else 0,
             "memory_limit_bytes": int(memory_limit_bytes) if memory_limit_bytes else 0,
             "progress_ops": int(progress_ops),
+            "wal": self.wal_reset,
         }
         self._cond = threading.Condition()
         self._closed = False
@@ -552,6 +715,8 @@ class ReplicaPool:
             bytes_copied=0,
             bytes_read=0,
             delta_resets=0,
+            wal_resets=0,
+            wal_bytes=0,
             dirty_releases=0,
             clean_releases=0,
             timeouts=0,
@@ -598,6 +763,8 @@ class ReplicaPool:
         try:
             if reset:
                 self._reset(rep)
+            if self.wal_reset and not rep.open_in_worker:
+                self._open_in_worker(rep)
         except BaseException:
             with self._cond:
                 rep.available = True
@@ -625,13 +792,7 @@ class ReplicaPool:
             self._active_per_worker[rep.worker] -= 1
         dirty = bool(crashed or rep.dirty or self._always_reset or self._file_changed(rep))
         if dirty and rep.open_in_worker and not self._closed:
-            w = self._workers[rep.worker]
-            with w.lock:
-                try:
-                    w.call(("close", rep.path), self.hard_timeout_s)
-                except (_WorkerHung, _WorkerDied):
-                    self._worker_lost(rep.worker)
-            rep.open_in_worker = False
+            self._close_in_worker(rep)  # writer, then pin: the WAL stays for the lazy reset to discard
         with self._cond:
             if dirty:
                 rep.needs_reset = True
@@ -660,7 +821,7 @@ class ReplicaPool:
         t0 = time.monotonic()
         with w.lock:
             try:
-                st, cols, rows, n, ms, msg, wrote, changes = w.call(("exec", rep.path, pre, t), hard)
+                st, cols, rows, n, ms, msg, wrote, changes, opened = w.call(("exec", rep.path, pre, t), hard)
             except _WorkerHung:
                 rep.dirty = True
                 self._worker_lost(rep.worker)
@@ -677,9 +838,11 @@ class ReplicaPool:
                 return _result(
                     "worker_crash", f"pool worker died ({e}); it was restarted", (time.monotonic() - t0) * 1e3
                 )
-        if not rep.open_in_worker:
+        if opened or not rep.open_in_worker:
             rep.open_in_worker = True
             rep.base_changes = 0
+            if opened != 2:
+                rep.pin_ok = False
         if wrote or changes > rep.base_changes or st == "timeout":
             rep.dirty = True
         if st == "timeout":
@@ -772,6 +935,7 @@ class ReplicaPool:
             for r in reps:
                 if r.worker == worker:
                     r.open_in_worker = False
+                    r.pin_ok = False  # its pins died with it: main files no longer provably untouched
 
     def _file_changed(self, rep: _Replica) -> bool:
         try:
@@ -780,21 +944,51 @@ class ReplicaPool:
             return True
         if rep.sig != (st.st_size, st.st_mtime_ns, st.st_ino):
             return True
+        if self.wal_reset:  # a -wal file with anything in it holds committed (or spilled) pages
+            return os.path.exists(rep.path + "-journal") or _wal_size(rep.path) > 0
         return any(os.path.exists(rep.path + s) for s in ("-journal", "-wal"))
 
+    def _open_in_worker(self, rep: _Replica) -> None:
+        """WAL mode, right after a reset: the worker opens the replica (pin first) before anything else can
+        touch it, so that the pin exists even if the trajectory never runs a statement through the pool
+        (a scorer writing through its own connection would otherwise be the last connection, whose close
+        checkpoints into the main file). Failure only costs the fast reset next time."""
+        w = self._workers[rep.worker]
+        with w.lock:
+            try:
+                out = w.call(("open", rep.path), self.hard_timeout_s)
+            except (_WorkerHung, _WorkerDied):
+                self._worker_lost(rep.worker)
+                return
+        if out[0] == "ok":
+            if out[1]:
+                rep.open_in_worker = True
+                rep.base_changes = 0
+                if out[1] != 2:
+                    rep.pin_ok = False
+        else:
+            rep.pin_ok = False
+
+    def _close_in_worker(self, rep: _Replica) -> None:
+        w = self._workers[rep.worker]
+        with w.lock:
+            try:
+                w.call(("close", rep.path), self.hard_timeout_s)
+            except (_WorkerHung, _WorkerDied):
+                self._worker_lost(rep.worker)
+        rep.open_in_worker = False
+
     def _reset(self, rep: _Replica) -> None:
-        """Copy the template over the replica; installed only if the copied bytes hash to the recorded
-        sha256. The replica has no open connection (closed on the dirty release / never opened)."""
+        """Make the replica clean: discard its WAL (WAL mode, when provably enough), else rewrite the blocks
+        that differ (delta), else copy the template. The latter two install nothing unless the template
+        bytes read hash to the recorded sha256. The replica has no open connection (closed on the dirty
+        release / never opened)."""
         src = self.templates[rep.db_id]
         want = self.template_sha256[rep.db_id]
         if rep.open_in_worker:  # defensive: never replace a file under an open connection
-            w = self._workers[rep.worker]
-            with w.lock:
-                try:
-                    w.call(("close", rep.path), self.hard_timeout_s)
-                except (_WorkerHung, _WorkerDied):
-                    self._worker_lost(rep.worker)
-            rep.open_in_worker = False
+            self._close_in_worker(rep)
+        if self.wal_reset and rep.sig is not None and self._wal_discard(rep):
+            return
         if (
             self.delta_reset
             and not self._always_reset
@@ -810,7 +1004,7 @@ class ReplicaPool:
             with open(src, "rb") as fi, open(tmp, "wb") as fo:
                 while b := fi.read(1 << 20):
                     h.update(b)
-                    fo.write(b)
+                    fo.write(_wal_image(b) if n == 0 and self.wal_reset else b)
                     n += len(b)
             _check_template(rep, src, h.hexdigest(), want)
             _remove_sidecars(rep.path)
@@ -821,25 +1015,79 @@ class ReplicaPool:
             except OSError:
                 pass
             raise
-        self._reset_done(rep, written=n, read=n, delta=False)
+        self._reset_done(rep, written=n, read=n, kind="full")
 
-    def _reset_done(self, rep: _Replica, *, written: int, read: int, delta: bool) -> None:
+    def _reset_done(self, rep: _Replica, *, written: int, read: int, kind: str, wal: int = 0) -> None:
         st = os.stat(rep.path)
         with self._cond:
             rep.sig = (st.st_size, st.st_mtime_ns, st.st_ino)
             rep.needs_reset = False
             rep.open_in_worker = False
+            rep.pin_ok = True  # no -wal / -shm and no connection: nothing can have been checkpointed yet
             self._stats["resets"] += 1
-            self._stats["delta_resets"] += int(delta)
+            self._stats["delta_resets"] += int(kind == "delta")
+            self._stats["wal_resets"] += int(kind == "wal")
+            self._stats["wal_bytes"] += wal
             self._stats["bytes_copied"] += written
             self._stats["bytes_read"] += read
+
+    def _wal_discard(self, rep: _Replica) -> bool:
+        """WAL-mode reset: delete `-wal` and `-shm`, leaving the main file, which SQLite never wrote.
+
+        Only when all of these hold (else False: the caller falls back to delta / full copy):
+        - `pin_ok`: since the last reset, every open of the replica by its worker began the read-only pin
+          on an empty WAL (WAL read-lock 0, held until the writer was closed), and the worker was never
+          lost. While it is held no checkpoint can copy frames into the main file (walCheckpoint needs
+          read-lock 0 exclusively; the worker's own checkpoints are off and their pragmas denied) and no
+          close can checkpoint (that needs an EXCLUSIVE lock on the main file, which the pin's SHARED
+          lock blocks; the pin is read-only and never checkpoints);
+        - the main file's (size, mtime_ns, inode) is what it was right after the last reset, and there is
+          no `-journal`;
+        - `-wal` and `-shm` exist (the pin created them) and record no checkpoint: wal-index nBackfill ==
+          nBackfillAttempted == 0 (the latter is set BEFORE a checkpoint writes a page), and, when the
+          WAL has a header, its checkpoint sequence number is 0 and its salts equal the wal-index ones
+          (a WAL restart after a full backfill changes them).
+        """
+        if not rep.pin_ok or os.path.exists(rep.path + "-journal"):
+            return False
+        try:
+            st = os.stat(rep.path)
+            if rep.sig != (st.st_size, st.st_mtime_ns, st.st_ino):
+                return False
+            with open(rep.path + "-shm", "rb") as f:
+                shm = f.read(136)
+            wal_n = os.path.getsize(rep.path + "-wal")
+            hdr = b""
+            if wal_n:
+                with open(rep.path + "-wal", "rb") as f:
+                    hdr = f.read(32)
+        except OSError:
+            return False
+        nread = len(shm) + len(hdr)
+        if len(shm) < 136:
+            return False
+        n_backfill, n_attempted = struct.unpack_from("=I", shm, 96)[0], struct.unpack_from("=I", shm, 128)[0]
+        if n_backfill or n_attempted:
+            return False
+        if wal_n:
+            if len(hdr) < 32 or struct.unpack_from(">I", hdr, 12)[0] != 0 or hdr[16:24] != shm[32:40]:
+                return False
+        try:
+            for s in ("-wal", "-shm"):
+                os.remove(rep.path + s)
+        except OSError:
+            # half-removed: the delta / full reset that follows removes the rest and verifies the bytes
+            return False
+        self._reset_done(rep, written=0, read=nread, kind="wal", wal=wal_n)
+        return True
 
     def _delta(self, rep: _Replica, src: str, want: str) -> bool:
         """Reset in place by rewriting only the blocks that differ from the template. One read pass over
         both files collects the differing template blocks and hashes the template; nothing is written
         unless the hash equals the recorded sha256 (else TemplateChanged). Afterwards the replica is
-        byte-identical to the template. Returns False (caller does a full copy) when the replica is
-        missing or more than `delta_max_frac` of it differs."""
+        byte-identical to the template (WAL mode: to the template with header bytes 18-19 = 2). Returns
+        False (caller does a full copy) when the replica is missing or more than `delta_max_frac` of it
+        differs."""
         blk = self.delta_block
         try:
             fr = open(rep.path, "r+b")
@@ -851,8 +1099,10 @@ class ReplicaPool:
             pos = nread = ndiff = 0
             limit = self.delta_max_frac * self.template_size[rep.db_id]
             while a := ft.read(1 << 20):
-                b = fr.read(len(a))
                 h.update(a)
+                if pos == 0 and self.wal_reset:
+                    a = _wal_image(a)
+                b = fr.read(len(a))
                 nread += len(a) + len(b)
                 if a != b:
                     for off in range(0, len(a), blk):
@@ -869,7 +1119,7 @@ class ReplicaPool:
                 fr.seek(off)
                 fr.write(data)
             fr.truncate(pos)
-        self._reset_done(rep, written=ndiff, read=nread, delta=True)
+        self._reset_done(rep, written=ndiff, read=nread, kind="delta")
         return True
 
 
