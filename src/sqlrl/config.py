@@ -171,6 +171,8 @@ class RunConfig:
     """Largest generation batch (static: KV-cache slots) of the static and fast engines."""
     loggers: tuple[str, ...] = ("tensorboard",)
     """Metric sinks: any of tensorboard, wandb, swanlab (the last two only when installed and asked for)."""
+    tracker_project: str = "sqlrl"
+    """W&B / SwanLab project name (their own settings, e.g. WANDB_MODE=offline, still apply)."""
     log_rollouts: int = 4
     """Trajectories per step written to rollouts.jsonl (text and token ids) for inspection."""
 

@@ -95,12 +95,19 @@ class TaskSampler:
 
 
 class MetricSinks:
-    """TensorBoard always (when installed); W&B / SwanLab only when the config asks for them."""
+    """TensorBoard always (when installed); W&B / SwanLab only when the config asks for them.
+
+    Every sink gets the same scalars (numbers, not booleans) under the same step. W&B and SwanLab runs
+    are named after the run folder, carry the resolved config, and follow their own settings for
+    where the data goes (e.g. WANDB_MODE=offline, SWANLAB_MODE=offline): sqlrl itself makes no
+    network call. Asking for one that is not installed is a ConfigError that says what to install.
+    """
 
     def __init__(self, cfg: Config, out_dir: Path):
         self.writers = []
-        for name in cfg.run.loggers:
-            if name == "tensorboard":
+        name, project = out_dir.as_posix(), cfg.run.tracker_project
+        for sink in cfg.run.loggers:
+            if sink == "tensorboard":
                 try:
                     from torch.utils.tensorboard import SummaryWriter
 
@@ -110,26 +117,14 @@ class MetricSinks:
                         "sqlrl: tensorboard not installed; TensorBoard logging off (pip install tensorboard)",
                         file=sys.stderr,
                     )
-            elif name == "wandb":
-                try:
-                    import wandb
-                except ImportError:
-                    raise ConfigError(
-                        "run.loggers asks for wandb but it is not installed: pip install wandb"
-                    ) from None
-                self.writers.append(
-                    ("wandb", wandb.init(project="sqlrl", dir=str(out_dir), config=cfg.resolve()))
-                )
-            elif name == "swanlab":
-                try:
-                    import swanlab
-                except ImportError:
-                    raise ConfigError(
-                        "run.loggers asks for swanlab but it is not installed: pip install swanlab"
-                    ) from None
-                self.writers.append(
-                    ("swanlab", swanlab.init(project="sqlrl", logdir=str(out_dir), config=cfg.resolve()))
-                )
+            elif sink == "wandb":
+                wandb = _import_tracker("wandb")
+                run = wandb.init(project=project, name=name, dir=str(out_dir), config=cfg.resolve())
+                self.writers.append(("wandb", run))
+            elif sink == "swanlab":
+                swanlab = _import_tracker("swanlab")
+                run = swanlab.init(project=project, name=name, log_dir=str(out_dir), config=cfg.resolve())
+                self.writers.append(("swanlab", run))
 
     def log(self, metrics: dict, step: int) -> None:
         scalars = {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
@@ -147,6 +142,18 @@ class MetricSinks:
         for kind, w in self.writers:
             with contextlib.suppress(Exception):
                 w.close() if kind == "tb" else w.finish()
+
+
+def _import_tracker(name: str):
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise ConfigError(
+            f"run.loggers asks for {name} but it is not installed: pip install {name} "
+            f"(or pip install 'sqlrl[trackers]'), or remove it from run.loggers"
+        ) from None
 
 
 def gpu_telemetry() -> dict:
