@@ -10,7 +10,8 @@
 #          bash scripts/gpu.sh setup      (carry last part, MANIFEST, spider.tgz, .whl)
 #          bash scripts/gpu.sh bench | engine BENCH.json | experiment SECONDS | pack DIR [EXPDIRS]
 #   or, after staging part00..08, the same call repeated: bash scripts/gpu.sh go $OUT   (carry part09,
-#          MANIFEST, spider.tgz, .whl, .stage/tree.tgz): setup, benchmark, exp1 (1 turn), exp3 (3 turns)
+#          MANIFEST, spider.tgz, .whl, .stage/tree.tgz): setup, benchmark, exp1 (1 turn), exp3 (3 turns),
+#          then the debugging curriculum (configs/debug-curriculum-gpu.toml) into $S/cur
 set -euo pipefail
 S=${SQLRL_SCRATCH:-/root/sqlrl-scratch}
 mkdir -p "$S/parts"
@@ -53,6 +54,13 @@ PY
     budget=$1; shift
     python3 -m sqlrl.cli experiment configs/spider-0.5b-gpu.toml --out "$S/${EXP:-exp}" \
       --set "data.path=\"$S/spider\"" --time-budget "$budget" "$@" ;;
+  curriculum)
+    # the debugging curriculum at real size: build the task set once from the staged Spider, then
+    # `sqlrl curriculum` with a time budget (exit 3 = stopped cleanly; rerun to resume)
+    budget=$1; shift
+    [ -s "$S/debug/debug_tasks.jsonl" ] || python3 bench/make_debug_tasks.py --spider "$S/spider" --out "$S/debug" --no-demo
+    python3 -m sqlrl.cli curriculum configs/debug-curriculum-gpu.toml --out "$S/cur" \
+      --set "data.path=\"$S/debug\"" --time-budget "$budget" "$@" ;;
   go)
     # One command for every call after the parts are staged (so no decision is needed between calls;
     # the machine is given back 30 s after a call ends): copy the last part, unpack the committed tree,
@@ -87,7 +95,17 @@ PY
         --set "run.gen_engine=\"$engine\"" >> "$dest/$exp.log" 2>&1 || rc=$?; echo "$exp: exit $rc"
       grep -v "it/s\]\|s/it\]\|s/step\]" "$dest/$exp.log" | tail -4 || true
     done
-    ls -d "$S"/exp? >/dev/null 2>&1 && bash scripts/gpu.sh pack "$dest" $(cd "$S" && ls -d exp?) > /dev/null
+    # then the debugging curriculum (GO_CURRICULUM=0 skips it), once both matrices are finished
+    if [ "${GO_CURRICULUM:-1}" = 1 ] && [ -f "$S/exp3/experiment.json" ] \
+      && python3 -c "import json,sys; sys.exit(0 if json.load(open('$S/exp3/experiment.json')).get('finished') else 1)"; then
+      left=$((end - SECONDS - 30))
+      if [ "$left" -ge 180 ]; then
+        rc=0; bash scripts/gpu.sh curriculum "$left" >> "$dest/cur.log" 2>&1 || rc=$?; echo "curriculum: exit $rc"
+        grep -v "it/s\]\|s/it\]\|s/step\]" "$dest/cur.log" | tail -4 || true
+      fi
+    fi
+    dirs=$(cd "$S" && ls -d exp? cur debug 2>/dev/null || true)
+    [ -n "$dirs" ] && bash scripts/gpu.sh pack "$dest" $dirs > /dev/null
     ls "$dest" ;;
   pack)
     dest=$1; shift
@@ -95,5 +113,5 @@ PY
     tar czf "$dest/exp.tgz" -C "$S" --exclude='*.safetensors' --exclude='*.pt' --exclude='.goldcache' \
       --exclude='.gold_real' --exclude='.gold_mutated' --exclude='tokenizer.json' $dirs
     ls -la "$dest" ;;
-  *) echo "usage: gpu.sh stage NN|tree|setup|bench|engine BENCH.json|experiment SECONDS|go DEST [SECONDS]|pack DIR [EXPDIRS]" >&2; exit 2 ;;
+  *) echo "usage: gpu.sh stage NN|tree|setup|bench|engine BENCH.json|experiment SECONDS|curriculum SECONDS|go DEST [SECONDS]|pack DIR [EXPDIRS]" >&2; exit 2 ;;
 esac

@@ -298,3 +298,54 @@ def test_curriculum_runs_stages_chains_weights_resumes_and_evaluates(tmp_path):
         run_curriculum(cfg, sft, cur, out, policy_factory=_factory, progress=False)
     with pytest.raises(C.ConfigError, match="different config"):
         run_curriculum(cfg, C.sft_from_dict({"steps": 2}), cur, out, policy_factory=_factory, progress=False)
+
+
+def test_sft_deadline_stops_cleanly_after_a_measured_step(tmp_path):
+    """A deadline already past: step 1 runs (no step time measured yet), then the run stops before step 2
+    with step 1 checkpointed, unfinished; resuming finishes it."""
+    import time
+
+    from sqlrl.checkpoint import load_latest
+    from sqlrl.sft import train_sft
+
+    cfg = _tiny_cfg("embedded", max_new_tokens=256)
+    sft = C.sft_from_dict({"steps": 2, "batch_size": 2, "micro_batch": 2, "lr": 1e-3})
+    run = tmp_path / "sft"
+    res = train_sft(cfg, sft, run, policy_factory=tiny_factory, progress=False, deadline=time.monotonic())
+    assert not res["finished"] and res["steps"] == 1 and load_latest(run).step == 1
+    res = train_sft(cfg, sft, run, resume=True, policy_factory=tiny_factory, progress=False)
+    assert res["finished"] and res["steps"] == 2
+    assert [json.loads(x)["step"] for x in (run / "steps.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_curriculum_time_budget_stops_with_unfinished_and_resumes(tmp_path, monkeypatch):
+    import time
+
+    from sqlrl import experiment
+    from sqlrl.curriculum import run_curriculum
+
+    cfg = _tiny_cfg("embedded")
+    sft = C.sft_from_dict({"steps": 2, "batch_size": 2, "micro_batch": 2, "lr": 1e-3})
+    cur = C.curriculum_from_dict(
+        {
+            "stages": [{"name": "sft", "kind": "sft", "set": ["agent.max_new_tokens=256"]}],
+            "eval_turns": [1],
+            "eval_base": False,
+            "smoke": True,
+        }
+    )
+    out = tmp_path / "cur"
+    # too little time to start a stage: nothing trained, the record says running
+    with pytest.raises(experiment.Unfinished, match="stage 01-sft"):
+        run_curriculum(cfg, sft, cur, out, policy_factory=_factory, progress=False, deadline=time.monotonic())
+    assert not (out / "01-sft" / "steps.jsonl").exists()
+    assert json.loads((out / "curriculum.json").read_text())["status"] == "running"
+    # the stage check passes (patched) but the deadline is past: the SFT stops after step 1
+    monkeypatch.setattr(experiment, "_check_time", lambda *a: None)
+    with pytest.raises(experiment.Unfinished, match=r"01-sft stopped at step 1"):
+        run_curriculum(cfg, sft, cur, out, policy_factory=_factory, progress=False, deadline=time.monotonic())
+    monkeypatch.undo()
+    res = run_curriculum(cfg, sft, cur, out, policy_factory=_factory, progress=False)
+    steps = [json.loads(x)["step"] for x in (out / "01-sft" / "steps.jsonl").read_text().splitlines()]
+    assert steps == [1, 2] and res["stages"][0]["steps"] == 2 and res["n_eval_tasks"] == 4
+    assert json.loads((out / "curriculum.json").read_text())["stages"][0]["status"] == "resumed"

@@ -233,12 +233,16 @@ def run_curriculum(
     progress: bool = True,
     command: list[str] | None = None,
     evaluator_factory=None,
+    deadline: float | None = None,
 ) -> dict:
     """Run (or resume) every stage, then the evaluation by category. `policy_factory(model_name) ->
-    (model, tokenizer, name, identity)` replaces model loading for training and evaluation (tests)."""
+    (model, tokenizer, name, identity)` replaces model loading for training and evaluation (tests).
+    `deadline` (a `time.monotonic()` value): stages stop cleanly with a checkpoint and evaluations are
+    not started when time is short; `experiment.Unfinished` is raised, and rerunning resumes."""
     from sqlrl.debugagent import category_table_md
     from sqlrl.debugtasks import load_debug_tasks
     from sqlrl.evaluate import select_tasks
+    from sqlrl.experiment import Unfinished, _check_time
     from sqlrl.sft import train_sft
     from sqlrl.trainer import train
 
@@ -288,6 +292,7 @@ def run_curriculum(
             status = "skipped (finished before; config, final/ files and identity chain checked)"
             print(f"[curriculum] {folder.name}: {status}", file=sys.stderr)
         else:
+            _check_time(deadline, 60, f"stage {folder.name}")
             resume = (folder / "config.json").is_file()
             print(
                 f"[curriculum] {folder.name}: {'resume' if resume else 'start'} ({stage.kind})",
@@ -303,6 +308,7 @@ def run_curriculum(
                     policy_factory=factory_for(init_model),
                     progress=progress,
                     command=cmd,
+                    deadline=deadline,
                 )
             else:
                 res = train(
@@ -313,7 +319,10 @@ def run_curriculum(
                     progress=progress,
                     command=cmd,
                     evaluator_factory=evaluator_factory,
+                    deadline=deadline,
                 )
+            if not res.get("finished") and deadline is not None and time.monotonic() + 60 > deadline:
+                raise Unfinished(f"stage {folder.name} stopped at step {res.get('steps')} (checkpointed)")
             if not res.get("finished"):
                 raise RuntimeError(
                     f"stage {folder.name} stopped before its last step; rerun the same command to resume"
@@ -374,6 +383,7 @@ def run_curriculum(
                 ):
                     evals.setdefault(f"t{turns}", {})[label] = read_json(ev / "summary.json")
                     continue
+            _check_time(deadline, 45, f"evaluating {label} at {turns} turn(s)")
             if policy is None:
                 print(f"[curriculum] evaluating {label} ({model_name})", file=sys.stderr)
                 if policy_factory is not None:
@@ -499,14 +509,30 @@ def cli_main(argv: list[str]) -> int:
         help="override a config value (repeatable)",
     )
     p.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop cleanly (checkpointed) before this many seconds, exit 3; rerun the same command to resume",
+    )
     a = p.parse_args(argv)
+    from sqlrl.experiment import Unfinished
+
+    deadline = time.monotonic() + a.time_budget if a.time_budget else None
+    out = a.out or f"runs/{Path(a.config).stem}"
     try:
         cfg, sft, cur = load_curriculum(a.config, a.set)
         if a.print_config:
             print(json.dumps(resolved(cfg, sft, cur), indent=2))
             return 0
-        out = a.out or f"runs/{Path(a.config).stem}"
-        res = run_curriculum(cfg, sft, cur, out, command=["sqlrl", "curriculum", *argv])
+        res = run_curriculum(cfg, sft, cur, out, command=["sqlrl", "curriculum", *argv], deadline=deadline)
+    except Unfinished as e:
+        print(
+            f"sqlrl curriculum: time budget reached ({e}); rerun the same command to resume -> {out}",
+            file=sys.stderr,
+        )
+        return 3
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"sqlrl curriculum: {e}", file=sys.stderr)
         return 2

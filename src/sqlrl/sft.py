@@ -223,9 +223,12 @@ def train_sft(
     progress: bool = True,
     command: list[str] | None = None,
     stop_after: int | None = None,
+    deadline: float | None = None,
 ) -> dict:
     """Run the warm start into `out_dir`. `policy_factory() -> (model, tokenizer, name, identity)` replaces
-    model loading (tests). Returns {steps, finished, final, final_identity, base_identity, weights_changed}."""
+    model loading (tests). `deadline` (a `time.monotonic()` value) stops cleanly, with a checkpoint,
+    before a step that would probably end after it (the trainer's rule). Returns {steps, finished, final,
+    final_identity, base_identity, weights_changed}."""
     import torch
 
     from sqlrl.agent import Budgets
@@ -339,8 +342,13 @@ def train_sft(
 
         bar = tqdm(total=sft.steps, initial=start_step, desc="sft", unit="step")
     t_train0 = time.perf_counter()
-    last, done = start_step, 0
+    last, done, last_step_s = start_step, 0, 0.0
     for step in range(start_step + 1, sft.steps + 1):
+        if deadline is not None and last_step_s and time.monotonic() + 1.5 * last_step_s + 30 > deadline:
+            if last > start_step and last % cfg.run.checkpoint_every != 0:
+                checkpoint(last)
+            print(f"sqlrl sft: stopping before step {step} to meet the time budget", file=sys.stderr)
+            break
         t0 = time.perf_counter()
         batch = [examples[i] for i in sampler.next(sft.batch_size)]
         n_tok = sum(len(e["target_ids"]) for e in batch)
@@ -380,7 +388,7 @@ def train_sft(
             bar.update(1)
         if step % cfg.run.checkpoint_every == 0 or step == sft.steps:
             checkpoint(step)
-        last, done = step, done + 1
+        last, done, last_step_s = step, done + 1, time.perf_counter() - t0
         if stop_after is not None and done >= stop_after:
             break
     if bar is not None:
