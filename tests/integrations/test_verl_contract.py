@@ -253,6 +253,33 @@ def test_write_dataset_drops_unscorable_golds_and_reports_counts(tmp_path, monke
 
 
 @needs_verl
+def test_write_dataset_honours_max_train_and_eval_tasks_like_the_native_trainer(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from sqlrl.data import SpiderData
+    from sqlrl.evaluate import select_tasks
+    from sqlrl.integrations.verl import write_dataset
+
+    root = _spider_folder(tmp_path / "spider")
+    monkeypatch.setenv("SQLRL_GOLD_CACHE", str(tmp_path / "gc"))
+    cfg = _cfg(data={"path": str(root), "val_fraction": 0.2, "max_train_tasks": 4, "max_eval_tasks": 1})
+    paths = write_dataset(cfg, tmp_path / "out", quiet=True)
+    audit = json.loads(open(paths["gold_audit"]).read())
+    for name, limit in (("train", 4), ("validation", 1)):
+        tasks = SpiderData(root).load(name, seed=0, val_fraction=0.2)
+        bad = set(audit["splits"][name]["excluded_task_ids"])
+        want = [
+            t.public.task_id
+            for t in select_tasks([t for t in tasks if t.public.task_id not in bad], limit, 0)
+        ]
+        df = pd.read_parquet(paths[name])
+        got = [json.loads(r["ground_truth"])["task_id"] for r in df["reward_model"]]
+        assert got == want and len(got) == limit
+        assert audit["splits"][name]["written"] == limit and audit["splits"][name]["limit"] == limit
+        assert audit["splits"][name]["scorable"] == len(tasks) - len(bad) > limit
+
+
+@needs_verl
 def test_cli_write_data_refuses_a_split_without_scorable_gold(tmp_path, monkeypatch, capsys):
     from sqlrl.integrations.verl import cli_main
 

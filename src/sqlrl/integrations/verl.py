@@ -408,12 +408,14 @@ def write_dataset(cfg, out_dir: str | os.PathLike, *, quiet: bool = False) -> di
     so it never enters a veRL batch. `gold_audit.json` beside the files records, per split, how many tasks
     there were, how many were written and how many were excluded by reason; the same is printed unless
     `quiet`. A split left with no scorable task is a ValueError. Returns the paths (`train`,
-    `validation`, `gold_audit`).
+    `validation`, `gold_audit`). `data.max_train_tasks` / `data.max_eval_tasks` then pick the same seeded
+    subset of the scorable tasks as sqlrl's own trainer (`sqlrl.evaluate.select_tasks`, seed `run.seed`).
     """
     import pandas as pd
 
     from sqlrl.artifacts import write_json_atomic
     from sqlrl.data import SpiderData, embedded_root
+    from sqlrl.evaluate import select_tasks
     from sqlrl.goldcache import GoldCache, audit_golds
 
     d, a = cfg.data, cfg.agent
@@ -427,19 +429,24 @@ def write_dataset(cfg, out_dir: str | os.PathLike, *, quiet: bool = False) -> di
         for name, split in (("train", d.train_split), ("validation", d.eval_split)):
             tasks = data.load(split, seed=d.split_seed, val_fraction=d.val_fraction)
             audit = audit_golds(tasks, cache)
-            kept = [t for t in tasks if audit.per_task.get(t.public.task_id) is None]
+            scorable = [t for t in tasks if audit.per_task.get(t.public.task_id) is None]
+            limit = d.max_train_tasks if name == "train" else d.max_eval_tasks
+            kept = select_tasks(scorable, limit, cfg.run.seed)
             report["splits"][name] = {
                 "split": split,
                 "tasks": len(tasks),
+                "scorable": len(scorable),
+                "limit": limit,
                 "written": len(kept),
                 "excluded": dict(sorted(audit.excluded.items())),
                 "excluded_task_ids": sorted(k for k, v in audit.per_task.items() if v is not None),
             }
             if not quiet:
                 why = ", ".join(f"{k} {v}" for k, v in sorted(audit.excluded.items())) or "none"
+                cap = f" (limit {limit} of {len(scorable)} scorable)" if len(kept) < len(scorable) else ""
                 print(
-                    f"veRL data {name} ({split}): {len(tasks)} tasks, {len(kept)} written, "
-                    f"{len(tasks) - len(kept)} excluded (unscorable gold: {why})"
+                    f"veRL data {name} ({split}): {len(tasks)} tasks, {len(kept)} written{cap}, "
+                    f"{len(tasks) - len(scorable)} excluded (unscorable gold: {why})"
                 )
             if not kept:
                 raise ValueError(f"veRL data: no task of split {split!r} has a scorable gold ({root})")
