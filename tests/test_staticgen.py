@@ -88,6 +88,15 @@ def test_greedy_duplicates_share_one_slot(qwen):
     assert st.tokens_generated == sum(len(r[0]) for r in res)
 
 
+def test_a_static_run_publishes_its_stats_in_staticgen_only(qwen):
+    prompts = _prompts(2, seed=21)
+    fastgen.generate_fast(qwen, prompts, **_kw())
+    before = fastgen.last_stats
+    staticgen.generate_static(qwen, prompts, **_kw())
+    assert fastgen.last_stats is before and staticgen.last_stats is not before
+    assert staticgen.last_stats.method == "static"
+
+
 def test_eos_at_first_token_and_max_new_tokens_one(qwen):
     prompts = _prompts(6, seed=5)
     first = [r[0][0] for r in staticgen.generate_static(qwen, prompts, **_kw(max_new_tokens=1))]

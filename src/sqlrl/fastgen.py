@@ -229,7 +229,8 @@ class _Run:
         st.tokens_per_s = st.tokens_generated / st.wall_s if st.wall_s > 0 else 0.0
         st.peak_memory_gb = _peak_gb(self.device)
         st.extra = {"seed": self.seed, **extra}
-        last_stats = st
+        if name != "staticgen":  # the static engine publishes its own `staticgen.last_stats`
+            last_stats = st
         return self.results  # type: ignore[return-value]
 
 
