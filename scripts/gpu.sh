@@ -67,6 +67,8 @@ PY
     # set up once, benchmark once, then run the single-turn matrix (exp1) and the 3-turn matrix (exp3)
     # until DEST's time budget (default 570 s) is spent, and pack whatever exists into DEST.
     # Rerun the same command (with the same carry) until both experiments are finished.
+    # GO_TURNS="3" runs only the 3-turn matrix; GO_BENCH=0 skips the benchmark (engine static);
+    # GO_CURRICULUM=0 skips the debugging curriculum that follows the last matrix.
     dest=$1; end=$((SECONDS + ${2:-570}))
     cp .stage/q50/part* .stage/q50/MANIFEST "$S/parts/" 2>/dev/null || true
     [ -d "$S/tree/src" ] || bash scripts/gpu.sh tree
@@ -74,6 +76,7 @@ PY
     if [ ! -f "$S/setup.done" ]; then
       if bash scripts/gpu.sh setup > "$dest/setup.log" 2>&1; then touch "$S/setup.done"; else tail -20 "$dest/setup.log"; exit 1; fi
     fi
+    if [ "${GO_BENCH:-1}" = 0 ]; then touch "$S/bench.done"; [ -s "$S/engine" ] || echo static > "$S/engine"; fi
     if [ ! -f "$S/bench.done" ]; then
       timeout 240 bash scripts/gpu.sh bench --n-prompts 64 --max-batch 512 --static-slots 512 \
         --skip-fast-sampling --fp32-identity 8 --out "$S/bench_generate.json" > "$S/bench.log" 2>&1 || true
@@ -83,7 +86,7 @@ PY
     # the engine is decided once (from the benchmark) and kept, so that resumed arms see the same config
     [ -s "$S/engine" ] || { bash scripts/gpu.sh engine "$S/bench_generate.json" 2>/dev/null || echo fast; } > "$S/engine"
     engine=$(cat "$S/engine"); echo "engine: $engine"
-    for t in 1 3; do
+    for t in ${GO_TURNS:-1 3}; do
       exp=exp$t
       if [ -f "$S/$exp/experiment.json" ] && python3 -c "import json,sys; sys.exit(0 if json.load(open('$S/$exp/experiment.json')).get('finished') else 1)"; then
         echo "$exp finished"; continue
@@ -96,8 +99,9 @@ PY
       grep -v "it/s\]\|s/it\]\|s/step\]" "$dest/$exp.log" | tail -4 || true
     done
     # then the debugging curriculum (GO_CURRICULUM=0 skips it), once both matrices are finished
-    if [ "${GO_CURRICULUM:-1}" = 1 ] && [ -f "$S/exp3/experiment.json" ] \
-      && python3 -c "import json,sys; sys.exit(0 if json.load(open('$S/exp3/experiment.json')).get('finished') else 1)"; then
+    last=exp$(echo ${GO_TURNS:-1 3} | awk '{print $NF}')
+    if [ "${GO_CURRICULUM:-1}" = 1 ] && [ -f "$S/$last/experiment.json" ] \
+      && python3 -c "import json,sys; sys.exit(0 if json.load(open('$S/$last/experiment.json')).get('finished') else 1)"; then
       left=$((end - SECONDS - 30))
       if [ "$left" -ge 180 ]; then
         rc=0; bash scripts/gpu.sh curriculum "$left" >> "$dest/cur.log" 2>&1 || rc=$?; echo "curriculum: exit $rc"
