@@ -13,25 +13,12 @@ import sys
 import pytest
 
 from sqlrl.pool import ReplicaPool, TemplateChanged, sha256_file
+from test_pool import _make_template  # the same 200-row shop template with a ~400 KiB pad table
 
 FOREVER_INSERT = (
     "INSERT INTO marks SELECT 'loop', x FROM "
     "(WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c)"
 )
-
-
-def _make_template(path: str, n: int = 200) -> str:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    c = sqlite3.connect(path)
-    c.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
-    c.executemany("INSERT INTO t(id, v) VALUES (?, ?)", [(i, f"row{i}") for i in range(n)])
-    c.execute("CREATE TABLE marks(owner TEXT, k INTEGER)")
-    c.execute("CREATE TABLE pad(b BLOB)")
-    c.executemany("INSERT INTO pad VALUES (?)", [(bytes([i % 251]) * 100,) for i in range(4000)])
-    c.commit()
-    c.close()
-    os.chmod(path, 0o444)
-    return path
 
 
 @pytest.fixture()
