@@ -121,7 +121,10 @@ reads no template bytes, so a template changed after its replica was copied is n
 next delta / full reset (the replica keeps the content verified when it was copied). Callers that open
 `lease.path` themselves must do so through SQLite (the lease's state is in `-wal`; a raw copy of the
 main file misses it), must not delete the sidecar files, and must close their connections before
-`release()`. The WAL is never checkpointed or restarted during a lease: it grows with what the lease
+`release()` (Linux: a connection still holding the `-shm` mapped at reset time is detected through
+an OFD lock on its DMS byte, and the reset is then a full copy to a new inode, which isolates it; a
+connection that never read is not detected, and a stale one closed later may unlink the then-current
+lease's `-wal`/`-shm` names). The WAL is never checkpointed or restarted during a lease: it grows with what the lease
 writes (disk, not memory) until the reset deletes it. WAL mode needs shared memory (`-shm`, mmap) and
 POSIX locks that work between processes: `root_dir` must be on a local filesystem, not NFS / SMB
 (`wal_reset=False` otherwise). Each open replica costs a worker ~5 file descriptors (the worker raises
@@ -149,6 +152,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlrl.artifacts import sha256_file
+
+try:
+    import fcntl
+except ImportError:  # not POSIX
+    fcntl = None  # type: ignore[assignment]
 from sqlrl.sandbox import (
     _DENY_FUNCTIONS,
     _START_LOCK,
@@ -263,6 +271,36 @@ def _wal_image(head: bytes) -> bytes:
     if len(head) >= 100 and head.startswith(_SQLITE_MAGIC) and head[18:20] != b"\x02\x02":
         return head[:18] + b"\x02\x02" + head[20:]
     return head
+
+
+_SHM_DMS = 128  # unix VFS: byte of the -shm every connection with the wal-index mapped holds read-locked
+
+
+def _shm_in_use(path: str) -> bool:
+    """True when some connection, in any process INCLUDING this one, still has the replica's wal-index
+    mapped (SQLite's unix VFS holds a POSIX read lock on the -shm's DMS byte for as long as it does).
+    An open-file-description lock conflicts with POSIX locks even when this process holds them, unlike
+    F_GETLK / F_SETLK. Such a connection (a caller that did not close its own connection before
+    release) keeps the per-inode wal-index of the old -shm: a WAL discard or an in-place delta would
+    keep the inode and let it be shared by the next trajectory's connections in that process, or let
+    the stale connection checkpoint its old WAL into the next lease's main file. False where OFD locks
+    are not available (non-Linux): the check is skipped."""
+    ofd = getattr(fcntl, "F_OFD_SETLK", None) if fcntl is not None else None
+    if ofd is None:
+        return False
+    try:
+        fd = os.open(path + "-shm", os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    try:
+        fcntl.fcntl(fd, ofd, struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, _SHM_DMS, 1, 0))
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # releases the OFD lock
 
 
 def _wal_size(path: str) -> int:
@@ -987,10 +1025,13 @@ class ReplicaPool:
         want = self.template_sha256[rep.db_id]
         if rep.open_in_worker:  # defensive: never replace a file under an open connection
             self._close_in_worker(rep)
-        if self.wal_reset and rep.sig is not None and self._wal_discard(rep):
+        # a connection still open on the replica (caller misuse): only a new inode isolates it
+        stale = self.wal_reset and rep.sig is not None and _shm_in_use(rep.path)
+        if self.wal_reset and rep.sig is not None and not stale and self._wal_discard(rep):
             return
         if (
-            self.delta_reset
+            not stale
+            and self.delta_reset
             and not self._always_reset
             and rep.sig is not None
             and self._delta(rep, src, want)
