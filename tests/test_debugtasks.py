@@ -169,6 +169,36 @@ def test_failed_status(tmp_path, tiny_db):
     assert (passed, total) == (0, 3) and all(not d["passed"] for d in details)
 
 
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "ATTACH DATABASE '{evil}' AS e; CREATE TABLE e.x (a)",  # would create a file anywhere
+        "BEGIN; UPDATE t SET b = 0; COMMIT",
+        "PRAGMA journal_mode = OFF",
+        "PRAGMA writable_schema = 1",
+        "VACUUM INTO '{evil}'",
+        "UPDATE t SET b = 2 * b WHERE a = 1; SELECT load_extension('x')",
+    ],
+)
+def test_a_submission_runs_under_the_replica_authorizer(tmp_path, tiny_db, attack):
+    """The submitted solution is policy SQL: ATTACH, transactions, state-changing pragmas, VACUUM INTO and
+    denied functions are refused (an error, the task not solved) and no file appears outside the state."""
+    import sqlite3
+
+    task = _manual_task(tiny_db)
+    state = str(tmp_path / "s.sqlite")
+    prepare_state(task, state)
+    evil = tmp_path / "evil.sqlite"
+    err = apply_submission(task, state, attack.format(evil=evil))
+    assert err is not None and ("not authorized" in err or "authorization denied" in err), err
+    assert not evil.exists()
+    con = sqlite3.connect(state)
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    con.close()
+    # the same connection rules do not get in the way of a real solution
+    assert dt.run_episode_offline(task, list(task.solution_sql))["status"] == "solved"
+
+
 def test_validation_drops_buggy_that_passes(tiny_db):
     task = _manual_task(tiny_db)
     assert validate_task(task) is None

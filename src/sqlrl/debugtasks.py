@@ -261,13 +261,18 @@ def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _materialize(con: sqlite3.Connection, sql: str, table: str) -> int:
-    """Run one SELECT and store its result as `table(__pos, c0..)`. Returns the number of columns."""
+def _materialize(con: sqlite3.Connection, sql: str, table: str, *, trusted_after_fetch: bool = False) -> int:
+    """Run one SELECT and store its result as `table(__pos, c0..)`. Returns the number of columns.
+    `trusted_after_fetch`: remove the connection's authorizer once the rows are fetched (the SELECT was
+    policy SQL; storing its rows is ours)."""
     cur = con.execute(sql)
     if cur.description is None:
         raise sqlite3.OperationalError("the submission of a query task must be a SELECT returning rows")
     ncol = len(cur.description)
     rows = cur.fetchmany(MAX_RESULT_ROWS + 1)
+    cur.close()
+    if trusted_after_fetch:
+        con.set_authorizer(None)
     if len(rows) > MAX_RESULT_ROWS:
         raise sqlite3.OperationalError(f"result has more than {MAX_RESULT_ROWS} rows")
     cols = ", ".join(["__pos INTEGER"] + [f"c{i}" for i in range(ncol)])
@@ -321,12 +326,18 @@ def apply_submission(
     stmts = _as_list(sql)
     if not stmts:
         return "empty submission"
+    from sqlrl.pool import write_authorizer
+
     con = _connect(str(state_db_path), timeout_s)
     try:
+        # the submission is policy SQL: the replica pool's authorizer applies to it too (no ATTACH,
+        # no transactions, no state-changing pragmas, no denied functions); our own statements after
+        # it (materializing a query's result) run without it
+        con.set_authorizer(write_authorizer())
         if pub.category == "query":
             if len(stmts) != 1:
                 return "a query task takes exactly one SELECT statement"
-            _materialize(con, stmts[0].strip().rstrip(";"), _table)
+            _materialize(con, stmts[0].strip().rstrip(";"), _table, trusted_after_fetch=True)
         else:
             _run_statements(con, stmts)
         return None

@@ -330,6 +330,29 @@ class _Conn:
         self.conn = self.pin = None
 
 
+def write_authorizer(on_write=None):
+    """The authorizer for policy SQL on a writable replica (also used by `debugtasks.apply_submission`
+    for a submitted solution): reads, the write actions of `_WRITE_ACTIONS` (calling `on_write()` when
+    one is compiled), functions except `_POOL_DENY_FUNCTIONS`, the read-only pragmas of
+    `_ALLOWED_PRAGMAS`; everything else (ATTACH / DETACH, transactions and savepoints, other pragmas,
+    virtual tables, ANALYZE, VACUUM's internal ATTACH) is denied."""
+
+    def authorizer(action: int, arg1: Any, arg2: Any, dbname: Any, source: Any) -> int:
+        if action in _READ_ACTIONS:
+            return _OK
+        if action == _A_FUNCTION:
+            return _DENY if (arg2 or "").lower() in _POOL_DENY_FUNCTIONS else _OK
+        if action == _A_PRAGMA:
+            return _OK if (arg1 or "").lower() in _ALLOWED_PRAGMAS else _DENY
+        if action in _WRITE_ACTIONS:
+            if on_write is not None:
+                on_write()
+            return _OK
+        return _DENY
+
+    return authorizer
+
+
 def _open_pin(path: str) -> tuple[sqlite3.Connection, bool]:
     """Read-only connection in a read transaction. Begun while the WAL is empty, it holds WAL read-lock 0,
     which forbids every checkpoint (by any connection) to copy WAL frames into the main file until it
@@ -372,19 +395,10 @@ def _open_replica(path: str, cfg: dict, deadline: _Deadline) -> tuple[_Conn, boo
             conn.execute("PRAGMA " + pragma).fetchall()
         _limit(conn, cfg, deadline, trigger_depth=10)
 
-        def authorizer(action: int, arg1: Any, arg2: Any, dbname: Any, source: Any) -> int:
-            if action in _READ_ACTIONS:
-                return _OK
-            if action == _A_FUNCTION:
-                return _DENY if (arg2 or "").lower() in _POOL_DENY_FUNCTIONS else _OK
-            if action == _A_PRAGMA:
-                return _OK if (arg1 or "").lower() in _ALLOWED_PRAGMAS else _DENY
-            if action in _WRITE_ACTIONS:
-                box.wrote = True  # sticky for the life of the connection (closed on a dirty release)
-                return _OK
-            return _DENY
+        def wrote() -> None:
+            box.wrote = True  # sticky for the life of the connection (closed on a dirty release)
 
-        conn.set_authorizer(authorizer)
+        conn.set_authorizer(write_authorizer(wrote))
     except BaseException:
         box.close()
         raise
