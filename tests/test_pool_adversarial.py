@@ -12,20 +12,12 @@ import pytest
 
 from sqlrl.pool import ReplicaPool, sha256_file
 from test_pool import _make_template
+from test_pool_wal import _dump  # integrity check + iterdump through a read-only connection
 
 
 @pytest.fixture()
 def tpl(tmp_path):
     return _make_template(str(tmp_path / "data" / "shop" / "shop.sqlite"))
-
-
-def _dump(path: str) -> list[str]:
-    c = sqlite3.connect("file:" + path + "?mode=ro", uri=True)
-    try:
-        assert c.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        return list(c.iterdump())
-    finally:
-        c.close()
 
 
 def _pool(tpl, tmp_path, **kw):
