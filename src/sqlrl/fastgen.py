@@ -220,7 +220,8 @@ class _Run:
             self.results[seq_id] = res
 
     def finish(self, t0: float, name: str, extra: dict) -> list[tuple[list[int], list[float], str]]:
-        global last_stats
+        """Close the statistics and return the results; each engine publishes `self.st` as its own
+        module's `last_stats`."""
         _sync(self.device)
         st = self.st
         st.wall_s = time.perf_counter() - t0
@@ -229,8 +230,6 @@ class _Run:
         st.tokens_per_s = st.tokens_generated / st.wall_s if st.wall_s > 0 else 0.0
         st.peak_memory_gb = _peak_gb(self.device)
         st.extra = {"seed": self.seed, **extra}
-        if name != "staticgen":  # the static engine publishes its own `staticgen.last_stats`
-            last_stats = st
         return self.results  # type: ignore[return-value]
 
 
@@ -672,4 +671,6 @@ def generate_fast(
                     rows.tok = tok
     finally:
         model.train(was_training)
-    return run.finish(t0, "fastgen", {"max_batch": max_batch, "check_every": check_every, "refill": refill})
+    out = run.finish(t0, "fastgen", {"max_batch": max_batch, "check_every": check_every, "refill": refill})
+    last_stats = run.st
+    return out
