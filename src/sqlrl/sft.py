@@ -240,7 +240,7 @@ def train_sft(
         restore_rng,
         save_checkpoint,
     )
-    from sqlrl.trainer import TaskSampler, _device_and_dtypes, check_run_folder, load_trainable
+    from sqlrl.trainer import TaskSampler, _device_and_dtypes, check_run_folder, load_trainable, out_of_time
 
     out = Path(out_dir)
     mine = json.loads(json.dumps(resolved(cfg, sft)))
@@ -344,7 +344,7 @@ def train_sft(
     t_train0 = time.perf_counter()
     last, done, last_step_s = start_step, 0, 0.0
     for step in range(start_step + 1, sft.steps + 1):
-        if deadline is not None and last_step_s and time.monotonic() + 1.5 * last_step_s + 30 > deadline:
+        if out_of_time(deadline, last_step_s):
             if last > start_step and last % cfg.run.checkpoint_every != 0:
                 checkpoint(last)
             print(f"sqlrl sft: stopping before step {step} to meet the time budget", file=sys.stderr)

@@ -294,6 +294,13 @@ def micro_batches(spans: list[int], max_seqs: int, max_logit_tokens: int = 0) ->
     return out
 
 
+def out_of_time(deadline: float | None, last_step_s: float) -> bool:
+    """The time-budget rule of the training loops (`train`, `sft.train_sft`): stop before a step when
+    the next one would probably end less than 30 s before `deadline` (a `time.monotonic()` value),
+    judged from the last step's duration (1.5x); never before a step has been measured."""
+    return deadline is not None and last_step_s > 0 and time.monotonic() + 1.5 * last_step_s + 30 > deadline
+
+
 def _oom_message(step: int, n: int, keep: int, g) -> str:
     return (
         f"out of GPU memory in the update of step {step}: a micro-batch of {n} trajectories x {keep} "
@@ -521,7 +528,7 @@ def train(
             )
 
         for step in range(start_step + 1, g.steps + 1):
-            if deadline is not None and last_step_s and time.monotonic() + 1.5 * last_step_s + 30 > deadline:
+            if out_of_time(deadline, last_step_s):
                 if last_step > start_step and last_step % cfg.run.checkpoint_every != 0:
                     checkpoint(last_step)
                 print(
