@@ -17,6 +17,8 @@ S=${SQLRL_SCRATCH:-/root/sqlrl-scratch}
 mkdir -p "$S/parts"
 export SQLRL_CACHE=$S/models PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 cmd=$1; shift
+# exit 0 when the experiment folder $S/$1 records a finished run
+finished() { [ -f "$S/$1/experiment.json" ] && python3 -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1])).get('finished') else 1)" "$S/$1/experiment.json"; }
 case "$cmd" in
   stage)
     for n in "$@"; do cp ".stage/q50/part$n" "$S/parts/"; done
@@ -88,7 +90,7 @@ PY
     engine=$(cat "$S/engine"); echo "engine: $engine"
     for t in ${GO_TURNS:-1 3}; do
       exp=exp$t
-      if [ -f "$S/$exp/experiment.json" ] && python3 -c "import json,sys; sys.exit(0 if json.load(open('$S/$exp/experiment.json')).get('finished') else 1)"; then
+      if finished "$exp"; then
         echo "$exp finished"; continue
       fi
       left=$((end - SECONDS - 30)); [ "$left" -ge 120 ] || break
@@ -100,8 +102,7 @@ PY
     done
     # then the debugging curriculum (GO_CURRICULUM=0 skips it), once both matrices are finished
     last=exp$(echo ${GO_TURNS:-1 3} | awk '{print $NF}')
-    if [ "${GO_CURRICULUM:-1}" = 1 ] && [ -f "$S/$last/experiment.json" ] \
-      && python3 -c "import json,sys; sys.exit(0 if json.load(open('$S/$last/experiment.json')).get('finished') else 1)"; then
+    if [ "${GO_CURRICULUM:-1}" = 1 ] && finished "$last"; then
       left=$((end - SECONDS - 30))
       if [ "$left" -ge 180 ]; then
         rc=0; bash scripts/gpu.sh curriculum "$left" >> "$dest/cur.log" 2>&1 || rc=$?; echo "curriculum: exit $rc"
