@@ -22,14 +22,17 @@ ours with and without the memo use separate sandboxes (no shared statement cache
     arm is its own training run, so ours gets one Evaluator per arm (no memo shared between arms).
 
 Scorers, on the same pairs:
-- ours: a fresh `Evaluator(Sandbox, GoldCache)` per round and run (memo empty), golds (and their DISTINCT-free
+- ours: a fresh `Evaluator(Sandbox, GoldCache)` per round and run, golds (and their DISTINCT-free
   variants) already in the gold cache; `score_many` in batches of `--batch` pairs, as the trainer
-  calls it; predictions run through the hardened sandbox. Also timed with the memo off
-  (`memo_entries=0`), and both must give identical rewards (`Reward.to_dict()`), checked here.
+  calls it; each pair is scored inside the hardened sandbox's workers (prediction, variant and
+  comparisons there, golds shipped from the gold cache). The Evaluator keeps nothing between calls
+  (the cross-call memo was removed); a deterministic pair repeated within one call is scored once.
+  Also timed with that de-duplication off (`memo_entries=0`), and both must give identical rewards
+  (`Reward.to_dict()`), checked here.
 - naive: per pair, open a read-only sqlite3 connection, run the gold, run the prediction, compare with
   the same `execution_match`, close. No sandbox, no cache, no test-suite metric.
 Printed: median pairs/s over the rounds for each, the ratio of medians and the per-round range, the
-verdict agreement (ours match == naive match wherever ours did not time out) and memo statistics.
+verdict agreement (ours match == naive match wherever ours did not time out) and de-duplication counts.
 Every gold's shape (`gold_shape`, a sqlglot parse) is computed before the rounds, as part of the cached
 gold, for both scorers (before, whichever scorer went first in a round paid for it).
 
@@ -439,8 +442,7 @@ def main(argv: list[str] | None = None) -> int:
                 "verdict_agreement_with_naive": f"{agree}/{total}",
                 "floor": fl,
                 "memo_last_round": {
-                    "result_hits": memo["results"]["hits"],
-                    "reward_hits": memo["rewards"]["hits"],
+                    "duplicate_hits": memo["duplicate_hits"],
                     "sandbox_executions": memo["executions"],
                 },
             }
@@ -487,18 +489,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"  naive (connect, gold, pred, compare)  {v['naive_pairs_per_s']:>9.1f} pairs/s")
         print(f"  ours  Evaluator.score_many            {v['ours_pairs_per_s']:>9.1f} pairs/s")
-        print(f"  ours  with the memo off               {v['ours_memo_off_pairs_per_s']:>9.1f} pairs/s")
+        print(f"  ours  with de-duplication off         {v['ours_memo_off_pairs_per_s']:>9.1f} pairs/s")
         lo, hi = v["ratio_per_round_min_max"]
         print(
             f"  ratio ours / naive                    {v['ratio']:>9.2f}x  (per round {lo}-{hi}x; "
-            f"memo off {v['ratio_memo_off']}x)  target 10x: {out['target_10x'][k]}"
+            f"de-duplication off {v['ratio_memo_off']}x)  target 10x: {out['target_10x'][k]}"
         )
-        print(f"  rewards memo on == memo off           {v['memo_on_equals_memo_off']}")
+        print(f"  rewards de-dup on == off              {v['memo_on_equals_memo_off']}")
         print(f"  verdicts agree with naive             {v['verdict_agreement_with_naive']}")
         m = v["memo_last_round"]
         print(
-            f"  memo, last round                      {m['reward_hits']} reward hits, "
-            f"{m['result_hits']} result hits, {m['sandbox_executions']} sandbox executions"
+            f"  de-duplication, last round            {m['duplicate_hits']} repeats answered from a pair "
+            f"scored in the same call, {m['sandbox_executions']} sandbox executions"
         )
         f = v["floor"]
         if f:

@@ -1,5 +1,6 @@
-"""Evaluator memoization: identical rewards with and without the memo on real SQLite databases, no
-caching of non-deterministic SQL or infrastructure failures, LRU bounds; execution_match fast path."""
+"""Evaluator de-duplication within a call: identical rewards with and without it on real SQLite
+databases, no sharing of non-deterministic SQL or infrastructure failures, nothing kept between calls;
+execution_match fast path."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import sqlrl.reward as reward_mod
 from sqlrl.data import PrivateTask, PublicTask
 from sqlrl.goldcache import GoldCache
-from sqlrl.reward import _LRU, Evaluator, execution_match, gold_shape, is_deterministic_sql
+from sqlrl.reward import Evaluator, execution_match, gold_shape, is_deterministic_sql
 from sqlrl.sandbox import Sandbox
 
 
@@ -110,10 +111,9 @@ def test_memo_gives_identical_rewards_over_many_pairs(dbs, tmp_path):
             else:
                 assert a.to_dict() == b.to_dict(), p
         assert [r.to_dict() for r in single] == [r.to_dict() for r in got_plain[:60]]
-        stats = memo.memo_stats()
-        assert stats["rewards"]["hits"] > len(stream) // 2  # the memo was really used
+        assert memo.memo_stats()["duplicate_hits"] > 0  # repeats within a batch were really shared
         assert memo.executions < plain.executions
-        assert plain.memo_stats()["rewards"]["entries"] == 0 and plain.memo_stats()["results"]["entries"] == 0
+        assert plain.memo_stats()["duplicate_hits"] == 0
 
 
 def test_memo_on_equals_off_across_databases_same_sql(dbs, tmp_path):
@@ -220,34 +220,31 @@ def gc(tmp_path):
         yield g
 
 
-def test_non_deterministic_prediction_is_never_cached(dbs, gc):
+def test_non_deterministic_prediction_is_never_deduplicated(dbs, gc):
     sb = CountingSandbox()
     ev = Evaluator(sb, gc)
     t = task(dbs[0], "SELECT name FROM singer WHERE country = 'US'")
     rnd = "SELECT name FROM singer ORDER BY random() LIMIT 3"
-    for _ in range(3):
-        ev.score(rnd, t)
-    ev.score_many([(rnd, t)] * 4)  # duplicates in one batch run separately too
-    assert sb.calls.count(rnd) == 7
+    ev.score_many([(rnd, t)] * 4)  # duplicates in one batch run separately
+    assert sb.calls.count(rnd) == 4
     det = "SELECT name FROM singer LIMIT 3"
-    for _ in range(3):
-        ev.score(det, t)
-    ev.score_many([(det, t)] * 4)
-    assert sb.calls.count(det) == 1
+    out = ev.score_many([(det, t)] * 4)
+    assert sb.calls.count(det) == 1 and len({str(r.to_dict()) for r in out}) == 1
+    assert ev.memo_stats()["duplicate_hits"] == 3
 
 
 @pytest.mark.parametrize("failure", ["worker_crash", "timeout", "too_large", RuntimeError("pipe broke")])
-def test_infra_errors_and_timeouts_are_not_cached(dbs, gc, failure):
+def test_infra_errors_and_timeouts_are_not_shared(dbs, gc, failure):
     pred = "SELECT name FROM singer WHERE country = 'US'"
     sb = CountingSandbox({pred: [failure]})
     ev = Evaluator(sb, gc)
     t = task(dbs[0], pred)
-    first = ev.score(pred, t)
+    first, second = ev.score_many([(pred, t)] * 2)
     assert first.status in ("infra_error", "timeout", "exec_error")
-    second = ev.score(pred, t)  # executed again, and now it works
-    assert second.status == "match" and second.value == 1.0
+    assert second.status == "match" and second.value == 1.0  # executed again, and now it works
     assert sb.calls.count(pred) == 2
-    assert ev.score(pred, t).status == "match" and sb.calls.count(pred) == 2  # now memoized
+    out = ev.score_many([(pred, t)] * 3)  # reproducible now: executed once for the three
+    assert [r.status for r in out] == ["match"] * 3 and sb.calls.count(pred) == 3
 
 
 def test_timeout_in_a_batch_is_not_shared_with_its_duplicates(dbs, gc):
@@ -258,12 +255,12 @@ def test_timeout_in_a_batch_is_not_shared_with_its_duplicates(dbs, gc):
     assert [r.status for r in out] == ["timeout", "match", "match"]
 
 
-def test_transient_runtime_error_not_cached_but_sql_error_is(dbs, gc):
+def test_transient_runtime_error_not_shared_but_sql_error_is(dbs, gc):
     t = task(dbs[0], "SELECT name FROM singer")
     sb = CountingSandbox()
     ev = Evaluator(sb, gc)
-    for _ in range(3):
-        assert ev.score("SELECT nope FROM singer", t).status == "exec_error"
+    out = ev.score_many([("SELECT nope FROM singer", t)] * 3)
+    assert [r.status for r in out] == ["exec_error"] * 3
     assert sb.calls.count("SELECT nope FROM singer") == 1
 
     class Flaky(CountingSandbox):
@@ -273,61 +270,30 @@ def test_transient_runtime_error_not_cached_but_sql_error_is(dbs, gc):
 
     fl = Flaky()
     ev = Evaluator(fl, gc)
-    for _ in range(3):
-        ev.score("SELECT name FROM singer", t)
+    ev.score_many([("SELECT name FROM singer", t)] * 3)
     assert len(fl.calls) == 3
 
 
 def test_returned_rewards_are_copies(dbs, gc):
     ev = Evaluator(CountingSandbox(), gc)
     t = task(dbs[0], "SELECT name, age FROM singer ORDER BY age LIMIT 3")
-    a = ev.score("SELECT age, name FROM singer ORDER BY age LIMIT 3", t)
+    a, b = ev.score_many([("SELECT age, name FROM singer ORDER BY age LIMIT 3", t)] * 2)
     a.parts["permutation"].append(99)
     a.parts["execution_match"] = "edited"
-    b = ev.score("SELECT age, name FROM singer ORDER BY age LIMIT 3", t)
     assert "execution_match" not in b.parts and 99 not in b.parts["permutation"]
 
 
-def test_new_sandbox_clears_the_memo(dbs, gc):
-    ev = Evaluator(CountingSandbox(), gc)
-    t = task(dbs[0], "SELECT name FROM singer")
-    ev.score("SELECT name FROM singer", t)
-    ev.sandbox = other = CountingSandbox()
-    ev.score("SELECT name FROM singer", t)
-    assert other.calls == ["SELECT name FROM singer"]
-
-
-def test_lru_bounds():
-    lru = _LRU(3)
-    for i in range(5):
-        lru.put(i, str(i))
-    assert len(lru) == 3 and lru.get(0) is None and lru.get(1) is None
-    assert lru.get(2) == "2"  # 2 is now the most recent
-    lru.put(5, "5")
-    assert 3 not in lru and 2 in lru and lru.evictions == 3
-    w = _LRU(100, max_weight=10)
-    assert not w.put("huge", 1, weight=11)  # heavier than the whole budget: not stored
-    for i in range(6):
-        w.put(i, i, weight=4)
-    assert w.weight <= 10 and len(w) == 2
-    off = _LRU(0)
-    assert not off.put("k", 1) and len(off) == 0
-
-
-def test_evaluator_memo_is_bounded(dbs, gc):
+def test_nothing_is_kept_between_calls(dbs, gc):
     sb = CountingSandbox()
-    ev = Evaluator(sb, gc, memo_entries=4, memo_cells=1000)
+    ev = Evaluator(sb, gc)
     t = task(dbs[0], "SELECT name FROM singer")
-    preds = [f"SELECT name FROM singer WHERE id > {i}" for i in range(10)]
-    for p in preds:
-        ev.score(p, t)
-    st = ev.memo_stats()
-    assert st["results"]["entries"] <= 4 and st["rewards"]["entries"] <= 4
-    assert st["results"]["weight"] <= 1000
-    ev.score(preds[0], t)  # evicted long ago: executed again
-    assert sb.calls.count(preds[0]) == 2
-    ev.score(preds[-1], t)  # recent: memoized
-    assert sb.calls.count(preds[-1]) == 1
+    for _ in range(3):
+        ev.score("SELECT name FROM singer", t)
+    assert sb.calls == ["SELECT name FROM singer"] * 3
+    ev.clear_memo()  # API kept, nothing to clear
+    off = Evaluator(sb, gc, memo_entries=0)
+    off.score_many([("SELECT name FROM singer", t)] * 2)
+    assert len(sb.calls) == 5 and off.memo_stats()["duplicate_hits"] == 0
 
 
 # ------------------------------------------------------------------- execution_match fast path

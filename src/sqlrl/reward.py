@@ -1,8 +1,10 @@
 """Deciding whether a final SQL answers the task: execution match, validity reward, test-suite metric.
 
-Standard library + sqlglot only (never torch). The gold SQL is never executed here on a connection the
+Standard library + sqlglot only (never torch; sqlglot is imported only when SQL is parsed, so sandbox
+workers can import this module cheaply). The gold SQL is never executed here, nor on a connection the
 policy touched: gold results come from `GoldCache.get(db_path, sql)` (executed once, cached); the
-prediction runs through `Sandbox.execute(db_path, sql)`.
+prediction runs in the sandbox, and with a `Sandbox` the whole pair is scored inside its workers
+(`Evaluator`, `_score_in_worker`), which receive the gold's cached result, never its SQL to execute.
 
 Execution match (our metric, `execution_match`), exact rules
 -------------------------------------------------------------
@@ -65,10 +67,10 @@ before looking at the prediction, so every arm is scored on the same tasks). No/
 too_many_rows / too_large -> `exec_error`, 0 (parts["sandbox_status"] records which). timeout ->
 `timeout`, 0. worker_crash, an unknown sandbox status, or an exception from the sandbox or gold cache
 -> `infra_error`, value None (excluded, never 0 or 1). ok -> `match` (1.0) or `mismatch` (0.0).
-`Evaluator.score_many([(sql, task), ...])` gives exactly what `score` gives on each pair, but runs the
-predictions through `sandbox.execute_many` (parallel across sandbox workers) when the sandbox has it.
-The Evaluator memoizes the sandbox results and rewards of deterministic predictions (bounded LRU, see
-`Evaluator`); the rewards are the same with the memo on or off.
+`Evaluator.score_many([(sql, task), ...])` gives exactly what `score` gives on each pair, scoring the
+pairs in parallel inside the sandbox workers (or running the predictions through `execute_many` for a
+sandbox without `execute_scored`). A deterministic pair repeated within one call is scored once (see
+`Evaluator`); the rewards are the same with that de-duplication on or off.
 `kind="validity"`: value 1.0 when the SQL executes with status ok (status still says match/mismatch as
 a diagnostic), 0 otherwise; the other statuses are as above.
 
@@ -96,16 +98,19 @@ import math
 import os
 import re
 import sys
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sqlglot
-from sqlglot import exp
-from sqlglot.tokens import TokenType
+if TYPE_CHECKING:
+    from sqlglot import exp
+
+# sqlglot is imported where SQL is parsed or tokenized (gold_shape, the tokenizer fallbacks), not at
+# import time: sandbox workers import this module for the comparison code (see `_score_in_worker`).
 
 __all__ = [
     "ABS_TOL",
@@ -194,6 +199,8 @@ class GoldShape:
 
 
 def _literal_int(node: Any) -> int | None:
+    from sqlglot import exp
+
     if isinstance(node, exp.Limit | exp.Offset):
         node = node.args.get("expression")
     if isinstance(node, exp.Literal) and not node.is_string:
@@ -205,6 +212,8 @@ def _literal_int(node: Any) -> int | None:
 
 
 def _projections(node: exp.Expression) -> list[exp.Expression] | None:
+    from sqlglot import exp
+
     while isinstance(node, exp.Subquery | exp.SetOperation):
         node = node.this
     if isinstance(node, exp.Select):
@@ -213,6 +222,8 @@ def _projections(node: exp.Expression) -> list[exp.Expression] | None:
 
 
 def _key_index(key: exp.Expression, projs: list[exp.Expression]) -> int | None:
+    from sqlglot import exp
+
     if any(
         isinstance(p, exp.Star) or (isinstance(p, exp.Column) and isinstance(p.this, exp.Star)) for p in projs
     ):
@@ -243,6 +254,8 @@ def _key_index(key: exp.Expression, projs: list[exp.Expression]) -> int | None:
 
 
 def _tokens(sql: str) -> list | None:
+    import sqlglot
+
     try:
         return sqlglot.tokenize(sql, read="sqlite")
     except Exception:
@@ -250,6 +263,8 @@ def _tokens(sql: str) -> list | None:
 
 
 def _toplevel_order_by_tokens(sql: str) -> bool:
+    from sqlglot.tokens import TokenType
+
     toks = _tokens(sql)
     if toks is None:
         return bool(re.search(r"\border\s+by\b", sql, re.I))
@@ -267,6 +282,9 @@ def _toplevel_order_by_tokens(sql: str) -> bool:
 @lru_cache(maxsize=65536)
 def gold_shape(gold_sql: str) -> GoldShape:
     """Top-level ORDER BY / LIMIT / OFFSET of the gold and which output columns hold the sort keys."""
+    import sqlglot
+    from sqlglot import exp
+
     try:
         node = sqlglot.parse_one(gold_sql, read="sqlite")
     except Exception:
@@ -348,6 +366,8 @@ def remove_distinct(sql: str) -> str:
 
 
 def _remove_distinct_tokens(sql: str) -> str:
+    from sqlglot.tokens import TokenType
+
     toks = _tokens(sql)
     if toks is None:
         return sql
@@ -782,78 +802,7 @@ def _memoizable(res: Any) -> bool:
     return st == "runtime_error" and not _TRANSIENT_ERROR.search(str(getattr(res, "message", "") or ""))
 
 
-def _weight(res: Any) -> int:
-    rows = getattr(res, "rows", None) or []
-    cols = getattr(res, "columns", None) or []
-    return 1 + len(rows) * max(1, len(cols))
-
-
-class _LRU:
-    """Bounded least-recently-used map: at most `max_entries` entries and `max_weight` total weight
-    (an entry heavier than `max_weight` is not stored). Thread-safe."""
-
-    def __init__(self, max_entries: int, max_weight: int | None = None):
-        from collections import OrderedDict
-        from threading import Lock
-
-        self.max_entries = max(0, int(max_entries))
-        self.max_weight = max_weight
-        self._d: OrderedDict = OrderedDict()
-        self._lock = Lock()
-        self.weight = 0
-        self.hits = 0
-        self.misses = 0
-        self.evictions = 0
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def __contains__(self, key: Any) -> bool:
-        return key in self._d
-
-    def get(self, key: Any) -> Any:
-        with self._lock:
-            hit = self._d.get(key)
-            if hit is None:
-                self.misses += 1
-                return None
-            self._d.move_to_end(key)
-            self.hits += 1
-            return hit[0]
-
-    def put(self, key: Any, value: Any, weight: int = 1) -> bool:
-        if self.max_entries == 0 or (self.max_weight is not None and weight > self.max_weight):
-            return False
-        with self._lock:
-            old = self._d.pop(key, None)
-            if old is not None:
-                self.weight -= old[1]
-            self._d[key] = (value, weight)
-            self.weight += weight
-            while len(self._d) > self.max_entries or (
-                self.max_weight is not None and self.weight > self.max_weight
-            ):
-                _, (_, w) = self._d.popitem(last=False)
-                self.weight -= w
-                self.evictions += 1
-            return True
-
-    def clear(self) -> None:
-        with self._lock:
-            self._d.clear()
-            self.weight = 0
-
-    def stats(self) -> dict:
-        return {
-            "entries": len(self._d),
-            "weight": self.weight,
-            "hits": self.hits,
-            "misses": self.misses,
-            "evictions": self.evictions,
-        }
-
-
-_SHAS: dict[str, tuple[tuple, str]] = {}  # db path -> (os.stat stamp, file sha256), process-wide
+_PublicTask: Any = None  # sqlrl.data.PublicTask, imported on first use
 
 
 def _copy_reward(r: Reward) -> Reward:
@@ -867,30 +816,31 @@ class _Pair:
     gold_sql: str
     gold: Any
     sql: str
-    rkey: tuple | None  # reward memo key; None when the prediction must not be memoized
-    pkey: tuple | None  # prediction result memo key (db sha256, sql); None likewise
+    key: tuple | None  # (db_path, gold SQL, prediction) of a deterministic prediction; None otherwise
 
 
 class Evaluator:
     """Scores a final SQL for a PrivateTask. kind="execution" (match) or "validity" (executes).
 
-    Memoization (on by default, `memo_entries=0` turns it off; the rewards are identical either way):
-    the databases are read-only and identified by their sha256, so a deterministic statement
-    (`is_deterministic_sql`) gives the same sandbox result every time. The Evaluator keeps
-    - the sandbox result of each prediction (and DISTINCT-free variant) under (database sha256, exact
-      SQL text), for statuses that depend only on the SQL (`_memoizable`: ok, syntax_error,
-      forbidden, multiple_statements, too_many_rows, runtime errors other than I/O/memory/locks; never
-      timeout, too_large, worker_crash or an exception), LRU with at most `memo_entries` entries and
-      `memo_cells` result cells (rows x columns) in total (defaults 50,000 and 2,000,000: some
-      100-200 MB at worst for short text cells; a single larger result is not stored);
-    - the finished Reward under (database sha256, gold SQL, prediction SQL, kind, test_suite), LRU with
-      at most `memo_entries` entries, stored only when every execution behind it was memoizable; a
-      hit returns a fresh copy (callers may edit parts).
-    Non-deterministic SQL (random(), the clock, ...) is executed every time, and duplicates of it in
-    one batch are executed separately. A deterministic prediction repeated within one `score_many`
-    call is executed once; if that execution was not memoizable (a timeout, say), the repeats are
-    executed on their own, as without the memo. The memo belongs to one (sandbox, gold cache) pair: assigning
-    another sandbox or gold cache to the Evaluator clears it. Golds come from the gold cache as before.
+    Where the scoring runs: with a `sqlrl.sandbox.Sandbox` (anything with `execute_scored`) every pair
+    is scored inside the sandbox workers (`_score_in_worker`): the prediction and its DISTINCT-free
+    variant run there and are compared there with the gold result, which the worker gets from the gold
+    cache through the parent (shipped once per worker and kept there); one round trip per chunk of
+    pairs, and only the verdict (value, status, parts) comes back. The gold is never executed in a
+    worker, on a connection the policy's SQL touched or anywhere else but the gold cache. Golds larger
+    than `_WORKER_GOLD_MAX_CELLS` cells, and any other sandbox (only `execute` / `execute_many`), use the
+    parent-side path: the predictions' results come back and are compared here. Both paths give the
+    same Reward (value, status, parts), as tests/test_reward_workers.py checks.
+
+    De-duplication within one call (on by default, `memo_entries=0` turns it off; rewards are identical
+    either way): a deterministic prediction (`is_deterministic_sql`) repeated for the same database
+    path and gold within one `score_many` call is scored once, and the repeats get copies of its reward
+    when every execution behind it is reproducible (`_memoizable`: ok, syntax_error, forbidden,
+    multiple_statements, too_many_rows, runtime errors other than I/O/memory/locks; never timeout,
+    too_large, worker_crash or an exception); otherwise the repeats are scored on their own.
+    Non-deterministic SQL (random(), the clock, ...) is scored every time. Nothing is kept between
+    calls: the cross-call memo (LRU of sandbox results and rewards by database sha256) was removed,
+    because it cost more than it saved (bench/bench_reward.py); `memo_cells` is accepted and ignored.
     """
 
     def __init__(
@@ -909,48 +859,25 @@ class Evaluator:
         self.gold_cache = gold_cache
         self.kind = kind
         self.test_suite = test_suite
-        self._results = _LRU(memo_entries, max(1, int(memo_cells)))
-        self._rewards = _LRU(memo_entries)
-        self._memo_owner = (id(sandbox), id(gold_cache))
+        self.dedup = int(memo_entries) > 0
         self.executions = 0  # statements sent to the sandbox (predictions and variants)
-
-    def _db_sha256(self, db_path: str) -> str | None:
-        """sha256 of the database file, None if unreadable (then that pair is not memoized). Hashed
-        once (sqlrl.data.file_sha256), then trusted while one `os.stat` shows the same file (device,
-        inode, size, mtime); a database rewritten in place with the same size and mtime is not
-        noticed, which the sandbox's `immutable=1` connections already assume."""
-        try:
-            st = os.stat(db_path)
-            stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-            hit = _SHAS.get(db_path)
-            if hit is not None and hit[0] == stamp:
-                return hit[1]
-            from sqlrl.data import file_sha256
-
-            sha = file_sha256(db_path)
-            _SHAS[db_path] = (stamp, sha)
-            return sha
-        except Exception:  # noqa: BLE001 - no memo for that pair; the sandbox reports the real problem
-            return None
+        self.duplicate_hits = 0  # pairs answered with a copy of an identical pair's reward
 
     def memo_stats(self) -> dict:
-        return {
-            "results": self._results.stats(),
-            "rewards": self._rewards.stats(),
-            "executions": self.executions,
-        }
+        return {"duplicate_hits": self.duplicate_hits, "executions": self.executions}
 
     def clear_memo(self) -> None:
-        self._results.clear()
-        self._rewards.clear()
+        """Nothing to clear: no state is kept between calls (kept for API compatibility)."""
 
     @staticmethod
     def _check_task(task: Any) -> tuple[str, str]:
-        try:
-            from sqlrl.data import PublicTask
-        except Exception:  # pragma: no cover - data.py always exists in the package
-            PublicTask = None  # type: ignore[assignment]  # noqa: N806
-        if PublicTask is not None and isinstance(task, PublicTask):
+        global _PublicTask
+        if _PublicTask is None:
+            try:
+                from sqlrl.data import PublicTask as _PublicTask
+            except Exception:  # pragma: no cover - data.py always exists in the package
+                _PublicTask = type("_NoPublicTask", (), {})
+        if isinstance(task, _PublicTask):
             raise TypeError("Evaluator.score: got a PublicTask, which has no gold SQL; pass the PrivateTask")
         gold_sql = getattr(task, "gold_sql", None)
         public = getattr(task, "public", None)
@@ -987,75 +914,32 @@ class Evaluator:
                 results.append(_InfraFailure(f"sandbox: {type(e).__name__}: {e}"))
         return results
 
-    def _run_memo(self, items: list[tuple[str, str, tuple | None]]) -> list[Any]:
-        """Results for (db_path, sql, memo key or None): memo hits, one execution per distinct key
-        (items without a key each execute), memoizable results stored."""
-        out: list[Any] = [None] * len(items)
-        run: list[tuple[str, str]] = []
-        keys: list[tuple | None] = []
-        waiting: list[list[int]] = []
-        where: dict[tuple, int] = {}
-        for n, (db_path, sql, key) in enumerate(items):
-            if key is not None:
-                hit = self._results.get(key)
-                if hit is not None:
-                    out[n] = hit
-                    continue
-                pos = where.get(key)
-                if pos is not None:
-                    waiting[pos].append(n)
-                    continue
-                where[key] = len(run)
-            waiting.append([n])
-            run.append((db_path, sql))
-            keys.append(key)
-        again: list[int] = []
-        for pos, res in enumerate(self._execute_batch(run)):
-            key = keys[pos]
-            ok = key is not None and _memoizable(res)
-            if ok:
-                self._results.put(key, res, _weight(res))
-            out[waiting[pos][0]] = res
-            for n in waiting[pos][1:]:
-                if ok:
-                    out[n] = res
-                else:  # a timeout or crash is not shared with the duplicates: they run on their own
-                    again.append(n)
-        if again:
-            for n, res in zip(again, self._execute_batch([items[n][:2] for n in again])):
-                out[n] = res
-        return out
-
     def _execute_pending(self, pending: list[_Pair], want_ts: bool) -> tuple[list[Any], list[Any]]:
-        """Sandbox work of the pending pairs: the predictions, then the DISTINCT-free variants of those
-        that executed (None where there is no variant)."""
-        preds = self._run_memo([(p.db_path, p.sql, p.pkey) for p in pending])
+        """Parent-side path: the predictions in one batch, then the DISTINCT-free variants of those
+        that executed in another (None where there is no variant)."""
+        preds = self._execute_batch([(p.db_path, p.sql) for p in pending])
         variants: list[Any] = [None] * len(pending)
         if want_ts:
-            todo: list[tuple[int, tuple[str, str, tuple | None]]] = []
+            todo: list[tuple[int, tuple[str, str]]] = []
             for n, (p, res) in enumerate(zip(pending, preds)):
                 if isinstance(res, _InfraFailure) or getattr(res, "status", None) != "ok":
                     continue
                 v_sql = remove_distinct(p.sql)
                 if v_sql != p.sql:
-                    todo.append((n, (p.db_path, v_sql, (p.pkey[0], v_sql) if p.pkey is not None else None)))
-            for (n, _), res in zip(todo, self._run_memo([x for _, x in todo])):
+                    todo.append((n, (p.db_path, v_sql)))
+            for (n, _), res in zip(todo, self._execute_batch([x for _, x in todo])):
                 variants[n] = res
         return preds, variants
 
     def score_many(self, items: list[tuple[str | None, Any]]) -> list[Reward]:
-        """Score (final_sql, PrivateTask) pairs; same result as `score` on each, but predictions run
-        through `sandbox.execute_many` (parallel across the sandbox's workers), in one batch and then
-        one batch of DISTINCT-free variants. A repeat of a deterministic prediction in the same call
-        is executed once (see the class docstring)."""
+        """Score (final_sql, PrivateTask) pairs; same result as `score` on each. With a Sandbox the
+        pairs are scored inside its workers in parallel, one round trip per chunk (see the class
+        docstring); otherwise the predictions run through `sandbox.execute_many` in one batch and one
+        batch of DISTINCT-free variants. A repeat of a deterministic pair in the same call is scored
+        once."""
         checked = [self._check_task(task) for _, task in items]  # TypeError before any work
         base: dict[str, Any] = {"kind": self.kind}
         want_ts = self.kind == "execution" and self.test_suite
-        owner = (id(self.sandbox), id(self.gold_cache))
-        if owner != self._memo_owner:
-            self.clear_memo()
-            self._memo_owner = owner
-        memo = self._results.max_entries > 0
         out: list[Reward | None] = [None] * len(items)
         pending: list[_Pair] = []
         # one batched cache look-up (one path resolution and file hash per database, not per pair);
@@ -1063,12 +947,13 @@ class Evaluator:
         fetched = None
         if hasattr(self.gold_cache, "get_many"):
             try:
-                fetched = self.gold_cache.get_many(checked, progress=False)
+                uniq = list(dict.fromkeys(checked))  # a GRPO group shares its gold: look it up once
+                got = dict(zip(uniq, self.gold_cache.get_many(uniq, progress=False)))
+                fetched = [got[c] for c in checked]
             except Exception:
                 fetched = None
-        shas: dict[str, str | None] = {}
-        first: set[tuple] = set()  # reward memo keys of the pairs pending in this call
-        dups: list[tuple[int, tuple]] = []  # (position, reward memo key) of repeats of a pending pair
+        first: set[tuple] = set()  # keys of the deterministic pairs pending in this call
+        dups: list[tuple[int, tuple]] = []  # (position, key) of repeats of a pending pair
         for i, ((final_sql, _), (db_path, gold_sql)) in enumerate(zip(items, checked)):
             try:
                 gold = fetched[i] if fetched is not None else self.gold_cache.get(db_path, gold_sql)
@@ -1083,42 +968,132 @@ class Evaluator:
             elif final_sql is None or not final_sql.strip().strip(";").strip():
                 out[i] = Reward(0.0, "no_sql", self._fail_parts(base, want_ts))
             else:
-                rkey = pkey = None
-                if memo and is_deterministic_sql(final_sql):
-                    if db_path not in shas:
-                        shas[db_path] = self._db_sha256(db_path)
-                    sha = shas[db_path]
-                    if sha is not None:
-                        pkey = (sha, final_sql)
-                        rkey = (sha, gold_sql, final_sql, self.kind, want_ts)
-                        hit = self._rewards.get(rkey)
-                        if hit is not None:
-                            out[i] = _copy_reward(hit)
-                            continue
-                        if rkey in first:
-                            dups.append((i, rkey))
-                            continue
-                        first.add(rkey)
-                pending.append(_Pair(i, db_path, gold_sql, gold, final_sql, rkey, pkey))
+                key = None
+                if self.dedup and is_deterministic_sql(final_sql):
+                    key = (db_path, gold_sql, final_sql)
+                    if key in first:
+                        dups.append((i, key))
+                        continue
+                    first.add(key)
+                pending.append(_Pair(i, db_path, gold_sql, gold, final_sql, key))
 
+        reusable: dict[tuple, Reward] = {}  # key -> reward whose every execution was reproducible
         if pending:
-            self._finish_pending(pending, *self._execute_pending(pending, want_ts), out, base, want_ts)
-        # repeats of a pair scored in this call: its reward when that was memoized (so every execution
-        # behind it was reproducible), otherwise scored again on their own
+            rest = self._score_in_workers(pending, out, base, want_ts, reusable)
+            if rest:
+                preds, variants = self._execute_pending(rest, want_ts)
+                self._finish_pending(rest, preds, variants, out, base, want_ts, reusable)
+        # repeats of a pair scored in this call: a copy of its reward when every execution behind it
+        # was reproducible, otherwise scored again on their own
         redo = []
-        for i, rkey in dups:
-            r = self._rewards.get(rkey)
+        for i, key in dups:
+            r = reusable.get(key)
             if r is not None:
                 out[i] = _copy_reward(r)
+                self.duplicate_hits += 1
             else:
-                redo.append((i, items[i]))
+                redo.append(i)
         if redo:
-            for (i, _), r in zip(redo, self.score_many([item for _, item in redo])):
+            for i, r in zip(redo, self.score_many([items[i] for i in redo])):
                 out[i] = r
         return out  # type: ignore[return-value]
 
+    def _score_in_workers(
+        self, pending: list[_Pair], out: list, base: dict, want_ts: bool, reusable: dict
+    ) -> list[_Pair]:
+        """Score the pending pairs inside the sandbox workers (`Sandbox.execute_scored` with
+        `_score_in_worker`): one round trip per chunk, the prediction, its DISTINCT-free variant and
+        both comparisons in the worker, golds shipped from the gold cache (never executed there).
+        Returns the pairs left to the parent-side path: all of them when the sandbox has no
+        `execute_scored` or the call fails, and those whose gold is too large to ship."""
+        run = getattr(self.sandbox, "execute_scored", None)
+        if run is None:
+            return pending
+        variants: dict[tuple[str, str], Any] = {}
+        if want_ts:
+            wanted = list(
+                dict.fromkeys(
+                    (p.db_path, v)
+                    for p in pending
+                    if (v := remove_distinct(p.gold_sql)) != p.gold_sql
+                    and _cells(p.gold) <= _WORKER_GOLD_MAX_CELLS
+                )
+            )
+            variants = dict(zip(wanted, self._gold_variants(wanted)))
+        items: list[tuple] = []
+        refs: dict[int, tuple[int, Any]] = {}
+        sent: list[_Pair] = []
+        rest: list[_Pair] = []
+        for p in pending:
+            gold = p.gold
+            weight = _cells(gold)
+            if weight > _WORKER_GOLD_MAX_CELLS:
+                rest.append(p)
+                continue
+            gk = _ref_key(gold, p.gold_sql)
+            if gk not in refs:
+                sh = gold_shape(p.gold_sql)
+                shape_t = (sh.order_matters, sh.key_columns, sh.has_limit, sh.limit, sh.has_offset, sh.parsed)
+                refs[gk] = (weight, (gold.columns, gold.rows, shape_t))
+            keys: tuple[int, ...] = (gk,)
+            extra = None
+            if want_ts:
+                v_sql = remove_distinct(p.gold_sql)
+                if v_sql != p.gold_sql:
+                    g_var = variants[(p.db_path, v_sql)]
+                    if isinstance(g_var, BaseException):
+                        extra = f"gold_variant_infra: {type(g_var).__name__}"
+                    else:
+                        v_weight = _cells(g_var)
+                        if v_weight > _WORKER_GOLD_MAX_CELLS:
+                            rest.append(p)
+                            continue
+                        vk = _ref_key(g_var, "")
+                        if vk not in refs:
+                            v_status = getattr(g_var, "status", "unknown")
+                            refs[vk] = (v_weight, (v_status, g_var.columns, g_var.rows))
+                        keys = (gk, vk)
+            items.append((p.db_path, p.sql, keys, extra))
+            sent.append(p)
+        if not items:
+            return rest
+        try:
+            got = run(items, refs, _SCORER, {"kind": self.kind, "ts": want_ts})
+            if len(got) != len(items):
+                raise RuntimeError("execute_scored: wrong number of results")
+        except Exception:  # noqa: BLE001 - the parent-side path has its own per-pair failure handling
+            return pending
+        for p, g in zip(sent, got):
+            if type(g) is tuple and len(g) == 5:
+                value, status, parts, memo_ok, n = g
+                self.executions += n
+                r = Reward(value, status, parts)
+                out[p.i] = r
+                if memo_ok and p.key is not None:
+                    reusable[p.key] = r
+                continue
+            self.executions += 1
+            if type(g) is tuple:  # ("__error__", text): the scorer raised (a bug, or memory)
+                out[p.i] = Reward(None, "infra_error", {**base, "error": f"sandbox scorer: {g[-1]}"})
+                continue
+            st = getattr(g, "status", None)  # the watchdog's SQLResult: timeout or worker_crash
+            msg = str(getattr(g, "message", "") or "")[:500]
+            if st == "timeout":
+                fail = self._fail_parts(base, want_ts)
+                out[p.i] = Reward(0.0, "timeout", {**fail, "sandbox_status": st, "message": msg})
+            else:
+                out[p.i] = Reward(None, "infra_error", {**base, "sandbox_status": st, "message": msg})
+        return rest
+
     def _finish_pending(
-        self, chunk: list[_Pair], preds: list[Any], variants: list[Any], out: list, base: dict, want_ts: bool
+        self,
+        chunk: list[_Pair],
+        preds: list[Any],
+        variants: list[Any],
+        out: list,
+        base: dict,
+        want_ts: bool,
+        reusable: dict,
     ) -> None:
         executed: list[tuple[_Pair, Any, Any, GoldShape, dict]] = []
         for p, res, vres in zip(chunk, preds, variants):
@@ -1138,8 +1113,8 @@ class Evaluator:
                     out[i] = Reward(0.0, "timeout", {**fail, "sandbox_status": st, "message": msg})
                 else:
                     out[i] = Reward(None, "infra_error", {**base, "sandbox_status": st, "message": msg})
-                if p.rkey is not None and out[i].status in ("no_sql", "exec_error") and _memoizable(res):
-                    self._rewards.put(p.rkey, _copy_reward(out[i]))
+                if p.key is not None and out[i].status in ("no_sql", "exec_error") and _memoizable(res):
+                    reusable[p.key] = out[i]
                 continue
             gold = p.gold
             shape = gold_shape(p.gold_sql)
@@ -1169,13 +1144,13 @@ class Evaluator:
         if want_ts:
             self._test_suite_pending(executed)
         for p, _, vres, _, parts, _ in executed:
-            if p.rkey is None:
+            if p.key is None:
                 continue
             if vres is not None and not _memoizable(vres):
                 continue
             if str(parts.get("test_suite_reason", "")).startswith("gold_variant_infra"):
                 continue
-            self._rewards.put(p.rkey, _copy_reward(out[p.i]))
+            reusable[p.key] = out[p.i]
 
     @staticmethod
     def _fail_parts(base: dict, want_ts: bool) -> dict:
@@ -1248,6 +1223,131 @@ class Evaluator:
 @dataclass(frozen=True)
 class _InfraFailure:
     error: str
+
+
+# ------------------------------------------------------------------------ scoring in the sandbox workers
+
+# Golds whose result has more cells (rows x columns) than this are scored in the parent (their rows
+# would be shipped to, and held by, every worker); everything else is scored by `_score_in_worker`.
+_WORKER_GOLD_MAX_CELLS = 200_000
+_SCORER = "sqlrl.reward:_score_in_worker"
+_REFS: dict[tuple[int, str], tuple[int, Any]] = {}  # (id(gold result), gold sql) -> (key, gold result)
+_REFS_MAX = 8192
+_REFS_LOCK = threading.Lock()
+_ref_serial = iter(range(1, 2**62))
+
+
+def _ref_key(obj: Any, sql: str) -> int:
+    """A process-wide key for a gold result object (and the SQL whose shape goes with it): the same
+    object always gets the same key while it is registered, and the registry holds the object, so its
+    id cannot be reused by another object under that key."""
+    k = (id(obj), sql)
+    with _REFS_LOCK:
+        hit = _REFS.get(k)
+        if hit is not None and hit[1] is obj:
+            return hit[0]
+        if len(_REFS) >= _REFS_MAX:
+            for old in list(_REFS)[: _REFS_MAX // 2]:
+                del _REFS[old]
+        key = next(_ref_serial)
+        _REFS[k] = (key, obj)
+        return key
+
+
+def _cells(res: Any) -> int:
+    rows = getattr(res, "rows", None) or []
+    return 1 + len(rows) * max(1, len(getattr(res, "columns", None) or []))
+
+
+def _memoizable_tuple(res: tuple) -> bool:
+    st = res[0]
+    if st in _MEMO_STATUSES:
+        return True
+    return st == "runtime_error" and not _TRANSIENT_ERROR.search(str(res[5] or ""))
+
+
+def _score_in_worker(run: Any, sql: str, refs: list, extra: Any, options: dict) -> tuple:
+    """One pair, inside a sandbox worker (`Sandbox.execute_scored`): exactly what the Evaluator's
+    parent-side path computes, from the prediction's sandbox result and the gold result shipped from
+    the gold cache. The gold is never executed here: `run` only ever gets the prediction and its
+    DISTINCT-free variant. refs: [(gold columns, gold rows, gold shape as a tuple)] plus, when the
+    gold has a DISTINCT-free variant, (its gold-cache status, columns, rows). extra: None, or the
+    reason the gold variant could not be fetched. Returns (value, status, parts, memoizable,
+    statements run)."""
+    kind = options["kind"]
+    want_ts = options["ts"]
+    res = run(sql)
+    st = res[0]
+    if st != "ok":
+        msg = str(res[5] or "")[:500]
+        fail = {"kind": kind, "executable": 0.0, "match": 0.0}
+        if want_ts:
+            fail["test_suite_match"] = 0.0
+        if st == "empty_sql":
+            return (0.0, "no_sql", {**fail, "sandbox_status": st}, _memoizable_tuple(res), 1)
+        if st in _EXEC_ERROR_STATUSES:
+            out = (0.0, "exec_error", {**fail, "sandbox_status": st, "message": msg})
+            return (*out, _memoizable_tuple(res), 1)
+        if st == "timeout":
+            return (0.0, "timeout", {**fail, "sandbox_status": st, "message": msg}, False, 1)
+        return (None, "infra_error", {"kind": kind, "sandbox_status": st, "message": msg}, False, 1)
+    g_cols, g_rows, shape_t = refs[0]
+    shape = GoldShape(*shape_t)
+    p_cols, p_rows = res[1], res[2]
+    m = execution_match(g_cols, g_rows, p_cols, p_rows, shape)
+    parts: dict[str, Any] = {
+        "kind": kind,
+        "executable": 1.0,
+        "match": 1.0 if m.match else 0.0,
+        "order_matters": shape.order_matters,
+        "compare_mode": m.mode,
+        "detail": m.reason,
+        "permutation": list(m.permutation) if m.permutation is not None else None,
+        "gold_row_count": len(g_rows),
+        "pred_row_count": len(p_rows),
+    }
+    if m.reason == "permutation_bound":
+        parts["note"] = "column-permutation search bound reached; declared mismatch (may be a false negative)"
+    value = 1.0 if (m.match or kind == "validity") else 0.0
+    reward = (value, "match" if m.match else "mismatch", parts)
+    if not want_ts:
+        return (*reward, True, 1)
+    # the test-suite metric, in the order of the parent-side path: the prediction's variant first
+    vres = None
+    v_sql = remove_distinct(sql)
+    if v_sql != sql:
+        vres = run(v_sql)
+    n = 1 if vres is None else 2
+    memo_ok = vres is None or _memoizable_tuple(vres)
+    if extra is not None:  # the gold variant could not be fetched (infrastructure)
+        parts["test_suite_match"] = None
+        parts["test_suite_reason"] = extra
+        return (*reward, False, n)
+    g_var = refs[1] if len(refs) > 1 else None
+    if g_var is not None:
+        if g_var[0] not in ("ok", "empty"):
+            parts["test_suite_match"] = None
+            parts["test_suite_reason"] = f"gold_variant_{g_var[0]}"
+            return (*reward, memo_ok, n)
+        g_cols, g_rows = g_var[1], g_var[2]
+    elif vres is None and m.match and m.tries == 0 and len(g_rows) > 0:
+        # identical rows found by execution_match's fast path: test-suite equality follows
+        parts["test_suite_match"] = 1.0
+        return (*reward, memo_ok, n)
+    p_res = res if vres is None else vres
+    if p_res[0] == "worker_crash":
+        parts["test_suite_match"] = None
+        parts["test_suite_reason"] = "pred_variant_infra"
+        return (*reward, memo_ok, n)
+    if p_res[0] != "ok":
+        parts["test_suite_match"] = 0.0
+        parts["test_suite_reason"] = f"pred_variant_{p_res[0]}"
+        return (*reward, memo_ok, n)
+    t = test_suite_result_eq(g_cols, g_rows, p_res[1], p_res[2], shape.order_matters)
+    parts["test_suite_match"] = 1.0 if t.match else 0.0
+    if t.reason == "permutation_bound":
+        parts["test_suite_reason"] = "permutation_bound"
+    return (*reward, memo_ok, n)
 
 
 # --------------------------------------------------------------------------------------------- CLI

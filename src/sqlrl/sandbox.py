@@ -8,13 +8,14 @@ another reason gives `worker_crash`, and the next call works on a fresh worker.
 
 Layers, outermost first (each one alone would stop the attacks it lists; they are stacked on purpose):
 
-1. A tokenizer-aware pre-check in the parent (string literals, quoted identifiers and comments are
-   understood): empty SQL -> `empty_sql`; more than one statement -> `multiple_statements` (trailing
+1. A tokenizer-aware pre-check (string literals, quoted identifiers and comments are understood; in
+   the parent for `execute` / `execute_many`, in the worker with the same function and statuses for
+   the statements of `execute_scored`): empty SQL -> `empty_sql`; more than one statement -> `multiple_statements` (trailing
    semicolons and comments are fine); a statement that starts with a writing or administrative
    keyword (INSERT, UPDATE, DELETE, REPLACE, CREATE, DROP, ALTER, ATTACH, DETACH, BEGIN, COMMIT, END,
    ROLLBACK, SAVEPOINT, RELEASE, VACUUM, REINDEX, ANALYZE) -> `forbidden`; `EXPLAIN` only in front of
    SELECT / WITH / VALUES; SQL longer than `max_sql_chars` -> `too_large`. Only the one statement
-   (original text up to its semicolon) is sent to the worker.
+   (original text up to its semicolon) is executed.
 2. The connection is opened with the URI `file:PATH?mode=ro&immutable=1` (SQLite itself refuses
    every write to the file and takes no locks), plus `PRAGMA query_only=1`, `trusted_schema=0`,
    `temp_store=MEMORY` (no temp files), all set *before* the authorizer is installed.
@@ -41,6 +42,15 @@ Text that is not valid UTF-8 is decoded deterministically with `bytes.decode("ut
 (U+FFFD for each bad sequence). Statements are first run with the C fast path; only when that fails
 to decode is the statement re-run with the replacing decoder (same result, same deadline).
 
+`execute_scored` runs a scorer function inside the workers (one round trip per chunk of items; the
+parent drives all workers from the calling thread): the scorer gets a `run(sql)` that executes one
+statement through layers 1-6 exactly as `execute` does, plus reference payloads (e.g. cached gold
+results) that the parent ships to each worker once and the worker keeps. The watchdog applies per
+statement; an item whose statement hung or whose worker died gets `timeout` / `worker_crash` (or, for
+a later statement of the item, is run again with that statement answered by the failure), and the
+chunk's other unfinished items are re-run on the fresh worker. Workers import the modules in `preload`
+(default `sqlrl.reward`, standard library only at import) when they start.
+
 Statuses: ok | empty_sql | syntax_error | forbidden | multiple_statements | timeout | too_many_rows |
 too_large | runtime_error | worker_crash. `ok` is the only success; `worker_crash` is an
 infrastructure failure, never a wrong answer.
@@ -66,10 +76,12 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import importlib
 import json
 import marshal
 import math
 import multiprocessing
+import multiprocessing.connection
 import os
 import queue
 import re
@@ -80,7 +92,7 @@ import time
 import types
 import urllib.parse
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -526,16 +538,26 @@ def _run_one(conns: OrderedDict, cfg: dict, deadline: _Deadline, db_path: str, s
 
 
 _FLUSH_S = 0.02  # a worker sends buffered results at least this often (and at the end of a batch)
-_STARTING, _IDLE = -2.0, -1.0  # progress[1] while the worker starts up / before it takes a batch
+_STARTING, _IDLE = -2.0, -1.0
+_SCORE_CHUNKS_PER_WORKER = 2  # execute_scored: chunks per worker (load balance vs round trips)  # progress[1] while the worker starts up / before it takes a batch
 
 
 def _worker_main(conn: Any, cfg: dict, progress: Any) -> None:
     """Worker loop: receive a marshalled batch [(db_path, sql, timeout_s), ...] and answer with
-    marshalled lists of result tuples, in order. Before item k starts, `progress` (shared memory)
-    gets [start time (time.monotonic), k]: that is what the parent's watchdog reads."""
+    marshalled lists of result tuples, in order; or a scoring batch (a tuple, see `_score_batch`).
+    Before item k starts, `progress` (shared memory) gets [start time (time.monotonic), k, statement
+    number within the item]: that is what the parent's watchdog reads."""
     _setup_process(cfg)
     conns: OrderedDict = OrderedDict()
     deadline = _Deadline()
+    refs: dict = {}  # reference payloads of scoring batches (e.g. cached gold results), by key
+    scorers: dict = {}
+    for name in cfg.get("preload") or ():
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a scoring batch naming it reports the error per item
+            pass
+    progress[2] = 0.0
     progress[1] = _IDLE
     monotonic = time.monotonic
     while True:
@@ -543,6 +565,10 @@ def _worker_main(conn: Any, cfg: dict, progress: Any) -> None:
             batch = marshal.loads(conn.recv_bytes())
         except (EOFError, OSError):
             return
+        if type(batch) is tuple:
+            if not _score_batch(conn, cfg, conns, deadline, progress, refs, scorers, batch):
+                return
+            continue
         buf: list = []
         last = monotonic()
         n = len(batch)
@@ -566,6 +592,79 @@ def _worker_main(conn: Any, cfg: dict, progress: Any) -> None:
                 last = now
 
 
+def _scorer(scorers: dict, name: str) -> Any:
+    fn = scorers.get(name)
+    if fn is None:
+        module, _, attr = name.partition(":")
+        fn = scorers[name] = getattr(importlib.import_module(module), attr)
+    return fn
+
+
+def _score_batch(
+    conn: Any,
+    cfg: dict,
+    conns: OrderedDict,
+    deadline: _Deadline,
+    progress: Any,
+    refs: dict,
+    scorers: dict,
+    batch: tuple,
+) -> bool:
+    """One scoring batch ("score", scorer, options, dropped keys, added {key: payload}, items): for each
+    item (db_path, sql, timeout_s, ref keys, extra, failed) call `scorer(run, sql, [payloads], extra,
+    options)`, where `run(sql)` executes one statement exactly as `Sandbox.execute` does (pre-check,
+    then the hardened connection) and returns the result tuple (status, columns, rows, row_count,
+    elapsed_ms, message). Statement j of an item marks progress [now, k, j]. `failed` is None or
+    (j, status, message): statement j is not run and gets that result (the parent's watchdog killed
+    the worker there before). Answers one marshalled list of the scorers' return values (an exception
+    becomes ("__error__", text)). False when the pipe is gone."""
+    _, name, options, drops, adds, items = batch
+    for key in drops:
+        refs.pop(key, None)
+    refs.update(adds)
+    monotonic = time.monotonic
+    max_sql = cfg["max_sql_chars"]
+    out: list = []
+    for k, (db_path, sql, timeout_s, keys, extra, failed) in enumerate(items):
+        progress[0] = monotonic()
+        progress[2] = 0.0
+        progress[1] = float(k)
+        count = [0]
+
+        def run(
+            stmt: str,
+            db_path: str = db_path,
+            timeout_s: float = timeout_s,
+            failed: Any = failed,
+            count: list = count,
+        ) -> tuple:
+            j = count[0]
+            count[0] = j + 1
+            if j:
+                progress[0] = monotonic()  # each statement has its own time limit
+                progress[2] = float(j)
+            if failed is not None and failed[0] == j:
+                return (failed[1], [], [], 0, 0.0, failed[2])
+            pre = _precheck(stmt, max_sql)
+            if isinstance(pre, SQLResult):
+                return (pre.status, [], [], 0, 0.0, pre.message)
+            return _run_one(conns, cfg, deadline, db_path, pre, timeout_s)
+
+        try:
+            out.append(_scorer(scorers, name)(run, sql, [refs[x] for x in keys], extra, options))
+        except Exception as e:  # noqa: BLE001 (MemoryError included): reported, never a verdict
+            out.append(("__error__", f"{type(e).__name__}: {e}"[:1000]))
+    try:
+        data = marshal.dumps(out)
+    except (ValueError, MemoryError) as e:
+        data = marshal.dumps([("__error__", f"unserialisable: {e}")] * len(out))
+    try:
+        conn.send_bytes(data)
+    except (EOFError, OSError):
+        return False
+    return True
+
+
 # --------------------------------------------------------------------------------------------------
 # Parent side
 
@@ -579,16 +678,21 @@ class _Worker:
     def __init__(self, ctx: Any, cfg: dict) -> None:
         self.ctx = ctx
         self.cfg = cfg
-        self.progress = ctx.RawArray("d", 2)
+        self.progress = ctx.RawArray("d", 3)
         self.proc: Any = None
         self.conn: Any = None
         self.started_at = 0.0
+        self.refs: OrderedDict = OrderedDict()  # reference payload key -> weight, held by the process
+        self.ref_weight = 0
         self.start()
 
     def start(self) -> None:
         parent, child = self.ctx.Pipe(duplex=True)
         self.progress[0] = 0.0
         self.progress[1] = _STARTING
+        self.progress[2] = 0.0
+        self.refs = OrderedDict()  # a fresh process holds none
+        self.ref_weight = 0
         proc = self.ctx.Process(
             target=_worker_main,
             args=(child, self.cfg, self.progress),
@@ -698,6 +802,9 @@ class Sandbox:
     memory_limit_bytes: RLIMIT_AS per worker (None: unlimited).
     max_connections: cached read-only connections per worker (LRU).
     progress_ops: VM instructions between deadline checks (0 disables the check: watchdog only).
+    preload: modules each worker imports when it starts (the scorers of `execute_scored`; default
+        `sqlrl.reward`, which imports only the standard library until it parses SQL).
+    ref_budget: total weight of the reference payloads (`execute_scored`) a worker keeps (LRU).
     """
 
     def __init__(
@@ -714,6 +821,8 @@ class Sandbox:
         max_connections: int = 256,
         progress_ops: int = 10_000,
         chunk_size: int = 32,
+        preload: tuple[str, ...] = ("sqlrl.reward",),
+        ref_budget: int = 2_000_000,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
@@ -728,6 +837,7 @@ class Sandbox:
         self.max_result_bytes = int(max_result_bytes)
         self.max_sql_chars = int(max_sql_chars)
         self.chunk_size = max(1, int(chunk_size))
+        self.ref_budget = max(1, int(ref_budget))
         self._cfg = {
             "max_rows": self.max_rows,
             "max_result_bytes": self.max_result_bytes,
@@ -737,6 +847,7 @@ class Sandbox:
             "memory_limit_bytes": int(memory_limit_bytes) if memory_limit_bytes else 0,
             "max_connections": max(1, int(max_connections)),
             "progress_ops": int(progress_ops),
+            "preload": tuple(preload or ()),
         }
         self._ctx = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()
@@ -793,6 +904,46 @@ class Sandbox:
         for i in missing:  # only if the sandbox was closed under us
             results[i] = _result("worker_crash", "sandbox closed during the call")
         return results  # type: ignore[return-value]
+
+    def execute_scored(
+        self,
+        items: list[tuple],
+        refs: dict,
+        scorer: str,
+        options: Any = None,
+    ) -> list[Any]:
+        """Run a scorer inside the workers, one round trip per chunk of items, results in order.
+
+        items: (db_path, sql, ref keys, extra). For each, the worker calls
+        `scorer(run, sql, [payload of each key], extra, options)` (`scorer` is "module:function",
+        imported once per worker), where `run(stmt)` executes one statement on `db_path` exactly as
+        `execute` would (pre-check, hardened read-only connection, limits, deadline) and returns the
+        tuple (status, columns, rows, row_count, elapsed_ms, message). The scorer's return value
+        (marshallable) is the item's result; an exception in it gives ("__error__", text).
+        refs: {key: (weight, payload)} for every key the items use. A key must always stand for the
+        same payload: a worker receives a key's payload once, keeps it (at most `ref_budget` weight
+        in all, least recently used dropped) and gets only the key afterwards.
+        The watchdog works as in `execute_many`, per statement: a statement running past the hard
+        limit gets its worker killed and respawned. If it was an item's first statement, the item's
+        result is that `SQLResult` (timeout); for a later statement the item is run again on the new
+        worker with that statement answered by the failure result instead of being executed. A
+        worker dying gives `worker_crash` the same way. The other unfinished items of the chunk are
+        re-run on the fresh worker. Thread-safe; nothing the SQL does makes it raise."""
+        self._check_open()
+        results: list[Any] = [None] * len(items)
+        if not items:
+            return results
+        t = self.timeout_s
+        todo = [(i, _abspath(it[0]), it[1], t, tuple(it[2]), it[3], None) for i, it in enumerate(items)]
+        # contiguous chunks: the samples of one task (one database, one gold) mostly stay on one worker
+        n_chunks = min(len(todo), self.workers * _SCORE_CHUNKS_PER_WORKER)
+        size = max(1, min(self.chunk_size * 4, -(-len(todo) // n_chunks)))
+        chunks = deque(todo[k : k + size] for k in range(0, len(todo), size))
+        self._run_scored(chunks, refs, scorer, options, results)
+        for i, r in enumerate(results):
+            if r is None:  # only if the sandbox was closed under us
+                results[i] = _result("worker_crash", "sandbox closed during the call")
+        return results
 
     def close(self) -> None:
         with self._lock:
@@ -918,6 +1069,159 @@ class Sandbox:
                 msg = f"sandbox worker died (exit code {code}); the worker was restarted"
             results[i] = _result(status, msg, max(0.0, elapsed) * 1e3)
             pending = pending[got:kk] + pending[kk + 1 :]
+
+    def _scored_payload(self, w: _Worker, pending: list, refs: dict, scorer: str, options: Any) -> bytes:
+        need = {k for it in pending for k in it[4]}
+        adds = {}
+        for k in need:
+            if k in w.refs:
+                w.refs.move_to_end(k)
+            else:
+                weight, payload = refs[k]
+                adds[k] = payload
+                w.refs[k] = weight
+                w.ref_weight += weight
+        drops = []
+        while w.ref_weight > self.ref_budget and len(w.refs) > len(need):
+            k = next(iter(w.refs))
+            if k in need:  # (only needed keys are left at the old end: stop)
+                break
+            w.ref_weight -= w.refs.pop(k)
+            drops.append(k)
+        items = [(db, sql, t, keys, extra, failed) for _, db, sql, t, keys, extra, failed in pending]
+        return marshal.dumps(("score", scorer, options, drops, adds, items))
+
+    def _run_scored(self, chunks: deque, refs: dict, scorer: str, options: Any, results: list) -> None:
+        """Drive the chunks over as many idle workers as there are (at least one; waits for it) from
+        this one thread: each worker gets a chunk, and the next one when it answers. The watchdog of
+        `_run_batch`, per statement (progress [start, item, statement])."""
+        ws = [self._idle.get()]
+        try:
+            while len(ws) < min(self.workers, len(chunks)):
+                try:
+                    ws.append(self._idle.get_nowait())
+                except queue.Empty:
+                    break
+            state: dict[_Worker, list] = {}  # worker -> [pending items, got, sent_at]
+
+            def feed(w: _Worker, pending: list | None) -> None:
+                """Send `pending` (or the next chunk) to `w`; retire `w` when nothing is left."""
+                failures = 0
+                while True:
+                    if pending is None or not pending:
+                        pending = chunks.popleft() if chunks else None
+                    if pending is None or self._closed:
+                        state.pop(w, None)
+                        return
+                    # not `w.send`: a worker respawned there would get a payload that assumes
+                    # the references the dead one held
+                    try:
+                        if w.proc is None or not w.proc.is_alive():
+                            w.respawn()
+                        payload = self._scored_payload(w, pending, refs, scorer, options)
+                        if w.progress[1] != _STARTING:
+                            w.progress[1] = _IDLE
+                        w.conn.send_bytes(payload)
+                        state[w] = [pending, 0, time.monotonic()]
+                        return
+                    except (OSError, EOFError, ValueError):
+                        pass
+                    failures += 1
+                    w.respawn()
+                    if failures < 2:
+                        continue  # the worker died while idle: not this item's fault, try a fresh one
+                    results[pending[0][0]] = _result(
+                        "worker_crash", "could not send the statement to a sandbox worker"
+                    )
+                    self.crashes += 1
+                    pending = pending[1:]
+                    failures = 0
+
+            for w in ws:
+                feed(w, None)
+            while state:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                plan = {}
+                wait = None
+                for w, (pending, got, sent_at) in state.items():
+                    k = w.progress[1]
+                    started = p0 = w.progress[0]
+                    cap = None
+                    if k == _STARTING:
+                        kk, deadline, cap = got, w.started_at + _STARTUP_LIMIT_S, 0.02
+                    elif k == _IDLE or k < got:
+                        kk, started = got, sent_at
+                        deadline = sent_at + self._hard_limit(pending[got][3])
+                    else:
+                        kk = int(k)
+                        deadline = started + self._hard_limit(pending[kk][3])
+                    plan[w] = (k, p0, started, kk, deadline)
+                    left = max(0.0, deadline - now)
+                    if cap is not None:
+                        left = min(left, cap)
+                    wait = left if wait is None else min(wait, left)
+                conns = {w.conn: w for w in state}
+                try:
+                    ready = multiprocessing.connection.wait(list(conns), wait)
+                except OSError:
+                    ready = list(conns)
+                for w in list(state):
+                    pending, got, sent_at = state[w]
+                    k, p0, started, kk, deadline = plan[w]
+                    failed = None
+                    if w.conn in ready:
+                        try:
+                            data = w.conn.recv_bytes()
+                        except (EOFError, OSError):
+                            data = None
+                        if data is not None:
+                            for r in marshal.loads(data):
+                                results[pending[got][0]] = r
+                                got += 1
+                            if got >= len(pending):
+                                feed(w, None)
+                            else:
+                                state[w][1] = got
+                            continue
+                        k2 = w.progress[1]  # EOF: the worker died
+                        kk = int(k2) if k2 >= got else got
+                        failed = (
+                            "worker_crash",
+                            kk,
+                            time.monotonic() - (w.progress[0] if k2 >= got else sent_at),
+                        )
+                    elif w.progress[1] == k and w.progress[0] == p0 and time.monotonic() >= deadline:
+                        if k == _STARTING:
+                            failed = ("worker_crash", got, time.monotonic() - sent_at)
+                        else:
+                            failed = ("timeout", kk, time.monotonic() - started)
+                    if failed is None:
+                        continue
+                    if self._closed:
+                        return
+                    status, kk, elapsed = failed
+                    j = int(w.progress[2]) if w.progress[1] == kk else 0  # statement of the item
+                    code = w.proc.exitcode if w.proc is not None else None
+                    w.respawn()
+                    item = pending[kk]
+                    if status == "timeout":
+                        self.kills += 1
+                        limit = self._hard_limit(item[3])
+                        msg = f"statement exceeded the hard time limit of {limit:g} s; the worker was killed"
+                    else:
+                        self.crashes += 1
+                        msg = f"sandbox worker died (exit code {code}); the worker was restarted"
+                    rest = pending[got:kk]
+                    if j > 0 and item[6] is None:  # a later statement: run the item again without it
+                        rest.append((*item[:6], (j, status, msg)))
+                    else:
+                        results[item[0]] = _result(status, msg, max(0.0, elapsed) * 1e3)
+                    feed(w, rest + pending[kk + 1 :])
+        finally:
+            for w in ws:
+                self._idle.put(w)
 
 
 class _Locked:
