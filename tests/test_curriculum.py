@@ -291,6 +291,13 @@ def test_curriculum_runs_stages_chains_weights_resumes_and_evaluates(tmp_path):
     assert all(s["status"].startswith("skipped") for s in rec["stages"])
     assert again["by_category"] == res["by_category"]
 
+    # a memory-only setting may change on resume: finished stages stay skipped, the change is recorded
+    mem = cfg.replace(grpo={"micro_batch": 1})
+    run_curriculum(mem, sft, cur, out, policy_factory=_factory, progress=False)
+    rec = json.loads((out / "curriculum.json").read_text())
+    assert all(s["status"].startswith("skipped") for s in rec["stages"])
+    assert rec["resume_changes"][-1]["changes"] == [f"grpo.micro_batch: {cfg.grpo.micro_batch} -> 1"]
+
     # a tampered final/ is refused, so is a changed config
     f = out / "02-grpo-single" / "final" / "config.json"
     f.write_text(f.read_text() + " ")
@@ -349,3 +356,33 @@ def test_curriculum_time_budget_stops_with_unfinished_and_resumes(tmp_path, monk
     steps = [json.loads(x)["step"] for x in (out / "01-sft" / "steps.jsonl").read_text().splitlines()]
     assert steps == [1, 2] and res["stages"][0]["steps"] == 2 and res["n_eval_tasks"] == 4
     assert json.loads((out / "curriculum.json").read_text())["stages"][0]["status"] == "resumed"
+
+
+def test_sft_forward_uses_the_trainers_attention_kernel_rule(monkeypatch):
+    """SFT's forward runs inside `trainer.train_attention_context` (no cuDNN SDPA on CUDA), like GRPO's."""
+    import contextlib
+    import types
+
+    import torch
+
+    import sqlrl.trainer as T
+    from sqlrl.sft import answer_loss_sum
+
+    seen, inside = [], []
+
+    @contextlib.contextmanager
+    def record(device_type):
+        seen.append(device_type)
+        inside.append(True)
+        yield
+        inside.append(False)
+
+    def model(input_ids, attention_mask, use_cache):
+        assert inside[-1] is True  # called within the context
+        return types.SimpleNamespace(logits=torch.zeros(*input_ids.shape, 5, requires_grad=True))
+
+    monkeypatch.setattr(T, "train_attention_context", record)
+    ids = torch.tensor([[1, 2, 3]])
+    loss, n, _ = answer_loss_sum(model, ids, torch.ones_like(ids), torch.tensor([[-100, 2, 3]]))
+    assert seen == ["cpu"] and n == 2
+    assert abs(loss.item() - 2 * torch.log(torch.tensor(5.0)).item()) < 1e-5

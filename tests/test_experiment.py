@@ -90,6 +90,15 @@ def test_matrix_end_to_end_and_resume(tiny_model_dir, tmp_path):
     run_experiment(cfg, exp, out, report=False)
     assert (out / "arms" / "grpo" / "eval" / "summary.json").stat().st_mtime == mtime
     assert time.perf_counter() - t0 < 60
+    # a memory-only setting (how updates are split into passes) may change on resume: recorded, no retraining
+    mem = cfg.replace(grpo={"micro_batch_logit_tokens": 64})
+    run_experiment(mem, exp, out, report=False)
+    e = json.loads((out / "experiment.json").read_text())
+    assert e["resume_changes"][-1]["changes"] == ["grpo.micro_batch_logit_tokens: 0 -> 64"]
+    assert (out / "arms" / "grpo" / "eval" / "summary.json").stat().st_mtime == mtime
+    # anything else is refused, naming the setting
+    with pytest.raises(C.ConfigError, match=r"different config \(differs in \['grpo.lr'\]"):
+        run_experiment(mem.replace(grpo={"lr": 0.5}), exp, out, report=False)
 
 
 def test_experiment_refuses_a_changed_config(tiny_model_dir, tmp_path):

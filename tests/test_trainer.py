@@ -477,3 +477,16 @@ def test_training_attention_excludes_the_cudnn_kernel_on_cuda_only(monkeypatch):
     assert len(seen) == 1
     assert A.SDPBackend.CUDNN_ATTENTION not in seen[0]
     assert {A.SDPBackend.EFFICIENT_ATTENTION, A.SDPBackend.MATH} <= set(seen[0])
+
+
+def test_config_changes_splits_memory_only_settings_from_blocking_ones():
+    from sqlrl.trainer import config_changes
+
+    saved = {"grpo": {"lr": 1e-6, "micro_batch": 32, "micro_batch_logit_tokens": 16384}, "old": {"x": 1}}
+    mine = {"grpo": {"lr": 1e-6, "micro_batch": 32, "micro_batch_logit_tokens": 4096}, "run": {"seed": 0}}
+    blocking, memory = config_changes(saved, mine)
+    assert memory == ["grpo.micro_batch_logit_tokens: 16384 -> 4096"]
+    assert sorted(blocking) == ["old", "run.seed"]
+    assert config_changes(saved, saved) == ([], [])
+    blocking, _ = config_changes({"grpo": {"lr": 1e-6, "extra": 1}}, {"grpo": {"lr": 1e-6}})
+    assert blocking == ["grpo.extra"]

@@ -163,14 +163,11 @@ def finished_stage(folder: Path, expected_config: dict, init_identity: str | Non
     stage has not finished."""
     if not (folder / "run.json").is_file() or read_json(folder / "run.json").get("status") != "finished":
         return None
+    from sqlrl.trainer import config_changes
+
     saved = read_json(folder / "config.json")
-    if saved != expected_config:
-        diff = sorted(
-            f"{s}.{k}"
-            for s in expected_config
-            for k in expected_config[s]
-            if saved.get(s, {}).get(k) != expected_config[s][k]
-        )
+    diff, _ = config_changes(saved, expected_config)  # memory-only settings may differ
+    if diff:
         raise ConfigError(
             f"{folder} finished with a different config ({diff}); use a new --out or delete {folder} to redo it"
         )
@@ -244,16 +241,27 @@ def run_curriculum(
     from sqlrl.evaluate import select_tasks
     from sqlrl.experiment import Unfinished, _check_time
     from sqlrl.sft import train_sft
-    from sqlrl.trainer import train
+    from sqlrl.trainer import config_changes, train
 
     check_curriculum(cfg, cur)
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     full = resolved(cfg, sft, cur)
     rec_p = out / "curriculum.json"
+    memory: list[str] = []
+    earlier_changes: list = []
     if rec_p.exists():
-        if read_json(rec_p).get("config") != full:
-            raise ConfigError(f"{out} holds a curriculum with a different config; use a new --out folder")
+        saved = read_json(rec_p).get("config") or {}
+        blocking, memory = config_changes(saved, full)
+        if blocking:
+            raise ConfigError(
+                f"{out} holds a curriculum with a different config (differs in {blocking}); rerun with "
+                "the same config to resume, or use a new --out folder"
+            )
+        earlier_changes = read_json(rec_p).get("resume_changes") or []
+        if memory:  # memory-only settings may change on resume; recorded below and in each stage's run
+            print(f"[curriculum] resuming with {memory}", file=sys.stderr)
+            earlier_changes.append({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": memory})
     elif any(p.name != "tasks" for p in out.iterdir()):
         raise ConfigError(f"{out} is not empty and holds no curriculum.json; choose a new --out folder")
     tasks_file, tasks_info = prepare_tasks(cfg, out)
@@ -269,6 +277,8 @@ def run_curriculum(
         "status": "running",
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if earlier_changes:
+        record["resume_changes"] = earlier_changes
     write_json_atomic(rec_p, record)
 
     def factory_for(name: str):

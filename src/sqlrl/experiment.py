@@ -127,7 +127,7 @@ def run_experiment(
     from sqlrl.evaluate import load_policy, resolve_data_root, run_eval, select_tasks
     from sqlrl.leakage import leakage_audit
     from sqlrl.sandbox import Sandbox
-    from sqlrl.trainer import train
+    from sqlrl.trainer import config_changes, train
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -145,8 +145,20 @@ def run_experiment(
     )
     exp_path = out / "experiment.json"
     state = read_json(exp_path) if exp_path.exists() else {}
-    if state and state.get("config") != json.loads(json.dumps(cfg.resolve())):
-        raise ConfigError(f"{out} holds an experiment with a different config; use a new --out folder")
+    mine = json.loads(json.dumps(cfg.resolve()))
+    if state and state.get("config") != mine:
+        blocking, memory = config_changes(state.get("config") or {}, mine)
+        if blocking:
+            raise ConfigError(
+                f"{out} holds an experiment with a different config (differs in {blocking}); rerun with "
+                "the same config to resume, or use a new --out folder"
+            )
+        # memory-only settings (how an update is split into passes) may change on resume, e.g. after
+        # running out of GPU memory; each resumed arm records the change in its own run.json too
+        print(f"[experiment] resuming with {memory}", file=sys.stderr)
+        state.setdefault("resume_changes", []).append(
+            {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": memory}
+        )
     state.update(
         {
             "name": exp.name,

@@ -165,12 +165,16 @@ def answer_loss_sum(model, ids, attn, labels, autocast_dtype=None):
     import torch
     import torch.nn.functional as F
 
+    from sqlrl.trainer import train_attention_context
+
     ctx = (
         torch.autocast("cuda", dtype=autocast_dtype)
         if autocast_dtype is not None
         else contextlib.nullcontext()
     )
-    with ctx:
+    # the trainer's kernel rule (no cuDNN SDPA on CUDA): the GPU SFT stage of 2026-11-29 had non-finite
+    # gradients in 2 of 40 steps without it (results/2026-11-29-debug-curriculum-gpu-partial)
+    with ctx, train_attention_context(ids.device.type):
         logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits
     logits = logits[:, :-1, :].float()
     tgt = labels[:, 1:]

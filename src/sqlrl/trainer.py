@@ -305,14 +305,33 @@ def _oom_message(step: int, n: int, keep: int, g) -> str:
     return (
         f"out of GPU memory in the update of step {step}: a micro-batch of {n} trajectories x {keep} "
         f"logit columns. Lower grpo.micro_batch (now {g.micro_batch}) or cap "
-        f"grpo.micro_batch_logit_tokens (now {g.micro_batch_logit_tokens}; e.g. 16384), then resume "
-        "with --resume (the last checkpoint is kept)"
+        f"grpo.micro_batch_logit_tokens (now {g.micro_batch_logit_tokens}; e.g. 4096), then resume from "
+        "the last checkpoint: `sqlrl train ... --resume RUN_DIR`, or for `sqlrl experiment` / `sqlrl "
+        "curriculum` the same command with the new setting (both are memory-only settings, which a resume "
+        "may change)"
     )
 
 
 # Settings that change only how an update is split into passes (memory), never what is computed: a
 # resumed run may change them, e.g. after running out of GPU memory.
 MEMORY_ONLY_KEYS = {("grpo", "micro_batch"), ("grpo", "micro_batch_logit_tokens")}
+
+
+def config_changes(saved: dict, mine: dict) -> tuple[list[str], list[str]]:
+    """Compare two resolved configs (section -> key -> value) for a resume: (the "section.key" names
+    that differ outside `MEMORY_ONLY_KEYS`, which block it; the memory-only changes as
+    "section.key: old -> new", which are allowed and should be recorded). A section present on one
+    side only blocks, by its name."""
+    changed = [(s, k) for s in mine for k in mine[s] if saved.get(s, {}).get(k) != mine[s][k]]
+    changed += [(s, k) for s in saved if s in mine for k in saved[s] if k not in mine[s]]
+    blocking = [f"{s}.{k}" for s, k in changed if (s, k) not in MEMORY_ONLY_KEYS]
+    blocking += [s for s in saved if s not in mine]
+    memory = [
+        f"{s}.{k}: {saved.get(s, {}).get(k)} -> {mine[s].get(k)}"
+        for s, k in changed
+        if (s, k) in MEMORY_ONLY_KEYS
+    ]
+    return blocking, memory
 
 
 def check_run_folder(out: Path, mine: dict, resume: bool, command: str) -> list[str]:
@@ -323,17 +342,13 @@ def check_run_folder(out: Path, mine: dict, resume: bool, command: str) -> list[
     if resume:
         if not (out / "config.json").is_file():
             raise ConfigError(f"--resume {out}: no config.json there; is this a sqlrl {command} run folder?")
-        saved = read_json(out / "config.json")
-        changed = [(s, k) for s in mine for k in mine[s] if saved.get(s, {}).get(k) != mine[s][k]] + [
-            (s, None) for s in saved if s not in mine
-        ]
-        diff = [f"{s}.{k}" if k else s for s, k in changed if (s, k) not in MEMORY_ONLY_KEYS]
+        diff, memory = config_changes(read_json(out / "config.json"), mine)
         if diff:
             raise ConfigError(
                 f"--resume {out}: the config differs from the run's config.json in {diff}; "
                 "resume with the same config file (or start a new run folder)"
             )
-        return [f"{s}.{k}: {saved.get(s, {}).get(k)} -> {mine[s][k]}" for s, k in changed]
+        return memory
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"run folder {out} is not empty; choose a new --out or pass --resume {out}")
     return []
