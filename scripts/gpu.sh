@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # How the model and data reach the GPU machine, and the GPU runs, exactly as executed for results/.
-# The device machine has no network: the Qwen GGUF travels as 50 MiB parts (carried one per call into
+# The device machine has no network: the Qwen GGUF travels as 36 MiB parts (carried one per call into
 # a scratch folder outside the checkout), Spider as a .tgz, missing wheels (gguf, sqlglot) from .whl/.
-#   here:  bash ../shared/tools/parts.sh split qwen.gguf .stage/q50 50M   (part + tree must fit 64 MiB)
-#          git archive --format=tar.gz -o .stage/tree.tgz HEAD   (run committed code only, see below)
+#   here:  bash ../shared/tools/parts.sh split qwen.gguf .stage/q50 36M   (part + the working tree, 16.6 MB
+#          tracked on 2026-11-29, must fit 64 MiB; 14 parts; the folder name is kept)
+#          git archive --format=tar.gz -o .stage/tree.tgz HEAD -- . ':!results'   (committed code only)
 #          tar czf .stage/spider.tgz -C ../shared/data spider
 #          pip download --no-deps --python-version 3.12 ... -d .whl gguf==0.19.0 sqlglot==30.30.0
 #   there: bash scripts/gpu.sh stage 00   (carry .stage/q50/part00)   ... one call per part
 #          bash scripts/gpu.sh setup      (carry last part, MANIFEST, spider.tgz, .whl)
 #          bash scripts/gpu.sh bench | engine BENCH.json | experiment SECONDS | pack DIR [EXPDIRS]
-#   or, after staging part00..08, the same call repeated: bash scripts/gpu.sh go $OUT   (carry part09,
+#   or, after staging all parts but the last, the same call repeated: bash scripts/gpu.sh go $OUT   (carry the last part,
 #          MANIFEST, spider.tgz, .whl, .stage/tree.tgz): setup, benchmark, exp1 (1 turn), exp3 (3 turns),
 #          then the debugging curriculum (configs/debug-curriculum-gpu.toml) into $S/cur
 set -euo pipefail
