@@ -264,3 +264,46 @@ def test_renders_in_headless_chromium(synthetic_report, tmp_path: Path) -> None:
         return
     with Image.open(png) as im:  # a blank or broken page has only a handful of colours
         assert len(im.convert("RGB").getcolors(maxcolors=1 << 20) or []) > 50
+
+
+def test_turn_use_counts_by_hand() -> None:
+    from sqlrl.report import turn_use
+
+    results = [
+        {"task_id": "a", "correct": True, "turns": 2, "stop_reason": "final"},
+        {"task_id": "b", "correct": False, "turns": 3, "stop_reason": "max_turns"},
+        {"task_id": "c", "correct": True, "turns": 3, "stop_reason": "max_turns"},
+        {"task_id": "d", "correct": False, "turns": 1, "stop_reason": "no_sql"},
+        {"task_id": "x", "correct": None, "turns": 0, "stop_reason": None},  # excluded: not counted
+    ]
+    q1, q2 = "SELECT 1", "SELECT  2"
+    trajs = [
+        # revised after feedback (final differs from the first query), correct
+        {"task_id": "a", "turns": [{"sql": q1}, {"sql": None}], "final_sql": "SELECT 2"},
+        # one query repeated three times (whitespace differences do not count)
+        {"task_id": "b", "turns": [{"sql": q1}, {"sql": "SELECT   1"}, {"sql": q1}], "final_sql": q1},
+        # two different queries, then the first again as the answer: not revised, not repeated
+        {"task_id": "c", "turns": [{"sql": q1}, {"sql": q2}, {"sql": None}], "final_sql": q1},
+        {"task_id": "d", "turns": [{"sql": None}], "final_sql": None},
+        {"task_id": "x", "turns": [{"sql": q1}], "final_sql": q2},
+    ]
+    u = turn_use(results, trajs)
+    assert u["n"] == 4 and u["stop_reasons"] == {"max_turns": 2, "final": 1, "no_sql": 1}
+    assert u["mean_turns"] == pytest.approx(9 / 4)
+    assert (u["with_sql"], u["revised"], u["revised_correct"], u["repeated"]) == (3, 1, 1, 1)
+    assert turn_use(results, None)["revised"] is None  # no trajectories: only what results.jsonl says
+
+
+def test_turn_use_section_only_for_multi_turn_arms(synthetic_report) -> None:
+    exp, paths = synthetic_report
+    md = Path(paths["markdown"]).read_text(encoding="utf-8")
+    section = md.split("## Turn use (multi-turn arms)")[1].split("## Provenance")[0]
+    names = [
+        line.split("|")[1].strip()
+        for line in section.splitlines()
+        if line.startswith("| ") and "---" not in line
+    ]
+    assert names[1:] == ["base_t3", "grpo_t3", "no_update_t3", "validity_t3"]  # names[0] is the header
+    assert 'id="turn-use"' in Path(paths["html"]).read_text(encoding="utf-8")
+    analysis = analyze(exp, n_boot=200)
+    assert all((a["turn_use"] is None) == (a["turns"] == 1) for a in analysis["arms"])

@@ -171,6 +171,58 @@ def repair_decomposition(p: dict) -> dict:
     }
 
 
+def _norm_sql(sql: Any) -> str | None:
+    return " ".join(sql.split()) if isinstance(sql, str) and sql.strip() else None
+
+
+def turn_use(results: list[dict], trajectories: list[dict] | None) -> dict:
+    """How a multi-turn arm used its turns, over its scored tasks (results with `correct` not None).
+
+    From results.jsonl: `stop_reason` counts (`final` = the policy replied FINAL, `max_turns` = it ran
+    out of turns, ...) and the mean number of turns. From the raw trajectories when present (None
+    otherwise): `with_sql` = trajectories that proposed at least one query; `revised` = the final SQL
+    differs from the first query proposed (whitespace-normalised), i.e. the answer changed after
+    feedback; `repeated` = two or more queries proposed and all identical. A high `repeated` with few
+    `final` replies means the turns were spent re-running one query, not debugging."""
+    scored = [r for r in results if r.get("correct") is not None]
+    stops: dict[str, int] = {}
+    for r in scored:
+        k = str(r.get("stop_reason"))
+        stops[k] = stops.get(k, 0) + 1
+    turns = [r["turns"] for r in scored if isinstance(r.get("turns"), int)]
+    out: dict[str, Any] = {
+        "n": len(scored),
+        "stop_reasons": dict(sorted(stops.items(), key=lambda kv: -kv[1])),
+        "mean_turns": sum(turns) / len(turns) if turns else None,
+        "with_sql": None,
+        "revised": None,
+        "revised_correct": None,
+        "repeated": None,
+    }
+    if trajectories is None:
+        return out
+    correct = {str(r.get("task_id")): bool(r["correct"]) for r in scored}
+    with_sql = revised = revised_correct = repeated = 0
+    for t in trajectories:
+        tid = str(t.get("task_id"))
+        if tid not in correct:
+            continue
+        sqls = [
+            q for q in (_norm_sql(x.get("sql")) for x in t.get("turns") or [] if isinstance(x, dict)) if q
+        ]
+        if not sqls:
+            continue
+        with_sql += 1
+        final = _norm_sql(t.get("final_sql"))
+        if final is not None and final != sqls[0]:
+            revised += 1
+            revised_correct += int(correct[tid])
+        if len(sqls) >= 2 and len(set(sqls)) == 1:
+            repeated += 1
+    out.update(with_sql=with_sql, revised=revised, revised_correct=revised_correct, repeated=repeated)
+    return out
+
+
 def _gpu_minutes(exp: Experiment, arm: str) -> tuple[float | None, str]:
     run = exp.train_run(arm)
     if isinstance(run, dict) and _num(run.get("gpu_minutes")) is not None:
@@ -238,6 +290,7 @@ def _arm_info(exp: Experiment, name: str, *, n_boot: int, seed: int, ci: float) 
             d[0] += int(bool(r["correct"]))
             d[1] += 1
         info["per_db"] = per_db
+        info["turn_use"] = turn_use(results, exp.trajectories(name)) if (arm.turns or 1) > 1 else None
     train_run = exp.train_run(name) if arm.train_dir is not None else None
     steps = exp.steps(name) if arm.train_dir is not None else None
     gm, gsrc = _gpu_minutes(exp, name) if arm.train_dir is not None else (None, "")
@@ -422,6 +475,51 @@ def _md_cell(s: Any) -> str:
 # Markdown
 
 
+TURN_USE_HEADERS = [
+    "arm",
+    "turns",
+    "scored",
+    "replied FINAL",
+    "ran out of turns",
+    "other stops",
+    "mean turns",
+    "revised after feedback",
+    "one query repeated",
+]
+
+
+def turn_use_rows(analysis: dict) -> list[list[str]]:
+    """Rows of the turn-use table (plain text), one per multi-turn arm; [] when there is none."""
+    rows = []
+    for arm in analysis["arms"]:
+        u = arm.get("turn_use")
+        if not u or not u["n"]:
+            continue
+        stops = dict(u["stop_reasons"])
+        final, out_of = stops.pop("final", 0), stops.pop("max_turns", 0)
+        other = ", ".join(f"{k} {v}" for k, v in stops.items()) or "-"
+
+        def share(k: int | None, n: int = u["n"]) -> str:
+            return "-" if k is None else f"{k} ({100 * k / n:.0f}%)"
+
+        rev = "-" if u["revised"] is None else f"{share(u['revised'])}, {u['revised_correct']} correct"
+        mt = "-" if u["mean_turns"] is None else f"{u['mean_turns']:.2f}"
+        rows.append(
+            [
+                arm["name"],
+                str(arm["turns"]),
+                str(u["n"]),
+                share(final),
+                share(out_of),
+                other,
+                mt,
+                rev,
+                share(u["repeated"]),
+            ]
+        )
+    return rows
+
+
 def render_markdown(analysis: dict, links: dict[str, dict[str, str]]) -> str:
     v = analysis["verdict"]
     e = analysis["experiment"]
@@ -475,6 +573,20 @@ def render_markdown(analysis: dict, links: dict[str, dict[str, str]]) -> str:
                 f"| {_md_cell(r['b'])} | {_pp(d['delta'])} | {_pp(d['repair_part'])} | {_pp(d['answer_part'])} | "
                 f"{d['became_executable']} | {d['became_nonexecutable']} |"
             )
+    tu = turn_use_rows(analysis)
+    if tu:
+        out += [
+            "",
+            "## Turn use (multi-turn arms)",
+            "",
+            "Over scored tasks. Revised = the final SQL differs from the first query proposed; one query repeated "
+            "= two or more queries, all identical. Many repeats and few FINAL replies mean the turns were spent "
+            "re-running one query, not debugging.",
+            "",
+            "| " + " | ".join(TURN_USE_HEADERS) + " |",
+            "|" + " --- |" * len(TURN_USE_HEADERS),
+        ]
+        out += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in tu]
     out += [
         "",
         "## Provenance",
@@ -1014,6 +1126,23 @@ def render_html(analysis: dict, links: dict[str, dict[str, str]]) -> str:
                 + _table([f"{_e(g['a'])} \\ {_e(g['b'])}", *groups], trows, {1, 2, 3})
             )
         out.append("</section>")
+
+    # Turn use (multi-turn arms)
+    tu = turn_use_rows(analysis)
+    if tu:
+        out.append(
+            '<section id="turn-use"><h2>Turn use (multi-turn arms)</h2>'
+            '<p class="note" style="margin-top:0">Over scored tasks. <b>Revised</b>: the final SQL differs from the '
+            "first query proposed (with how many of those are correct). <b>One query repeated</b>: two or "
+            "more queries, all identical. Many repeats and few FINAL replies mean the turns were spent re-running "
+            "one query, not debugging.</p>"
+            + _table(
+                list(map(_e, TURN_USE_HEADERS)),
+                [[_e(c) for c in r] for r in tu],
+                set(range(1, len(TURN_USE_HEADERS))),
+            )
+            + "</section>"
+        )
 
     # Training curves
     curves = analysis["curves"]
