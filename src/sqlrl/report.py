@@ -3,7 +3,8 @@
 `write_report(exp_dir, out_dir=None) -> dict` writes three files (into the experiment folder by default):
 
 - `verdict.json`: `gate.evidence_gate(...).to_dict()` (claim / no claim, the checks, the missing list).
-- `report.md`: a Markdown summary (verdict, results table, paired comparisons, repair decomposition).
+- `report.md`: a Markdown summary (verdict, results table, paired comparisons, repair decomposition, turn
+  use of multi-turn arms).
 - `report.html`: ONE self-contained file: inline CSS, charts as inline SVG generated here, no JavaScript,
   no external resources (opens offline). Every piece of text from the artifacts is HTML-escaped.
 
@@ -23,6 +24,9 @@ Numbers and where they come from (all recomputed from the raw per-task files, no
   Δ = (repair gains − breakages)/n + (answer gains − answer losses)/n exactly, where repair gains are
   non-executable → match, breakages match → non-executable, answer gains mismatch → match, answer losses
   match → mismatch. The first term is the "format/validity repair" part of the change.
+- turn use (arms with more than one turn; `turn_use`): stop reasons and mean turns from results.jsonl;
+  from the raw trajectories, answers revised after feedback (final SQL != first query proposed,
+  whitespace-normalised) and trajectories that repeated one query. Descriptive only: no test, no CI.
 - GPU minutes: train run.json `gpu_minutes`, else the sum of steps.jsonl `time_step_s` / 60 (marked "~");
   '-' when neither exists.
 
