@@ -447,7 +447,12 @@ def test_out_of_memory_in_the_update_says_what_to_change(tmp_path, monkeypatch):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 18.33 GiB")
 
     monkeypatch.setattr(T, "sequence_logprobs", oom)
-    with pytest.raises(RuntimeError, match=r"grpo\.micro_batch \(now 3\).*micro_batch_logit_tokens \(now 0"):
+    # every pass fails: the update is retried with smaller passes down to one trajectory, then it stops
+    with pytest.raises(
+        RuntimeError,
+        match=r"retries with smaller passes\): a micro-batch of 1 trajectories.*"
+        r"grpo\.micro_batch \(now 3\).*micro_batch_logit_tokens \(now 0",
+    ):
         T.train(
             tiny_cfg(steps=1),
             tmp_path / "o",
@@ -455,6 +460,44 @@ def test_out_of_memory_in_the_update_says_what_to_change(tmp_path, monkeypatch):
             evaluator_factory=Alternating,
             progress=False,
         )
+
+
+def test_out_of_memory_retries_the_update_with_smaller_passes(tmp_path, monkeypatch):
+    """A pass of more than one trajectory 'runs out of memory': the step is redone with a halved logit-token
+    cap, and gives the same loss and gradient norm as a run that never ran out (the objective is normalised
+    over the whole step, so passes only split the sum); the new cap is recorded and kept."""
+    import torch
+
+    from sqlrl import trainer as T
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    T.train(tiny_cfg(steps=2), a, policy_factory=tiny_factory, evaluator_factory=Alternating, progress=False)
+    real = T.sequence_logprobs
+    calls = {"oom": 0}
+
+    def small_only(model, batch, *args, **kw):
+        if batch["input_ids"].shape[0] > 1:
+            calls["oom"] += 1
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(model, batch, *args, **kw)
+
+    monkeypatch.setattr(T, "sequence_logprobs", small_only)
+    T.train(tiny_cfg(steps=2), b, policy_factory=tiny_factory, evaluator_factory=Alternating, progress=False)
+    sa, sb = steps(a), steps(b)
+    assert calls["oom"] >= 1 and sb[0]["oom_retries"] >= 1
+    assert sb[1]["oom_retries"] == 0  # the lowered cap is kept: step 2 needs no retry
+    assert sb[0]["micro_batch_logit_tokens_used"] == sb[1]["micro_batch_logit_tokens_used"] > 0
+    assert sa[0]["micro_batch_logit_tokens_used"] == 0 and sa[0]["oom_retries"] == 0
+    for x, y in zip(sa, sb):
+        assert y["trained_tokens"] == x["trained_tokens"] > 0
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-5, abs=1e-7)
+        assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-4)
+    adj = json.loads((b / "run.json").read_text())["memory_adjustments"]
+    assert (
+        adj
+        and adj[0]["step"] == 1
+        and adj[-1]["micro_batch_logit_tokens"] == sb[0]["micro_batch_logit_tokens_used"]
+    )
 
 
 def test_training_attention_excludes_the_cudnn_kernel_on_cuda_only(monkeypatch):

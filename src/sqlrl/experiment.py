@@ -22,8 +22,6 @@ will usually say "no claim", which is the honest outcome at that size.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
 import json
 import sys
 import time
@@ -100,12 +98,9 @@ def arm_config(cfg: Config, kind: str, turns: int) -> Config:
 
 
 def _free_memory() -> None:
-    gc.collect()
-    with contextlib.suppress(Exception):
-        import torch
+    from sqlrl.trainer import free_memory
 
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    free_memory()
 
 
 class Unfinished(Exception):

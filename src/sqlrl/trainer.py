@@ -294,6 +294,18 @@ def micro_batches(spans: list[int], max_seqs: int, max_logit_tokens: int = 0) ->
     return out
 
 
+def free_memory() -> None:
+    """Collect garbage and return cached CUDA blocks to the driver (no-op without CUDA)."""
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(Exception):
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 def out_of_time(deadline: float | None, last_step_s: float) -> bool:
     """The time-budget rule of the training loops (`train`, `sft.train_sft`): stop before a step when
     the next one would probably end less than 30 s before `deadline` (a `time.monotonic()` value),
@@ -301,9 +313,10 @@ def out_of_time(deadline: float | None, last_step_s: float) -> bool:
     return deadline is not None and last_step_s > 0 and time.monotonic() + 1.5 * last_step_s + 30 > deadline
 
 
-def _oom_message(step: int, n: int, keep: int, g) -> str:
+def _oom_message(step: int, n: int, keep: int, g, retries: int = 0) -> str:
+    tried = f" (after {retries} retries with smaller passes)" if retries else ""
     return (
-        f"out of GPU memory in the update of step {step}: a micro-batch of {n} trajectories x {keep} "
+        f"out of GPU memory in the update of step {step}{tried}: a micro-batch of {n} trajectories x {keep} "
         f"logit columns. Lower grpo.micro_batch (now {g.micro_batch}) or cap "
         f"grpo.micro_batch_logit_tokens (now {g.micro_batch_logit_tokens}; e.g. 4096), then resume from "
         "the last checkpoint: `sqlrl train ... --resume RUN_DIR`, or for `sqlrl experiment` / `sqlrl "
@@ -472,9 +485,12 @@ def train(
 
     start_step = 0
     prev_train_s = 0.0
+    earlier_adjustments: list[dict] = []  # out-of-memory cap changes of earlier invocations (kept steps)
     if resume:
         with contextlib.suppress(Exception):
             prev_train_s = float(read_json(out / "run.json").get("train_seconds") or 0.0)
+        with contextlib.suppress(Exception):
+            earlier_adjustments = list(read_json(out / "run.json").get("memory_adjustments") or [])
         info = load_latest(out)
         if info is not None:
             side = restore_checkpoint(info, train_model, optimizer, scheduler)
@@ -491,6 +507,7 @@ def train(
             if (out / name).exists():
                 kept = [r for r in read_jsonl(out / name) if r["step"] <= start_step]
                 write_jsonl(out / name, kept)
+        earlier_adjustments = [a for a in earlier_adjustments if a.get("step", 0) <= start_step]
     else:
         write_json_atomic(out / "config.json", cfg.resolve())
         write_json_atomic(out / "split.json", env.split_info())
@@ -542,6 +559,8 @@ def train(
                 keep_last=cfg.run.keep_checkpoints,
             )
 
+        logit_cap = g.micro_batch_logit_tokens  # lowered for the rest of the run if a pass runs out of memory
+        memory_adjustments: list[dict] = []
         for step in range(start_step + 1, g.steps + 1):
             if out_of_time(deadline, last_step_s):
                 if last_step > start_step and last_step % cfg.run.checkpoint_every != 0:
@@ -578,11 +597,8 @@ def train(
             # ---- update ----
             t1 = time.perf_counter()
             train_model.train()
-            optimizer.zero_grad(set_to_none=True)
             total_tokens = sum(tr.generated_tokens for tr in valid)
             n_seqs = len(valid)
-            loss_sum, kl_sum, clip_sum, tok_sum = 0.0, 0.0, 0.0, 0
-            nonfinite_logp, nonfinite_loss_mb = 0, 0  # diagnostics for a skipped (non-finite) update
             active = [
                 (tr, float(a))
                 for tr, a in zip(valid, adv.tolist())
@@ -590,45 +606,71 @@ def train(
             ]
             active.sort(key=lambda x: len(x[0].token_ids))
             spans = [logit_span(x[0]) for x in active]
-            for mb_start, mb_end in micro_batches(spans, g.micro_batch, g.micro_batch_logit_tokens):
-                mb = active[mb_start:mb_end]
-                batch = build_batch([x[0] for x in mb], [x[1] for x in mb], device, pad_id)
-                keep = batch["keep"]
+            oom_retries = 0
+            while True:  # once, unless a pass runs out of GPU memory (then again with smaller passes)
+                optimizer.zero_grad(set_to_none=True)
+                loss_sum, kl_sum, clip_sum, tok_sum = 0.0, 0.0, 0.0, 0
+                nonfinite_logp, nonfinite_loss_mb = 0, 0  # diagnostics for a skipped (non-finite) update
+                oom_at = None
+                batch = logp = loss = ref = m = old = None
                 try:
-                    logp = sequence_logprobs(train_model, batch, g.temperature, autocast)  # [b, keep-1]
-                except torch.OutOfMemoryError as e:
-                    raise RuntimeError(_oom_message(step, len(mb), keep, g)) from e
-                m = batch["loss_mask"][:, -keep + 1 :]
-                old = batch["old_logprobs"][:, -keep + 1 :]
-                ref = None
-                if ref_model is not None:
-                    with torch.no_grad():
-                        ref = sequence_logprobs(ref_model, batch, g.temperature, autocast)
-                loss, lm = policy_loss(
-                    logp,
-                    old,
-                    batch["advantages"],
-                    m,
-                    clip_low=g.clip_low,
-                    clip_high=g.clip_high,
-                    ref_logprobs=ref,
-                    kl_coef=g.kl_coef,
-                    agg=g.loss_agg,
-                    loss_scale_tokens=float(total_tokens) if g.loss_agg == "token-mean" else None,
-                    loss_scale_seqs=float(n_seqs) if g.loss_agg == "seq-mean" else None,
+                    for mb_start, mb_end in micro_batches(spans, g.micro_batch, logit_cap):
+                        mb = active[mb_start:mb_end]
+                        oom_at = (len(mb), max(spans[mb_start:mb_end]))
+                        batch = build_batch([x[0] for x in mb], [x[1] for x in mb], device, pad_id)
+                        keep = batch["keep"]
+                        logp = sequence_logprobs(train_model, batch, g.temperature, autocast)  # [b, keep-1]
+                        m = batch["loss_mask"][:, -keep + 1 :]
+                        old = batch["old_logprobs"][:, -keep + 1 :]
+                        ref = None
+                        if ref_model is not None:
+                            with torch.no_grad():
+                                ref = sequence_logprobs(ref_model, batch, g.temperature, autocast)
+                        loss, lm = policy_loss(
+                            logp,
+                            old,
+                            batch["advantages"],
+                            m,
+                            clip_low=g.clip_low,
+                            clip_high=g.clip_high,
+                            ref_logprobs=ref,
+                            kl_coef=g.kl_coef,
+                            agg=g.loss_agg,
+                            loss_scale_tokens=float(total_tokens) if g.loss_agg == "token-mean" else None,
+                            loss_scale_seqs=float(n_seqs) if g.loss_agg == "seq-mean" else None,
+                        )
+                        with torch.no_grad():
+                            nonfinite_logp += int((~torch.isfinite(logp) & (m != 0)).sum().item())
+                            nonfinite_loss_mb += int(not bool(torch.isfinite(loss).item()))
+                        loss.backward()
+                        ntok = float(m.sum().item())
+                        loss_sum += float(loss.item())
+                        kl_sum += lm.get("kl", 0.0) * ntok
+                        clip_sum += lm.get("clip_frac", 0.0) * ntok
+                        tok_sum += ntok
+                    oom_at = None
+                except torch.OutOfMemoryError:
+                    pass  # handled below, outside the except block, so that its frames free their tensors
+                if oom_at is None:
+                    break
+                batch = logp = loss = ref = m = old = None
+                optimizer.zero_grad(set_to_none=True)
+                free_memory()
+                n_mb, width = oom_at
+                if n_mb <= 1:  # one trajectory per pass already: nothing smaller to try
+                    raise RuntimeError(_oom_message(step, n_mb, width, g, oom_retries))
+                # The passes only split the step's token sum (the objective is normalised over the whole
+                # step), so a smaller cap changes memory, not what is computed (up to float summation
+                # order). Halve the failing pass; the cap stays for the rest of the run.
+                logit_cap = max(1, n_mb * width // 2)
+                oom_retries += 1
+                memory_adjustments.append({"step": step, "micro_batch_logit_tokens": logit_cap})
+                print(
+                    f"sqlrl train: step {step}: out of GPU memory in a pass of {n_mb} trajectories x {width} "
+                    f"logit columns; redoing the update with micro_batch_logit_tokens = {logit_cap} "
+                    "(memory only; kept for the rest of the run, recorded in steps.jsonl and run.json)",
+                    file=sys.stderr,
                 )
-                with torch.no_grad():
-                    nonfinite_logp += int((~torch.isfinite(logp) & (m != 0)).sum().item())
-                    nonfinite_loss_mb += int(not bool(torch.isfinite(loss).item()))
-                try:
-                    loss.backward()
-                except torch.OutOfMemoryError as e:
-                    raise RuntimeError(_oom_message(step, len(mb), keep, g)) from e
-                ntok = float(m.sum().item())
-                loss_sum += float(loss.item())
-                kl_sum += lm.get("kl", 0.0) * ntok
-                clip_sum += lm.get("clip_frac", 0.0) * ntok
-                tok_sum += ntok
             grad_norm = (
                 float(torch.nn.utils.clip_grad_norm_(params, g.max_grad_norm).item()) if params else 0.0
             )
@@ -686,6 +728,8 @@ def train(
                 "groups": adv_m.get("groups"),
                 "zero_var_groups": adv_m.get("zero_var_groups"),
                 "trained_tokens": int(tok_sum),
+                "oom_retries": oom_retries,
+                "micro_batch_logit_tokens_used": logit_cap,
                 "gen_tokens": sum(tr.generated_tokens for tr in trajs),
                 "mean_turns": sum(len(tr.turns) for tr in trajs) / len(trajs),
                 "time_rollout_s": round(t_roll, 3),
@@ -730,6 +774,7 @@ def train(
     run_info.update(
         {
             "status": "finished" if finished else "stopped",
+            "memory_adjustments": earlier_adjustments + memory_adjustments,
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "train_seconds": round(total_s, 2),
             "gpu_minutes": round(total_s / 60.0, 3) if device == "cuda" else None,
