@@ -71,7 +71,8 @@ PY
     # until DEST's time budget (default 570 s) is spent, and pack whatever exists into DEST.
     # Rerun the same command (with the same carry) until both experiments are finished.
     # GO_TURNS="3" runs only the 3-turn matrix; GO_BENCH=0 skips the benchmark (engine static);
-    # GO_CURRICULUM=0 skips the debugging curriculum that follows the last matrix.
+    # GO_CURRICULUM=0 skips the debugging curriculum that follows the last matrix; GO_MATRIX=0 skips the
+    # matrices (the curriculum alone).
     dest=$1; end=$((SECONDS + ${2:-570}))
     cp .stage/q50/part* .stage/q50/MANIFEST "$S/parts/" 2>/dev/null || true
     [ -d "$S/tree/src" ] || bash scripts/gpu.sh tree
@@ -89,7 +90,8 @@ PY
     # the engine is decided once (from the benchmark) and kept, so that resumed arms see the same config
     [ -s "$S/engine" ] || { bash scripts/gpu.sh engine "$S/bench_generate.json" 2>/dev/null || echo fast; } > "$S/engine"
     engine=$(cat "$S/engine"); echo "engine: $engine"
-    for t in ${GO_TURNS:-1 3}; do
+    turns=${GO_TURNS:-1 3}; [ "${GO_MATRIX:-1}" = 0 ] && turns=""
+    for t in $turns; do
       exp=exp$t
       if finished "$exp"; then
         echo "$exp finished"; continue
@@ -103,7 +105,7 @@ PY
     done
     # then the debugging curriculum (GO_CURRICULUM=0 skips it), once both matrices are finished
     last=exp$(echo ${GO_TURNS:-1 3} | awk '{print $NF}')
-    if [ "${GO_CURRICULUM:-1}" = 1 ] && finished "$last"; then
+    if [ "${GO_CURRICULUM:-1}" = 1 ] && { [ -z "$turns" ] || finished "$last"; }; then
       left=$((end - SECONDS - 30))
       if [ "$left" -ge 180 ]; then
         rc=0; bash scripts/gpu.sh curriculum "$left" >> "$dest/cur.log" 2>&1 || rc=$?; echo "curriculum: exit $rc"
