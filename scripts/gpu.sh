@@ -13,8 +13,14 @@
 #   or, after staging all parts but the last, the same call repeated: bash scripts/gpu.sh go $OUT   (carry the last part,
 #          MANIFEST, spider.tgz, .whl, .stage/tree.tgz): setup, benchmark, exp1 (1 turn), exp3 (3 turns),
 #          then the debugging curriculum (configs/debug-curriculum-gpu.toml) into $S/cur
+#   another model: GPU_MODEL=1.5b (parts in .stage/q15, configs/spider-1.5b-gpu.toml) on every call.
 set -euo pipefail
 S=${SQLRL_SCRATCH:-/root/sqlrl-scratch}
+TAG=${GPU_MODEL:-0.5b}                       # model size tag: 0.5b (default) or 1.5b
+MODEL=qwen2.5-coder-$TAG-instruct            # built-in model name (sqlrl model list)
+PARTS=.stage/q50                             # the GGUF's parts here (0.5b: q50, a historical name)
+[ "$TAG" = 0.5b ] || PARTS=.stage/q${TAG//[.b]/}   # 1.5b: .stage/q15
+CONFIG=configs/spider-$TAG-gpu.toml
 mkdir -p "$S/parts"
 export SQLRL_CACHE=$S/models PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 cmd=$1; shift
@@ -22,17 +28,17 @@ cmd=$1; shift
 finished() { [ -f "$S/$1/experiment.json" ] && python3 -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1])).get('finished') else 1)" "$S/$1/experiment.json"; }
 case "$cmd" in
   stage)
-    for n in "$@"; do cp ".stage/q50/part$n" "$S/parts/"; done
+    for n in "$@"; do cp "$PARTS/part$n" "$S/parts/"; done
     ls -la "$S/parts" | tail -n +2 | awk '{s+=$5} END {print "staged bytes:", s}' ;;
   setup)
-    cp .stage/q50/part* .stage/q50/MANIFEST "$S/parts/" 2>/dev/null || true
+    cp "$PARTS"/part* "$PARTS/MANIFEST" "$S/parts/" 2>/dev/null || true
     cat "$S"/parts/part* > "$S/qwen.gguf"
     want=$(awk '$1=="sha256"{print $2}' "$S/parts/MANIFEST"); got=$(sha256sum "$S/qwen.gguf" | cut -d' ' -f1)
     [ "$want" = "$got" ] || { echo "sha256 mismatch: want $want got $got" >&2; exit 1; }
     echo "gguf ok $got"; rm -rf "$S/parts"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     tar xzf .stage/spider.tgz -C "$S"
-    python3 -m sqlrl.cli model fetch qwen2.5-coder-0.5b-instruct --gguf "$S/qwen.gguf"
+    python3 -m sqlrl.cli model fetch "$MODEL" --gguf "$S/qwen.gguf"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv ;;
   tree)
     # unpack the committed tree (.stage/tree.tgz) into $S/tree with the staged data beside it; later
@@ -40,7 +46,7 @@ case "$cmd" in
     mkdir -p "$S/tree/.stage" && tar xzf .stage/tree.tgz -C "$S/tree"
     cp .stage/spider.tgz "$S/tree/.stage/" && cp -r .whl "$S/tree/" && echo "tree ready: $S/tree" ;;
   bench)
-    python3 bench/bench_generate.py --model qwen2.5-coder-0.5b-instruct --prompts-from "$S/spider" --split train_spider "$@" ;;
+    python3 bench/bench_generate.py --model "$MODEL" --prompts-from "$S/spider" --split train_spider "$@" ;;
   engine)
     # "static" when the benchmark JSON shows the static engine working (float32 greedy identity with
     # plain generate >= 0.9 and no graph-capture error), else "fast": the engine for the experiment
@@ -55,7 +61,7 @@ PY
   experiment)
     # EXP=<folder name under the scratch dir> (default exp); extra args go to `sqlrl experiment`
     budget=$1; shift
-    python3 -m sqlrl.cli experiment configs/spider-0.5b-gpu.toml --out "$S/${EXP:-exp}" \
+    python3 -m sqlrl.cli experiment "$CONFIG" --out "$S/${EXP:-exp}" \
       --set "data.path=\"$S/spider\"" --time-budget "$budget" "$@" ;;
   curriculum)
     # the debugging curriculum at real size: build the task set once from the staged Spider, then
@@ -74,7 +80,7 @@ PY
     # GO_CURRICULUM=0 skips the debugging curriculum that follows the last matrix; GO_MATRIX=0 skips the
     # matrices (the curriculum alone).
     dest=$1; end=$((SECONDS + ${2:-570}))
-    cp .stage/q50/part* .stage/q50/MANIFEST "$S/parts/" 2>/dev/null || true
+    cp "$PARTS"/part* "$PARTS/MANIFEST" "$S/parts/" 2>/dev/null || true
     [ -d "$S/tree/src" ] || bash scripts/gpu.sh tree
     cd "$S/tree"
     if [ ! -f "$S/setup.done" ]; then
@@ -97,7 +103,7 @@ PY
         echo "$exp finished"; continue
       fi
       left=$((end - SECONDS - 30)); [ "$left" -ge 120 ] || break
-      name=spider-0.5b-single-turn; [ "$t" = 1 ] || name=spider-0.5b-$t-turn
+      name=spider-$TAG-single-turn; [ "$t" = 1 ] || name=spider-$TAG-$t-turn
       rc=0  # exit 3 = stopped at the time budget (resumable): keep going so that the results get packed
       EXP=$exp bash scripts/gpu.sh experiment "$left" --set "experiment.name=\"$name\"" --set "experiment.turns=[$t]" \
         --set "run.gen_engine=\"$engine\"" >> "$dest/$exp.log" 2>&1 || rc=$?; echo "$exp: exit $rc"

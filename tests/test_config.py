@@ -65,7 +65,7 @@ def test_every_field_has_a_doc_line():
         assert not missing, f"{cls.__name__} fields without a doc line: {missing}"
 
 
-@pytest.mark.parametrize("name", ["quickstart.toml", "spider-0.5b-gpu.toml"])
+@pytest.mark.parametrize("name", ["quickstart.toml", "spider-0.5b-gpu.toml", "spider-1.5b-gpu.toml"])
 def test_shipped_configs_validate(name):
     cfg, exp = load_experiment(ROOT / "configs" / name)
     assert set(exp.arms) == {"base", "grpo", "no_update", "validity"}
@@ -88,3 +88,13 @@ def test_quickstart_uses_default_model_and_embedded_data():
 def test_experiment_files_are_run_files_too():
     cfg = C.load(ROOT / "configs" / "quickstart.toml")  # `sqlrl train configs/quickstart.toml`
     assert cfg.grpo.steps >= 1 and cfg.data.path == "embedded"
+
+
+def test_the_1_5b_gpu_config_keeps_the_0_5b_recipe():
+    """The two sizes compare only if they differ in the model and in memory/disk settings alone."""
+    a, ea = load_experiment(ROOT / "configs" / "spider-0.5b-gpu.toml")
+    b, eb = load_experiment(ROOT / "configs" / "spider-1.5b-gpu.toml")
+    ra, rb = a.resolve(), b.resolve()
+    diff = sorted(f"{s}.{k}" for s in ra for k in ra[s] if ra[s][k] != rb[s][k])
+    assert diff == ["model.name", "run.checkpoint_every", "run.gen_max_batch"]
+    assert (ea.arms, ea.turns) == (eb.arms, eb.turns) and eb.name == "spider-1.5b-single-turn"
