@@ -6,7 +6,18 @@
 Three workloads, each measured in rounds; in (a) and (b) every round uses tasks no other round (and no
 warm-up) used, so neither the Evaluator's memo nor SQLite's per-connection statement cache carries
 over from an earlier round; the scorers take turns inside a round (who goes first alternates), and
-ours with and without the memo use separate sandboxes (no shared statement cache):
+ours with and without the memo use separate sandboxes (no shared statement cache).
+Ours is measured twice in every round, on the same pairs and against the same naive timing:
+- COLD: a fresh sandbox (and one for de-duplication off) every round, its workers started and each
+  database of the round opened once per worker (`SELECT 1`) before timing: schemas not yet read,
+  nothing prepared, no gold shipped to a worker.
+- STEADY: one sandbox (and one for de-duplication off) kept for all rounds, as in a training run
+  (one Sandbox + Evaluator scores every step), warmed up by an untimed round first (a training run's
+  first step). In (a) and (b) each round still brings new tasks, golds and SQL. In (c) the pairs are
+  the same every round, so each round's prediction texts get their own number of trailing blanks
+  (r + 1 in round r, none in the warm-up; for every scorer alike): no statement is found already
+  prepared in a worker's statement cache, as in training, where each step brings new model SQL.
+  Trailing blanks change no verdict and no de-duplication (checked: rewards cold == steady).
 (a) all-distinct: per task the gold itself and one perturbation of it (projection list reversed,
     DISTINCT toggled, ORDER BY direction flipped, or wrapped with LIMIT 1); pairs are de-duplicated by
     (database, SQL text), so no prediction repeats: the worst case for memoization.
@@ -18,8 +29,8 @@ ours with and without the memo use separate sandboxes (no shared statement cache
     new SQL (the logs do not show them), so duplicates are a LOWER bound of what the real groups had.
     The distinct SQL texts of a task are the gold, its perturbations and LIMIT-wrapped variants.
 (c) the logged rollouts themselves: the model's real final SQL (144 samples: 36 groups x the 4 logged
-    samples, 12 Spider tasks), the same pairs every round, so each round gets fresh sandboxes; each
-    arm is its own training run, so ours gets one Evaluator per arm (no memo shared between arms).
+    samples, 12 Spider tasks), the same pairs every round (see STEADY below for the statement cache);
+    each arm is its own training run, so ours gets one Evaluator per arm (no memo shared between arms).
 
 Scorers, on the same pairs:
 - ours: a fresh `Evaluator(Sandbox, GoldCache)` per round and run, golds (and their DISTINCT-free
@@ -367,55 +378,86 @@ def main(argv: list[str] | None = None) -> int:
         def workload_c(_: list) -> list:
             return list(real)
 
+        def fresh_sandbox(pairs: list) -> Sandbox:
+            """A cold sandbox: workers started and each database of the round opened once per worker
+            (SELECT 1: no schema read, no statement prepared, no gold shipped), nothing else warm."""
+            s = Sandbox(workers=args.workers)
+            dbs = sorted({t.public.db_path for t, _ in pairs})
+            s.execute_many([(db, "SELECT 1") for db in dbs for _ in range(args.workers)])
+            return s
+
         results = {}
         for name, make, n_tasks in (
             ("a", workload_a, args.tasks_a),
             ("b", workload_b, args.tasks_b),
             ("c", workload_c, 0),
         ):
-            rows = defaultdict(list)
-            agree = total = identical = 0
-            memo = None
-            n_pairs = distinct = 0
             n_rounds = args.rounds_c if name == "c" else args.rounds
+            if name == "c":
+                # steady state for (c): one pair of sandboxes for all its rounds, warmed up by one
+                # untimed round of the same pairs (a training run's first step). Every round's SQL
+                # gets its own trailing blanks (r + 1 of them; the warm-up round none), for every
+                # scorer alike, so no round finds its statements already prepared in a worker's
+                # statement cache (a training step brings new model SQL); verdicts do not change.
+                steady = (Sandbox(workers=args.workers), Sandbox(workers=args.workers))
+                warm_pairs = workload_c([])
+                time_ours(steady[0], gc, warm_pairs, args.batch, real_runs)
+                time_ours(steady[1], gc, warm_pairs, args.batch, real_runs, memo_entries=0)
+            else:
+                steady = (sb, sb_off)  # warmed up above on tasks no round uses
+            rows = defaultdict(list)
+            agree = {"cold": 0, "steady": 0}
+            total = {"cold": 0, "steady": 0}
+            identical = {"cold": 0, "steady": 0}
+            cold_eq_steady = 0
+            memo = {}
+            n_pairs = distinct = 0
             floor: dict = {}
             for r in range(n_rounds):
                 pairs = make(take(n_tasks))
+                if name == "c":
+                    pairs = [(t, p if p is None else p + " " * (r + 1)) for t, p in pairs]
                 n_pairs += len(pairs)
                 runs = real_runs if name == "c" else [len(pairs)]
                 start = 0
                 for size in runs:
                     distinct += len({(t.public.db_path, p) for t, p in pairs[start : start + size]})
                     start += size
-                order = ["naive", "ours", "ours_nomemo"] if r % 2 == 0 else ["ours_nomemo", "ours", "naive"]
+                cold = (fresh_sandbox(pairs), fresh_sandbox(pairs))
+                order = ["naive", "cold", "cold_off", "steady", "steady_off"]
+                if r % 2:
+                    order.reverse()
                 got = {}
-                s_on, s_off = sb, sb_off
-                if name == "c":  # the same SQL every round: fresh sandboxes (no statement cache), warmed up
-                    s_on, s_off = Sandbox(workers=args.workers), Sandbox(workers=args.workers)
-                    dbs = sorted({t.public.db_path for t, _ in pairs})
-                    for s in (s_on, s_off):
-                        s.execute_many([(db, "SELECT 1") for db in dbs for _ in range(args.workers)])
                 for who in order:
                     if who == "naive":
                         dt, got[who] = time_naive(pairs)
-                    elif who == "ours":
-                        dt, got[who], memo = time_ours(s_on, gc, pairs, args.batch, runs)
                     else:
-                        dt, got[who], _ = time_ours(s_off, gc, pairs, args.batch, runs, memo_entries=0)
+                        mode = who.split("_")[0]
+                        off = who.endswith("_off")
+                        s_ = (cold if mode == "cold" else steady)[1 if off else 0]
+                        kw = {"memo_entries": 0} if off else {}
+                        dt, got[who], st_ = time_ours(s_, gc, pairs, args.batch, runs, **kw)
+                        if not off:
+                            memo[mode] = st_
                     rows[who].append(len(pairs) / dt)
-                if name == "c":
-                    s_on.close()
-                    s_off.close()
+                for s_ in cold:
+                    s_.close()
                 if not args.no_floor:
                     floor_round(pairs, floor_conns, floor, runs)
-                identical += sum(a.to_dict() == b.to_dict() for a, b in zip(got["ours"], got["ours_nomemo"]))
-                for rw, m in zip(got["ours"], got["naive"]):
-                    if rw.status in ("timeout", "infra_error", "gold_unscorable"):
-                        continue
-                    total += 1
-                    agree += (rw.value == 1.0) == bool(m)
+                for mode in ("cold", "steady"):
+                    identical[mode] += sum(
+                        a.to_dict() == b.to_dict() for a, b in zip(got[mode], got[mode + "_off"])
+                    )
+                    for rw, m in zip(got[mode], got["naive"]):
+                        if rw.status in ("timeout", "infra_error", "gold_unscorable"):
+                            continue
+                        total[mode] += 1
+                        agree[mode] += (rw.value == 1.0) == bool(m)
+                cold_eq_steady += sum(a.to_dict() == b.to_dict() for a, b in zip(got["cold"], got["steady"]))
+            if name == "c":
+                for s_ in steady:
+                    s_.close()
             med = {k: statistics.median(v) for k, v in rows.items()}
-            per_round = [o / n for o, n in zip(rows["ours"], rows["naive"])]
             fl = None
             if floor:
                 us = {k: v / floor["pairs"] * 1e6 for k, v in floor["naive"].items()}
@@ -428,24 +470,30 @@ def main(argv: list[str] | None = None) -> int:
                     "bare_variant_us_per_pair": round(floor.get("variant", 0.0) / floor["pairs"] * 1e6, 1),
                     "max_ratio_2_cores": round(naive_us / (bare / 2), 2) if bare > 0 else None,
                 }
-            results[name] = {
+            res = {
                 "rounds": n_rounds,
                 "pairs_per_round": n_pairs // n_rounds,
                 "distinct_sql_share": round(distinct / n_pairs, 3),
                 "naive_pairs_per_s": round(med["naive"], 1),
-                "ours_pairs_per_s": round(med["ours"], 1),
-                "ours_memo_off_pairs_per_s": round(med["ours_nomemo"], 1),
-                "ratio": round(med["ours"] / med["naive"], 2),
-                "ratio_memo_off": round(med["ours_nomemo"] / med["naive"], 2),
-                "ratio_per_round_min_max": [round(min(per_round), 2), round(max(per_round), 2)],
-                "memo_on_equals_memo_off": f"{identical}/{n_pairs}",
-                "verdict_agreement_with_naive": f"{agree}/{total}",
                 "floor": fl,
-                "memo_last_round": {
-                    "duplicate_hits": memo["duplicate_hits"],
-                    "sandbox_executions": memo["executions"],
-                },
+                "cold_equals_steady": f"{cold_eq_steady}/{n_pairs}",
             }
+            for mode in ("cold", "steady"):
+                per_round = [o / n for o, n in zip(rows[mode], rows["naive"])]
+                res[mode] = {
+                    "ours_pairs_per_s": round(med[mode], 1),
+                    "ours_memo_off_pairs_per_s": round(med[mode + "_off"], 1),
+                    "ratio": round(med[mode] / med["naive"], 2),
+                    "ratio_memo_off": round(med[mode + "_off"] / med["naive"], 2),
+                    "ratio_per_round_min_max": [round(min(per_round), 2), round(max(per_round), 2)],
+                    "memo_on_equals_memo_off": f"{identical[mode]}/{n_pairs}",
+                    "verdict_agreement_with_naive": f"{agree[mode]}/{total[mode]}",
+                    "memo_last_round": {
+                        "duplicate_hits": memo[mode]["duplicate_hits"],
+                        "sandbox_executions": memo[mode]["executions"],
+                    },
+                }
+            results[name] = res
 
     out = {
         "evidence_for_b": {
@@ -461,8 +509,10 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_count": os.cpu_count(),
         "workloads": results,
     }
-    met = {k: v["ratio"] >= 10 for k, v in results.items()}
-    out["target_10x"] = {k: ("met" if v else "NOT met") for k, v in met.items()}
+    out["target_10x"] = {
+        k: {m: ("met" if v[m]["ratio"] >= 10 else "NOT met") for m in ("cold", "steady")}
+        for k, v in results.items()
+    }
     if args.json:
         print(json.dumps(out))
         return 0
@@ -478,6 +528,15 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.workers} sandbox workers, {os.cpu_count()} CPUs, "
         f"{excluded} tasks skipped (unscorable gold)"
     )
+    print(
+        "two measurements of ours on the same pairs in every round, against the same naive timing:\n"
+        "  COLD:   a fresh sandbox every round (workers started and each database opened once per worker\n"
+        "          before timing; schemas unread, no statement prepared, no gold shipped)\n"
+        "  STEADY: one sandbox for all rounds, as in a training run (one Sandbox + Evaluator per run),\n"
+        "          warmed up by an untimed round; (a)/(b): every round has new tasks, hence new golds\n"
+        "          and new SQL; (c): the same pairs every round, each round's SQL with its own trailing\n"
+        "          blanks so no statement is found already prepared"
+    )
     labels = {
         "a": "(a) all-distinct predictions",
         "b": f"(b) GRPO-shaped {args.tasks_b} tasks x {args.group}",
@@ -487,36 +546,45 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"\n{labels[k]}: {v['pairs_per_round']} pairs per round, {v['distinct_sql_share']:.1%} distinct (within a run)"
         )
-        print(f"  naive (connect, gold, pred, compare)  {v['naive_pairs_per_s']:>9.1f} pairs/s")
-        print(f"  ours  Evaluator.score_many            {v['ours_pairs_per_s']:>9.1f} pairs/s")
-        print(f"  ours  with de-duplication off         {v['ours_memo_off_pairs_per_s']:>9.1f} pairs/s")
-        lo, hi = v["ratio_per_round_min_max"]
-        print(
-            f"  ratio ours / naive                    {v['ratio']:>9.2f}x  (per round {lo}-{hi}x; "
-            f"de-duplication off {v['ratio_memo_off']}x)  target 10x: {out['target_10x'][k]}"
-        )
-        print(f"  rewards de-dup on == off              {v['memo_on_equals_memo_off']}")
-        print(f"  verdicts agree with naive             {v['verdict_agreement_with_naive']}")
-        m = v["memo_last_round"]
-        print(
-            f"  de-duplication, last round            {m['duplicate_hits']} repeats answered from a pair "
-            f"scored in the same call, {m['sandbox_executions']} sandbox executions"
-        )
+        print(f"  {'naive (connect, gold, pred, compare)':<40} {v['naive_pairs_per_s']:>9.1f} pairs/s")
+        for mode in ("cold", "steady"):
+            m_ = v[mode]
+            tag = mode.upper()
+            lo, hi = m_["ratio_per_round_min_max"]
+            mm = m_["memo_last_round"]
+            for label, text in (
+                ("ours  Evaluator.score_many", f"{m_['ours_pairs_per_s']:>9.1f} pairs/s"),
+                ("ours  de-duplication off", f"{m_['ours_memo_off_pairs_per_s']:>9.1f} pairs/s"),
+                (
+                    "ratio ours / naive",
+                    f"{m_['ratio']:>9.2f}x  (per round {lo}-{hi}x; de-duplication off "
+                    f"{m_['ratio_memo_off']}x)  target 10x: {out['target_10x'][k][mode]}",
+                ),
+                ("rewards de-dup on == off", m_["memo_on_equals_memo_off"]),
+                ("verdicts agree with naive", m_["verdict_agreement_with_naive"]),
+                (
+                    "de-duplication, last round",
+                    f"{mm['duplicate_hits']} repeats answered from a pair scored in the same call, "
+                    f"{mm['sandbox_executions']} sandbox executions",
+                ),
+            ):
+                print(f"  {tag + ' ' + label:<40} {text}")
+        print(f"  {'rewards cold == steady':<40} {v['cold_equals_steady']}")
         f = v["floor"]
         if f:
             st = f["naive_steps_us_per_pair"]
             print(
-                f"  floor, one process, all rounds        naive {f['naive_us_per_pair']:.0f} us/pair = "
+                f"  {'floor, one process, all rounds':<40} naive {f['naive_us_per_pair']:.0f} us/pair = "
                 + " + ".join(f"{k} {st[k]:.0f}" for k in ("connect", "gold", "pred", "compare", "close"))
             )
             print(
-                f"                                        bare execution on open connections "
+                f"  {'':<40} bare execution on open connections "
                 f"{f['bare_pred_us_per_pair'] + f['bare_variant_us_per_pair']:.0f} us/pair (distinct "
                 f"predictions {f['bare_pred_us_per_pair']:.0f} + DISTINCT-free variants "
                 f"{f['bare_variant_us_per_pair']:.0f})"
             )
             print(
-                f"                                        best ratio possible on 2 cores (zero overhead, "
+                f"  {'':<40} best ratio possible on 2 cores (zero overhead, "
                 f"perfect split) {f['max_ratio_2_cores']}x"
             )
     return 0

@@ -385,6 +385,23 @@ def _remove_distinct_tokens(sql: str) -> str:
 # ------------------------------------------------------------------------------------- comparisons
 
 
+try:
+    from _collections import _count_elements  # what Counter uses to count
+except ImportError:  # pragma: no cover - other Pythons
+
+    def _count_elements(mapping: dict, iterable: Any) -> None:
+        get = mapping.get
+        for v in iterable:
+            mapping[v] = get(v, 0) + 1
+
+
+def _counts(values: Any) -> dict:
+    """{value: count}: a Counter without its Python-level overhead (equal dicts <=> equal multisets)."""
+    d: dict = {}
+    _count_elements(d, values)
+    return d
+
+
 def _is_num(v: Any) -> bool:
     return isinstance(v, int | float)
 
@@ -417,7 +434,7 @@ class _Cmp:
     def multiset(self, a: list[tuple], b: list[tuple], has_float: bool) -> bool:
         if len(a) != len(b):
             return False
-        if Counter(a) == Counter(b):
+        if a == b or _counts(a) == _counts(b):
             return True
         if not (self.tol and has_float):
             return False
@@ -485,12 +502,16 @@ def _project(rows: list[tuple], cols: tuple[int, ...] | list[int]) -> list[tuple
     return list(map(itemgetter(*cols), rows))
 
 
-def _has_float(rows: list[tuple]) -> bool:
-    return float in set(map(type, chain.from_iterable(rows)))
-
-
 class _Budget(Exception):
     pass
+
+
+# the fast reject of `execution_match`: cell types whose equality is `==` under both settings (floats
+# only without float_tol), and the most checks its permutation search can charge for k columns
+_EXACT_TYPES = frozenset((int, str, bytes, type(None)))
+_EXACT_TYPES_F = _EXACT_TYPES | {float}
+_REJECT_MAX_COLS = 8
+_MAX_CHARGES = [sum(math.perm(k, d) for d in range(1, k + 1)) for k in range(_REJECT_MAX_COLS + 1)]
 
 
 def execution_match(
@@ -528,7 +549,9 @@ def execution_match(
     k, n = kg, len(g)
     if n == 0:
         return MatchResult(True, "match", tuple(range(k)))
-    has_float = float_tol and (_has_float(g) or _has_float(p))
+    types = set(map(type, chain.from_iterable(g)))
+    types.update(map(type, chain.from_iterable(p)))
+    has_float = float_tol and float in types
 
     # ---- fast path (same answer as the search below, only cheaper): identical rows, as a sequence
     # when order matters or as a multiset when it does not, match under the identity permutation,
@@ -543,7 +566,7 @@ def execution_match(
             runs_ok = tie_relax and shape.key_columns is not None and all(c < k for c in shape.key_columns)
             fast_mode = "runs" if runs_ok else "sequence"
         if fast_mode == "multiset":
-            same = g == p or Counter(g) == Counter(p)
+            same = g == p or _counts(g) == _counts(p)
         else:
             same = (fast_mode == "sequence" or not has_float) and g == p
         if same:
@@ -575,6 +598,34 @@ def execution_match(
         else:
             mode = "sequence"
             segs = [[i] for i in range(n)]
+
+    # ---- fast reject (same answer as the search below, only cheaper). When every cell is an int,
+    # str, bytes or None (or also a float without float_tol), cell equality is Python `==`, which
+    # hashing agrees with, so under ANY column permutation a match needs the cells of the compared
+    # segments to be equal as multisets, and each key value of a boundary (key-only) row to be one
+    # of that predicted row's cells. If either fails, the search can only end in "no match"; it is
+    # skipped when it could have run out of budget first (it charges at most sum over d = 1..k of
+    # k!/(k-d)! checks of n rows each), since then its answer would be "permutation_bound".
+    if _FAST_PATH and k <= _REJECT_MAX_COLS and types <= (_EXACT_TYPES if float_tol else _EXACT_TYPES_F):
+        charges = _MAX_CHARGES[k]
+        if charges <= max_tries and n * charges <= max_work:
+            if key_only:
+                gc_ = chain.from_iterable(g[x] for s in segs for x in s)
+                pc_ = chain.from_iterable(p[x] for s in segs for x in s)
+            else:
+                gc_, pc_ = chain.from_iterable(g), chain.from_iterable(p)
+            reject = _counts(gc_) != _counts(pc_)
+            if not reject:
+                for positions, key in key_only:
+                    for x in positions:
+                        row = p[x]
+                        if any(v not in row for v in key):
+                            reject = True
+                            break
+                    if reject:
+                        break
+            if reject:
+                return MatchResult(False, _diff_reason(mode), None, mode, 0)
 
     tries = 0
     work = 0
@@ -781,6 +832,17 @@ _TRANSIENT_ERROR = re.compile(
 )
 
 
+_TRANSIENT_ERROR_LOWER = re.compile(_TRANSIENT_ERROR.pattern)
+
+
+def _transient(msg: str) -> bool:
+    """`_TRANSIENT_ERROR.search(msg)`; for an ASCII message (where re.I is plain ASCII case folding)
+    the same search on the lower-cased text without re.I, which is several times cheaper."""
+    if msg.isascii():
+        return _TRANSIENT_ERROR_LOWER.search(msg.lower()) is not None
+    return _TRANSIENT_ERROR.search(msg) is not None
+
+
 @lru_cache(maxsize=65536)
 def is_deterministic_sql(sql: str) -> bool:
     """False when `sql` might give different results on the same database bytes (random(), the clock,
@@ -799,7 +861,7 @@ def _memoizable(res: Any) -> bool:
     st = getattr(res, "status", None)
     if st in _MEMO_STATUSES:
         return True
-    return st == "runtime_error" and not _TRANSIENT_ERROR.search(str(getattr(res, "message", "") or ""))
+    return st == "runtime_error" and not _transient(str(getattr(res, "message", "") or ""))
 
 
 _PublicTask: Any = None  # sqlrl.data.PublicTask, imported on first use
@@ -1024,36 +1086,20 @@ class Evaluator:
         refs: dict[int, tuple[int, Any]] = {}
         sent: list[_Pair] = []
         rest: list[_Pair] = []
+        # (ref keys, extra) of each distinct (gold object, gold SQL, database) in this call, or None
+        # when that gold goes to the parent-side path: a GRPO group shares one gold, worked out once
+        per_gold: dict[tuple, tuple | None] = {}
         for p in pending:
             gold = p.gold
-            weight = _cells(gold)
-            if weight > _WORKER_GOLD_MAX_CELLS:
+            gid = (id(gold), p.gold_sql, p.db_path)  # `pending` holds the objects: ids stay valid
+            if gid in per_gold:
+                hit = per_gold[gid]
+            else:
+                hit = per_gold[gid] = self._gold_refs(p, gold, refs, variants, want_ts)
+            if hit is None:
                 rest.append(p)
                 continue
-            gk = _ref_key(gold, p.gold_sql)
-            if gk not in refs:
-                sh = gold_shape(p.gold_sql)
-                shape_t = (sh.order_matters, sh.key_columns, sh.has_limit, sh.limit, sh.has_offset, sh.parsed)
-                refs[gk] = (weight, (gold.columns, gold.rows, shape_t))
-            keys: tuple[int, ...] = (gk,)
-            extra = None
-            if want_ts:
-                v_sql = remove_distinct(p.gold_sql)
-                if v_sql != p.gold_sql:
-                    g_var = variants[(p.db_path, v_sql)]
-                    if isinstance(g_var, BaseException):
-                        extra = f"gold_variant_infra: {type(g_var).__name__}"
-                    else:
-                        v_weight = _cells(g_var)
-                        if v_weight > _WORKER_GOLD_MAX_CELLS:
-                            rest.append(p)
-                            continue
-                        vk = _ref_key(g_var, "")
-                        if vk not in refs:
-                            v_status = getattr(g_var, "status", "unknown")
-                            refs[vk] = (v_weight, (v_status, g_var.columns, g_var.rows))
-                        keys = (gk, vk)
-            items.append((p.db_path, p.sql, keys, extra))
+            items.append((p.db_path, p.sql, *hit))
             sent.append(p)
         if not items:
             return rest
@@ -1151,6 +1197,34 @@ class Evaluator:
             if str(parts.get("test_suite_reason", "")).startswith("gold_variant_infra"):
                 continue
             reusable[p.key] = out[p.i]
+
+    @staticmethod
+    def _gold_refs(p: _Pair, gold: Any, refs: dict, variants: dict, want_ts: bool) -> tuple | None:
+        """(ref keys, extra) for the worker items of pairs with this gold, registering the payloads in
+        `refs`; None when a payload is too large to ship (the parent-side path scores those pairs)."""
+        weight = _cells(gold)
+        if weight > _WORKER_GOLD_MAX_CELLS:
+            return None
+        gk = _ref_key(gold, p.gold_sql)
+        if gk not in refs:
+            sh = gold_shape(p.gold_sql)
+            shape_t = (sh.order_matters, sh.key_columns, sh.has_limit, sh.limit, sh.has_offset, sh.parsed)
+            refs[gk] = (weight, (gold.columns, gold.rows, shape_t))
+        if want_ts:
+            v_sql = remove_distinct(p.gold_sql)
+            if v_sql != p.gold_sql:
+                g_var = variants[(p.db_path, v_sql)]
+                if isinstance(g_var, BaseException):
+                    return (gk,), f"gold_variant_infra: {type(g_var).__name__}"
+                v_weight = _cells(g_var)
+                if v_weight > _WORKER_GOLD_MAX_CELLS:
+                    return None
+                vk = _ref_key(g_var, "")
+                if vk not in refs:
+                    v_status = getattr(g_var, "status", "unknown")
+                    refs[vk] = (v_weight, (v_status, g_var.columns, g_var.rows))
+                return (gk, vk), None
+        return (gk,), None
 
     @staticmethod
     def _fail_parts(base: dict, want_ts: bool) -> dict:
@@ -1263,7 +1337,10 @@ def _memoizable_tuple(res: tuple) -> bool:
     st = res[0]
     if st in _MEMO_STATUSES:
         return True
-    return st == "runtime_error" and not _TRANSIENT_ERROR.search(str(res[5] or ""))
+    return st == "runtime_error" and not _transient(str(res[5] or ""))
+
+
+_SHAPES: dict[tuple, GoldShape] = {}  # shape tuple -> GoldShape, in the workers
 
 
 def _score_in_worker(run: Any, sql: str, refs: list, extra: Any, options: dict) -> tuple:
@@ -1292,7 +1369,11 @@ def _score_in_worker(run: Any, sql: str, refs: list, extra: Any, options: dict) 
             return (0.0, "timeout", {**fail, "sandbox_status": st, "message": msg}, False, 1)
         return (None, "infra_error", {"kind": kind, "sandbox_status": st, "message": msg}, False, 1)
     g_cols, g_rows, shape_t = refs[0]
-    shape = GoldShape(*shape_t)
+    shape = _SHAPES.get(shape_t)
+    if shape is None:
+        if len(_SHAPES) >= 4096:
+            _SHAPES.clear()
+        shape = _SHAPES[shape_t] = GoldShape(*shape_t)
     p_cols, p_rows = res[1], res[2]
     m = execution_match(g_cols, g_rows, p_cols, p_rows, shape)
     parts: dict[str, Any] = {

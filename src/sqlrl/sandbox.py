@@ -60,7 +60,9 @@ Guaranteed: no statement run through the sandbox changes the database file or cr
 time and never takes the caller down; results are deterministic for deterministic SQL.
 Not guaranteed: `immutable=1` means SQLite assumes the file does not change while open; the worker
 re-opens a file whose inode/size/mtime changed, but a file rewritten in place with the same
-size and mtime could give stale or corrupt reads. Non-deterministic SQL (`random()`, `'now'`) stays
+size and mtime could give stale or corrupt reads. `execute` / `execute_many` stat the file before
+every statement; `execute_scored` stats each database file once per chunk of items (the first time
+the chunk uses it), so a file replaced while a chunk runs is noticed only from the next chunk on. Non-deterministic SQL (`random()`, `'now'`) stays
 non-deterministic. Memory limits are per worker process, not per call. The sandbox is no defence
 against a malicious database *file* (the files are trusted; the SQL is not). `elapsed_ms` is the
 worker's execution + fetch time (the parent's wall time for watchdog kills and pre-check results).
@@ -249,6 +251,11 @@ def split_statements(sql: str) -> list[str]:
     return [s for _, _, s in _scan(sql)]
 
 
+def _precheck_fast_ok(sql: str) -> bool:
+    """True when `_scan` is not needed (tests turn this off to compare)."""
+    return ";" not in sql and "--" not in sql and "/*" not in sql
+
+
 def _precheck(
     sql: str,
     max_sql_chars: int,
@@ -262,7 +269,14 @@ def _precheck(
         return _result("runtime_error", f"SQL must be a string, not {type(sql).__name__}")
     if len(sql) > max_sql_chars:
         return _result("too_large", f"SQL text longer than {max_sql_chars} characters")
-    stmts = _scan(sql)
+    if _precheck_fast_ok(sql):
+        # the common case, same answer as `_scan`: without a semicolon there is at most one
+        # statement, and without comment openers (even inside a quoted span) nothing is blanked, so
+        # its text is the stripped SQL and it runs to the end of the text
+        text = sql.strip()
+        stmts = [(0, len(sql), text)] if text else []
+    else:
+        stmts = _scan(sql)
     if not stmts:
         return _result("empty_sql", "no SQL statement")
     if len(stmts) > 1:
@@ -485,10 +499,18 @@ def _fetch(cur: sqlite3.Cursor, cfg: dict, deadline: _Deadline) -> tuple[str, li
     chunk = 64
     dumps = marshal.dumps
     while True:
-        part = cur.fetchmany(min(chunk, max_rows + 1 - len(rows)))
+        want = min(chunk, max_rows + 1 - len(rows))
+        part = cur.fetchmany(want)
         if not part:
             return "ok", rows, ""
         size = len(dumps(part))
+        if len(part) < want and nbytes + size <= max_bytes and len(rows) + len(part) <= max_rows:
+            # fewer rows than asked for: the cursor is exhausted (the next fetchmany would return
+            # nothing), and this last part is within both caps
+            rows.extend(part)
+            if time.monotonic() > deadline.t:
+                raise sqlite3.OperationalError("interrupted")
+            return "ok", rows, ""
         if nbytes + size > max_bytes or len(rows) + len(part) > max_rows:
             for row in part:  # slow path near a cap: row by row
                 nbytes += len(dumps(row))
@@ -507,12 +529,26 @@ def _fetch(cur: sqlite3.Cursor, cfg: dict, deadline: _Deadline) -> tuple[str, li
         chunk = max(1, min(chunk * 4, 16384, (max_bytes - nbytes) // per_row + 1))
 
 
-def _run_one(conns: OrderedDict, cfg: dict, deadline: _Deadline, db_path: str, sql: str, timeout_s: float):
+def _run_one(
+    conns: OrderedDict,
+    cfg: dict,
+    deadline: _Deadline,
+    db_path: str,
+    sql: str,
+    timeout_s: float,
+    stats: dict | None = None,
+):
+    """`stats`: {db_path: cache key} of the files already stat'ed in this scoring batch (the file is
+    then stat'ed once per batch, not once per statement); None: stat every time."""
     t0 = time.perf_counter()
     deadline.t = time.monotonic() + timeout_s
     try:
-        st = os.stat(db_path)
-        key = (db_path, st.st_ino, st.st_size, st.st_mtime_ns)
+        key = stats.get(db_path) if stats is not None else None
+        if key is None:
+            st = os.stat(db_path)
+            key = (db_path, st.st_ino, st.st_size, st.st_mtime_ns)
+            if stats is not None:
+                stats[db_path] = key
         conn = conns.get(db_path)
         if conn is not None and conn[0] == key:
             conns.move_to_end(db_path)
@@ -625,6 +661,7 @@ def _score_batch(
     monotonic = time.monotonic
     max_sql = cfg["max_sql_chars"]
     out: list = []
+    stats: dict = {}  # each database file is stat'ed once per batch (see "Not guaranteed")
     for k, (db_path, sql, timeout_s, keys, extra, failed) in enumerate(items):
         progress[0] = monotonic()
         progress[2] = 0.0
@@ -648,7 +685,7 @@ def _score_batch(
             pre = _precheck(stmt, max_sql)
             if isinstance(pre, SQLResult):
                 return (pre.status, [], [], 0, 0.0, pre.message)
-            return _run_one(conns, cfg, deadline, db_path, pre, timeout_s)
+            return _run_one(conns, cfg, deadline, db_path, pre, timeout_s, stats)
 
         try:
             out.append(_scorer(scorers, name)(run, sql, [refs[x] for x in keys], extra, options))
