@@ -349,7 +349,14 @@ def test_fast_path_changes_nothing(seed, monkeypatch):
 
 def test_evaluator_fast_paths_change_no_reward(dbs, tmp_path, monkeypatch):
     """Every reward (parts included: test-suite match, permutation, modes) is the same with the
-    identical-rows fast path and the tokenizer-free DISTINCT removal on, and with both off."""
+    fast paths on (scored in the sandbox workers, as in training) and with them off. The slow side is
+    scored in this process (a sandbox without `execute_scored`), where the switches below apply: the
+    workers import their own copy of the module, which a monkeypatch here would not reach."""
+
+    class ParentSide:  # the sandbox minus `execute_scored`: the Evaluator scores in this process
+        def __init__(self, sb):
+            self.execute, self.execute_many = sb.execute, sb.execute_many
+
     pairs = [(p, task(db, g)) for db in dbs for g in GOLDS for p in PREDS if not (p and "random" in p)]
     with Sandbox(workers=2) as sb, GoldCache(tmp_path / "gc") as gc:
         fast = [r.to_dict() for r in Evaluator(sb, gc, memo_entries=0).score_many(pairs)]
@@ -357,7 +364,7 @@ def test_evaluator_fast_paths_change_no_reward(dbs, tmp_path, monkeypatch):
         monkeypatch.setattr(reward_mod, "_remove_distinct_fast", lambda sql: None)
         reward_mod.remove_distinct.cache_clear()
         try:
-            slow = [r.to_dict() for r in Evaluator(sb, gc, memo_entries=0).score_many(pairs)]
+            slow = [r.to_dict() for r in Evaluator(ParentSide(sb), gc, memo_entries=0).score_many(pairs)]
         finally:
             reward_mod.remove_distinct.cache_clear()
     assert slow == fast
