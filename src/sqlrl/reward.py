@@ -761,6 +761,22 @@ def execution_match(
         return MatchResult(False, "permutation_bound", None, mode, tries)
 
 
+def _match_parts(base: dict, m: MatchResult, shape: GoldShape, n_gold: int, n_pred: int) -> dict[str, Any]:
+    """The named parts of an executed prediction's Reward (one definition for the parent-side and the
+    in-worker scoring paths, which must give identical Rewards)."""
+    return {
+        **base,
+        "executable": 1.0,
+        "match": 1.0 if m.match else 0.0,
+        "order_matters": shape.order_matters,
+        "compare_mode": m.mode,
+        "detail": m.reason,
+        "permutation": list(m.permutation) if m.permutation is not None else None,
+        "gold_row_count": n_gold,
+        "pred_row_count": n_pred,
+    }
+
+
 def _diff_reason(mode: str) -> str:
     return "order_differs_or_rows_differ" if mode != "multiset" else "rows_differ"
 
@@ -1165,17 +1181,7 @@ class Evaluator:
             gold = p.gold
             shape = gold_shape(p.gold_sql)
             m = execution_match(gold.columns, gold.rows, res.columns, res.rows, shape)
-            parts: dict[str, Any] = {
-                **base,
-                "executable": 1.0,
-                "match": 1.0 if m.match else 0.0,
-                "order_matters": shape.order_matters,
-                "compare_mode": m.mode,
-                "detail": m.reason,
-                "permutation": list(m.permutation) if m.permutation is not None else None,
-                "gold_row_count": len(gold.rows),
-                "pred_row_count": len(res.rows),
-            }
+            parts = _match_parts(base, m, shape, len(gold.rows), len(res.rows))
             if m.reason == "permutation_bound":
                 parts["note"] = (
                     "column-permutation search bound reached; declared mismatch (may be a false negative)"
@@ -1376,17 +1382,7 @@ def _score_in_worker(run: Any, sql: str, refs: list, extra: Any, options: dict) 
         shape = _SHAPES[shape_t] = GoldShape(*shape_t)
     p_cols, p_rows = res[1], res[2]
     m = execution_match(g_cols, g_rows, p_cols, p_rows, shape)
-    parts: dict[str, Any] = {
-        "kind": kind,
-        "executable": 1.0,
-        "match": 1.0 if m.match else 0.0,
-        "order_matters": shape.order_matters,
-        "compare_mode": m.mode,
-        "detail": m.reason,
-        "permutation": list(m.permutation) if m.permutation is not None else None,
-        "gold_row_count": len(g_rows),
-        "pred_row_count": len(p_rows),
-    }
+    parts = _match_parts({"kind": kind}, m, shape, len(g_rows), len(p_rows))
     if m.reason == "permutation_bound":
         parts["note"] = "column-permutation search bound reached; declared mismatch (may be a false negative)"
     value = 1.0 if (m.match or kind == "validity") else 0.0

@@ -1012,6 +1012,20 @@ class Sandbox:
     def _hard_limit(self, timeout_s: float) -> float:
         return max(self.hard_timeout_s, timeout_s + (self.hard_timeout_s - self.timeout_s))
 
+    def _watch(self, w: _Worker, k: float, p0: float, pending: list, got: int, sent_at: float) -> tuple:
+        """The watchdog's view of worker `w`, whose progress slots read item `k` started at `p0` (one
+        snapshot, read by the caller in that order), with `got` of its
+        `pending` items (4th field: timeout_s) answered: (index of the item being watched, when its
+        clock started, the hard deadline, a cap on the next wait or None). A starting worker is
+        re-checked every 20 ms (the first item's clock starts when it is up); an idle one, or one that
+        has not yet reached item `got`, is timed from when the batch was sent."""
+        if k == _STARTING:
+            return got, p0, w.started_at + _STARTUP_LIMIT_S, 0.02
+        if k == _IDLE or k < got:
+            return got, sent_at, sent_at + self._hard_limit(pending[got][3]), None
+        kk = int(k)
+        return kk, p0, p0 + self._hard_limit(pending[kk][3]), None
+
     def _run_chunks(self, chunks: list, nxt: Any, results: list) -> None:
         w = None
         try:
@@ -1051,17 +1065,9 @@ class Sandbox:
             failed: tuple[str, int, float] | None = None  # (status, item index in pending, elapsed_s)
             while got < len(pending):
                 k = w.progress[1]
-                started = w.progress[0]
+                p0 = w.progress[0]
                 now = time.monotonic()
-                wait_cap = None
-                if k == _STARTING:  # re-check soon: the first item's clock starts when the worker is up
-                    kk, deadline, wait_cap = got, w.started_at + _STARTUP_LIMIT_S, 0.02
-                elif k == _IDLE or k < got:
-                    kk, started = got, sent_at
-                    deadline = sent_at + self._hard_limit(pending[got][3])
-                else:
-                    kk = int(k)
-                    deadline = started + self._hard_limit(pending[kk][3])
+                kk, started, deadline, wait_cap = self._watch(w, k, p0, pending, got, sent_at)
                 try:
                     wait = max(0.0, deadline - now)
                     ready = w.conn.poll(wait if wait_cap is None else min(wait, wait_cap))
@@ -1184,16 +1190,8 @@ class Sandbox:
                 wait = None
                 for w, (pending, got, sent_at) in state.items():
                     k = w.progress[1]
-                    started = p0 = w.progress[0]
-                    cap = None
-                    if k == _STARTING:
-                        kk, deadline, cap = got, w.started_at + _STARTUP_LIMIT_S, 0.02
-                    elif k == _IDLE or k < got:
-                        kk, started = got, sent_at
-                        deadline = sent_at + self._hard_limit(pending[got][3])
-                    else:
-                        kk = int(k)
-                        deadline = started + self._hard_limit(pending[kk][3])
+                    p0 = w.progress[0]
+                    kk, started, deadline, cap = self._watch(w, k, p0, pending, got, sent_at)
                     plan[w] = (k, p0, started, kk, deadline)
                     left = max(0.0, deadline - now)
                     if cap is not None:
