@@ -2,8 +2,9 @@
 # How the model and data reach the GPU machine, and the GPU runs, exactly as executed for results/.
 # The device machine has no network: the Qwen GGUF travels as 36 MiB parts (carried one per call into
 # a scratch folder outside the checkout), Spider as a .tgz, missing wheels (gguf, sqlglot) from .whl/.
-#   here:  bash ../shared/tools/parts.sh split qwen.gguf .stage/q50 36M   (part + the working tree, 16.6 MB
-#          tracked on 2026-11-29, must fit 64 MiB; 14 parts; the folder name is kept)
+#   here:  bash ../shared/tools/parts.sh split qwen.gguf .stage/q50 36M   (part + the working tree, 22.4 MB
+#          tracked at the end of 2026-11-29, must fit 64 MiB: use smaller parts once the tree passes ~27 MB;
+#          14 parts; the folder name is kept). The 1.5B: .stage/q15, 30 parts of 36M, staged 2026-11-29.
 #          git archive --format=tar.gz -o .stage/tree.tgz HEAD -- . ':!results'   (committed code only)
 #          tar czf .stage/spider.tgz -C ../shared/data spider
 #          pip download --no-deps --python-version 3.12 ... -d .whl gguf==0.19.0 sqlglot==30.30.0
