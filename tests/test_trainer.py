@@ -492,6 +492,31 @@ def test_out_of_memory_retries_the_update_with_smaller_passes(tmp_path, monkeypa
         assert y["trained_tokens"] == x["trained_tokens"] > 0
         assert y["loss"] == pytest.approx(x["loss"], rel=1e-5, abs=1e-7)
         assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-4)
+    # a run stopped after the lowered step resumes with the lowered cap: no second retry
+    c = tmp_path / "c"
+    T.train(
+        tiny_cfg(steps=2),
+        c,
+        policy_factory=tiny_factory,
+        evaluator_factory=Alternating,
+        progress=False,
+        stop_after=1,
+    )
+    n_oom = calls["oom"]
+    T.train(
+        tiny_cfg(steps=2),
+        c,
+        resume=True,
+        policy_factory=tiny_factory,
+        evaluator_factory=Alternating,
+        progress=False,
+    )
+    assert calls["oom"] == n_oom and steps(c)[1]["oom_retries"] == 0
+    assert steps(c)[1]["micro_batch_logit_tokens_used"] == sb[1]["micro_batch_logit_tokens_used"]
+    assert (
+        json.loads((c / "run.json").read_text())["memory_adjustments"]
+        == json.loads((b / "run.json").read_text())["memory_adjustments"]
+    )
     adj = json.loads((b / "run.json").read_text())["memory_adjustments"]
     assert (
         adj

@@ -560,6 +560,11 @@ def train(
             )
 
         logit_cap = g.micro_batch_logit_tokens  # lowered for the rest of the run if a pass runs out of memory
+        if earlier_adjustments and not any(
+            c.startswith("grpo.micro_batch_logit_tokens:") for c in resume_changes
+        ):
+            # a resumed run keeps the cap an earlier invocation lowered (unless the resume sets a new one)
+            logit_cap = int(earlier_adjustments[-1]["micro_batch_logit_tokens"])
         memory_adjustments: list[dict] = []
         for step in range(start_step + 1, g.steps + 1):
             if out_of_time(deadline, last_step_s):
