@@ -15,6 +15,10 @@ Guarantees:
 - Full fine-tuning keeps float32 master weights; on CUDA rollouts use a bfloat16 copy that is
   re-synced after every optimizer step (updates of ~1e-6 would be lost if accumulated in bf16).
 - Token ids and log-probs come from generation time; the update never re-tokenizes text.
+- Memory: the update runs in passes (`grpo.micro_batch`, `grpo.micro_batch_logit_tokens`) that only
+  split the step's sum; a pass that runs out of GPU memory makes the trainer redo that step's update
+  with a halved logit-token cap (recorded; a single trajectory that does not fit stops the run with a
+  message naming the settings). An out-of-memory error during rollout generation is not retried.
 - Determinism: tasks come from a seeded epoch permutation (cursor saved in checkpoints), sampling
   seeds are a function of (run seed, step), RNG states are checkpointed. On CPU in float32 a resumed
   run takes the same next step as an uninterrupted one (tested); on GPU, kernels may differ.
