@@ -98,3 +98,14 @@ def test_the_1_5b_gpu_config_keeps_the_0_5b_recipe():
     diff = sorted(f"{s}.{k}" for s in ra for k in ra[s] if ra[s][k] != rb[s][k])
     assert diff == ["model.name", "run.checkpoint_every", "run.gen_max_batch"]
     assert (ea.arms, ea.turns) == (eb.arms, eb.turns) and eb.name == "spider-1.5b-single-turn"
+
+
+@pytest.mark.parametrize("name", ["debug-curriculum.toml", "debug-curriculum-gpu.toml"])
+def test_shipped_curriculum_configs_validate(name):
+    from sqlrl.curriculum import load_curriculum
+
+    cfg, sft, cur = load_curriculum(ROOT / "configs" / name)
+    assert [s.kind for s in cur.stages] == ["sft", "grpo", "grpo"] and sft.steps >= 1
+    assert cfg.data.kind == "debug"
+    if name.endswith("-gpu.toml"):  # the settings the 2026-11-29 GPU runs called for
+        assert cfg.grpo.micro_batch_logit_tokens == 4096 and cfg.run.checkpoint_every == 20
