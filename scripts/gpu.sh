@@ -7,6 +7,7 @@
 #          14 parts; the folder name is kept). The 1.5B: .stage/q15, 30 parts of 36M, staged 2026-11-29.
 #          git archive --format=tar.gz -o .stage/tree.tgz HEAD -- . ':!results'   (committed code only)
 #          tar czf .stage/spider.tgz -C ../shared/data spider
+#          bash scripts/gpu.sh preflight   (sizes per call, parts' sha256, tree.tgz = HEAD; before any call)
 #          pip download --no-deps --python-version 3.12 ... -d .whl gguf==0.19.0 sqlglot==30.30.0
 #   there: bash scripts/gpu.sh stage 00   (carry .stage/q50/part00)   ... one call per part
 #          bash scripts/gpu.sh setup      (carry last part, MANIFEST, spider.tgz, .whl)
@@ -22,6 +23,34 @@ MODEL=qwen2.5-coder-$TAG-instruct            # built-in model name (sqlrl model 
 PARTS=.stage/q50                             # the GGUF's parts here (0.5b: q50, a historical name)
 [ "$TAG" = 0.5b ] || PARTS=.stage/q${TAG//[.b]/}   # 1.5b: .stage/q15
 CONFIG=configs/spider-$TAG-gpu.toml
+# Here, before a GPU session: check that every call's upload fits the device tool's 64 MiB (working tree
+# + carried files), that the parts join to the manifest's sha256 and that the tree archive is HEAD's.
+preflight() {
+  local limit=67108864 tree part last n extra ok=0
+  tree=$(git ls-files -z -co --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
+  n=$(ls "$PARTS"/part* 2>/dev/null | wc -l)
+  [ "$n" -gt 0 ] || { echo "preflight: no parts in $PARTS (bash ../shared/tools/parts.sh split GGUF $PARTS 36M)"; return 1; }
+  part=$(ls -l "$PARTS"/part* | awk '{if ($5>m) m=$5} END {print m}')
+  last=$(ls "$PARTS"/part* | tail -1)
+  extra=$(du -cb "$last" "$PARTS/MANIFEST" .stage/spider.tgz .whl .stage/tree.tgz 2>/dev/null | tail -1 | cut -f1)
+  echo "working tree $tree B; $n parts in $PARTS, largest $part B; last call carries $extra B"
+  [ $((tree + part)) -le $limit ] || { echo "preflight: a staging call needs $((tree + part)) B > 64 MiB: split smaller"; ok=1; }
+  [ $((tree + extra)) -le $limit ] || { echo "preflight: the go call needs $((tree + extra)) B > 64 MiB"; ok=1; }
+  for f in .stage/spider.tgz .stage/tree.tgz; do [ -s "$f" ] || { echo "preflight: $f missing"; ok=1; }; done
+  ls .whl/*.whl > /dev/null 2>&1 || { echo "preflight: no wheels in .whl"; ok=1; }
+  want=$(awk '$1=="sha256"{print $2}' "$PARTS/MANIFEST"); got=$(cat "$PARTS"/part* | sha256sum | cut -d' ' -f1)
+  [ "$want" = "$got" ] && echo "parts join to $got" || { echo "preflight: parts give $got, MANIFEST says $want"; ok=1; }
+  if [ -s .stage/tree.tgz ]; then
+    git archive --format=tar HEAD -- . ':!results' | tar -t | sort > /tmp/gpu_head.lst
+    tar -tzf .stage/tree.tgz | sort > /tmp/gpu_tgz.lst
+    if cmp -s /tmp/gpu_head.lst /tmp/gpu_tgz.lst && [ "$(stat -c %Y .stage/tree.tgz)" -ge "$(git log -1 --format=%ct)" ] \
+       && git diff --quiet HEAD; then echo "tree.tgz: HEAD's file list, made after HEAD's commit, tree clean"
+    else echo "preflight: remake .stage/tree.tgz from a clean HEAD: git archive --format=tar.gz -o .stage/tree.tgz HEAD -- . ':!results'"; ok=1; fi
+  fi
+  [ $ok = 0 ] && echo "preflight ok: $((n - 1)) staging calls (cp $PARTS/partNN), then go with the last part"
+  return $ok
+}
+if [ "${1:-}" = preflight ]; then preflight; exit $?; fi
 mkdir -p "$S/parts"
 export SQLRL_CACHE=$S/models PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 cmd=$1; shift
@@ -128,5 +157,5 @@ PY
     tar czf "$dest/exp.tgz" -C "$S" --exclude='*.safetensors' --exclude='*.pt' --exclude='.goldcache' \
       --exclude='.gold_real' --exclude='.gold_mutated' --exclude='tokenizer.json' $dirs
     ls -la "$dest" ;;
-  *) echo "usage: gpu.sh stage NN|tree|setup|bench|engine BENCH.json|experiment SECONDS|curriculum SECONDS|go DEST [SECONDS]|pack DIR [EXPDIRS]" >&2; exit 2 ;;
+  *) echo "usage: gpu.sh preflight|stage NN|tree|setup|bench|engine BENCH.json|experiment SECONDS|curriculum SECONDS|go DEST [SECONDS]|pack DIR [EXPDIRS]" >&2; exit 2 ;;
 esac
