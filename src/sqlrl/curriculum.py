@@ -248,17 +248,16 @@ def run_curriculum(
     out.mkdir(parents=True, exist_ok=True)
     full = resolved(cfg, sft, cur)
     rec_p = out / "curriculum.json"
-    memory: list[str] = []
     earlier_changes: list = []
     if rec_p.exists():
-        saved = read_json(rec_p).get("config") or {}
-        blocking, memory = config_changes(saved, full)
+        earlier = read_json(rec_p)
+        blocking, memory = config_changes(earlier.get("config") or {}, full)
         if blocking:
             raise ConfigError(
                 f"{out} holds a curriculum with a different config (differs in {blocking}); rerun with "
                 "the same config to resume, or use a new --out folder"
             )
-        earlier_changes = read_json(rec_p).get("resume_changes") or []
+        earlier_changes = earlier.get("resume_changes") or []
         if memory:  # memory-only settings may change on resume; recorded below and in each stage's run
             print(f"[curriculum] resuming with {memory}", file=sys.stderr)
             earlier_changes.append({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": memory})

@@ -97,12 +97,6 @@ def arm_config(cfg: Config, kind: str, turns: int) -> Config:
     return cfg.replace(agent=agent, grpo={"control": "none", "reward": "execution"})
 
 
-def _free_memory() -> None:
-    from sqlrl.trainer import free_memory
-
-    free_memory()
-
-
 class Unfinished(Exception):
     """The time budget ran out; rerunning the same command resumes where this one stopped."""
 
@@ -122,7 +116,7 @@ def run_experiment(
     from sqlrl.evaluate import load_policy, resolve_data_root, run_eval, select_tasks
     from sqlrl.leakage import leakage_audit
     from sqlrl.sandbox import Sandbox
-    from sqlrl.trainer import config_changes, train
+    from sqlrl.trainer import config_changes, free_memory, train
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -207,7 +201,7 @@ def run_experiment(
                         f"[experiment] training arm {name} ({'resume' if resume else 'new'})", file=sys.stderr
                     )
                     res = train(acfg, train_dir, resume=resume, command=command, deadline=deadline)
-                    _free_memory()
+                    free_memory()
                     if not res["finished"]:
                         raise Unfinished(f"arm {name} stopped at step {res['steps']} of {acfg.grpo.steps}")
                 model_for_eval = str(train_dir / "final")
@@ -236,7 +230,7 @@ def run_experiment(
                     command=command,
                 )
                 del policy
-                _free_memory()
+                free_memory()
             state["arms"][name] = entry
             write_json_atomic(exp_path, state)
 
@@ -261,7 +255,7 @@ def run_experiment(
                 )
             write_json_atomic(leak_path, res)
             del policy
-            _free_memory()
+            free_memory()
 
     # combined leakage verdict
     parts = {f"t{t}": read_json(out / f"leakage{'' if t == 1 else f'_t{t}'}.json") for t in exp.turns}

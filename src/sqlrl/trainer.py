@@ -491,10 +491,13 @@ def train(
     prev_train_s = 0.0
     earlier_adjustments: list[dict] = []  # out-of-memory cap changes of earlier invocations (kept steps)
     if resume:
+        prev_run: dict = {}
         with contextlib.suppress(Exception):
-            prev_train_s = float(read_json(out / "run.json").get("train_seconds") or 0.0)
+            prev_run = read_json(out / "run.json")
         with contextlib.suppress(Exception):
-            earlier_adjustments = list(read_json(out / "run.json").get("memory_adjustments") or [])
+            prev_train_s = float(prev_run.get("train_seconds") or 0.0)
+        with contextlib.suppress(Exception):
+            earlier_adjustments = list(prev_run.get("memory_adjustments") or [])
         info = load_latest(out)
         if info is not None:
             side = restore_checkpoint(info, train_model, optimizer, scheduler)
