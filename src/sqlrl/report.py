@@ -26,7 +26,8 @@ Numbers and where they come from (all recomputed from the raw per-task files, no
   match → mismatch. The first term is the "format/validity repair" part of the change.
 - turn use (arms with more than one turn; `turn_use`): stop reasons and mean turns from results.jsonl;
   from the raw trajectories, answers revised after feedback (final SQL != first query proposed,
-  whitespace-normalised) and trajectories that repeated one query. Descriptive only: no test, no CI.
+  whitespace-normalised) and trajectories that repeated one query. Descriptive counts only (no
+  statistical test, no confidence interval).
 - GPU minutes: train run.json `gpu_minutes`, else the sum of steps.jsonl `time_step_s` / 60 (marked "~");
   '-' when neither exists.
 
@@ -492,6 +493,13 @@ TURN_USE_HEADERS = [
 ]
 
 
+TURN_USE_NOTE = (
+    "Over scored tasks. Revised after feedback: the final SQL differs from the first query proposed (with how "
+    "many of those are correct). One query repeated: two or more queries, all identical. Many repeats and few "
+    "FINAL replies mean the turns were spent re-running one query, not debugging."
+)
+
+
 def turn_use_rows(analysis: dict) -> list[list[str]]:
     """Rows of the turn-use table (plain text), one per multi-turn arm; [] when there is none."""
     rows = []
@@ -583,9 +591,7 @@ def render_markdown(analysis: dict, links: dict[str, dict[str, str]]) -> str:
             "",
             "## Turn use (multi-turn arms)",
             "",
-            "Over scored tasks. Revised = the final SQL differs from the first query proposed; one query repeated "
-            "= two or more queries, all identical. Many repeats and few FINAL replies mean the turns were spent "
-            "re-running one query, not debugging.",
+            TURN_USE_NOTE,
             "",
             "| " + " | ".join(TURN_USE_HEADERS) + " |",
             "|" + " --- |" * len(TURN_USE_HEADERS),
@@ -1136,10 +1142,7 @@ def render_html(analysis: dict, links: dict[str, dict[str, str]]) -> str:
     if tu:
         out.append(
             '<section id="turn-use"><h2>Turn use (multi-turn arms)</h2>'
-            '<p class="note" style="margin-top:0">Over scored tasks. <b>Revised</b>: the final SQL differs from the '
-            "first query proposed (with how many of those are correct). <b>One query repeated</b>: two or "
-            "more queries, all identical. Many repeats and few FINAL replies mean the turns were spent re-running "
-            "one query, not debugging.</p>"
+            f'<p class="note" style="margin-top:0">{_e(TURN_USE_NOTE)}</p>'
             + _table(
                 list(map(_e, TURN_USE_HEADERS)),
                 [[_e(c) for c in r] for r in tu],
