@@ -761,6 +761,14 @@ def execution_match(
         return MatchResult(False, "permutation_bound", None, mode, tries)
 
 
+def _fail_parts(base: dict, want_ts: bool) -> dict[str, Any]:
+    """The named parts of a prediction that did not execute (both scoring paths)."""
+    fail = {**base, "executable": 0.0, "match": 0.0}
+    if want_ts:
+        fail["test_suite_match"] = 0.0
+    return fail
+
+
 def _match_parts(base: dict, m: MatchResult, shape: GoldShape, n_gold: int, n_pred: int) -> dict[str, Any]:
     """The named parts of an executed prediction's Reward (one definition for the parent-side and the
     in-worker scoring paths, which must give identical Rewards)."""
@@ -1044,7 +1052,7 @@ class Evaluator:
             if not scorable:
                 out[i] = Reward(None, "gold_unscorable", {**base, "reason": why or "gold_unscorable"})
             elif final_sql is None or not final_sql.strip().strip(";").strip():
-                out[i] = Reward(0.0, "no_sql", self._fail_parts(base, want_ts))
+                out[i] = Reward(0.0, "no_sql", _fail_parts(base, want_ts))
             else:
                 key = None
                 if self.dedup and is_deterministic_sql(final_sql):
@@ -1141,7 +1149,7 @@ class Evaluator:
             st = getattr(g, "status", None)  # the watchdog's SQLResult: timeout or worker_crash
             msg = str(getattr(g, "message", "") or "")[:500]
             if st == "timeout":
-                fail = self._fail_parts(base, want_ts)
+                fail = _fail_parts(base, want_ts)
                 out[p.i] = Reward(0.0, "timeout", {**fail, "sandbox_status": st, "message": msg})
             else:
                 out[p.i] = Reward(None, "infra_error", {**base, "sandbox_status": st, "message": msg})
@@ -1165,7 +1173,7 @@ class Evaluator:
                 continue
             st = getattr(res, "status", None)
             msg = str(getattr(res, "message", "") or "")[:500]
-            fail = self._fail_parts(base, want_ts)
+            fail = _fail_parts(base, want_ts)
             if st != "ok":
                 if st == "empty_sql":
                     out[i] = Reward(0.0, "no_sql", {**fail, "sandbox_status": st})
@@ -1231,13 +1239,6 @@ class Evaluator:
                     refs[vk] = (v_weight, (v_status, g_var.columns, g_var.rows))
                 return (gk, vk), None
         return (gk,), None
-
-    @staticmethod
-    def _fail_parts(base: dict, want_ts: bool) -> dict:
-        fail = {**base, "executable": 0.0, "match": 0.0}
-        if want_ts:
-            fail["test_suite_match"] = 0.0
-        return fail
 
     def _gold_variants(self, wanted: list[tuple[str, str]]) -> list[Any]:
         """Gold-cache results (or the exception) for the DISTINCT-free gold variants, batched."""
@@ -1363,9 +1364,7 @@ def _score_in_worker(run: Any, sql: str, refs: list, extra: Any, options: dict) 
     st = res[0]
     if st != "ok":
         msg = str(res[5] or "")[:500]
-        fail = {"kind": kind, "executable": 0.0, "match": 0.0}
-        if want_ts:
-            fail["test_suite_match"] = 0.0
+        fail = _fail_parts({"kind": kind}, want_ts)
         if st == "empty_sql":
             return (0.0, "no_sql", {**fail, "sandbox_status": st}, _memoizable_tuple(res), 1)
         if st in _EXEC_ERROR_STATUSES:
