@@ -574,8 +574,8 @@ def _run_one(
 
 
 _FLUSH_S = 0.02  # a worker sends buffered results at least this often (and at the end of a batch)
-_STARTING, _IDLE = -2.0, -1.0
-_SCORE_CHUNKS_PER_WORKER = 2  # execute_scored: chunks per worker (load balance vs round trips)  # progress[1] while the worker starts up / before it takes a batch
+_STARTING, _IDLE = -2.0, -1.0  # progress[1] while the worker starts up / before it takes a batch
+_SCORE_CHUNKS_PER_WORKER = 2  # execute_scored: chunks per worker (load balance vs round trips)
 
 
 def _worker_main(conn: Any, cfg: dict, progress: Any) -> None:
@@ -1026,6 +1026,18 @@ class Sandbox:
         kk = int(k)
         return kk, p0, p0 + self._hard_limit(pending[kk][3]), None
 
+    def _replace_worker(self, w: _Worker, status: str, timeout_s: float) -> str:
+        """Respawn `w` after the watchdog killed it (`status` "timeout") or found it dead ("worker_crash"),
+        count it, and return the message for the statement it was running."""
+        code = w.proc.exitcode if w.proc is not None else None
+        w.respawn()
+        if status == "timeout":
+            self.kills += 1
+            limit = self._hard_limit(timeout_s)
+            return f"statement exceeded the hard time limit of {limit:g} s; the worker was killed"
+        self.crashes += 1
+        return f"sandbox worker died (exit code {code}); the worker was restarted"
+
     def _run_chunks(self, chunks: list, nxt: Any, results: list) -> None:
         w = None
         try:
@@ -1100,17 +1112,8 @@ class Sandbox:
             if self._closed:  # close() pulled the worker away: leave the rest unfilled
                 return
             status, kk, elapsed = failed
-            code = w.proc.exitcode if w.proc is not None else None
-            w.respawn()
-            i = pending[kk][0]
-            if status == "timeout":
-                self.kills += 1
-                limit = self._hard_limit(pending[kk][3])
-                msg = f"statement exceeded the hard time limit of {limit:g} s; the worker was killed"
-            else:
-                self.crashes += 1
-                msg = f"sandbox worker died (exit code {code}); the worker was restarted"
-            results[i] = _result(status, msg, max(0.0, elapsed) * 1e3)
+            msg = self._replace_worker(w, status, pending[kk][3])
+            results[pending[kk][0]] = _result(status, msg, max(0.0, elapsed) * 1e3)
             pending = pending[got:kk] + pending[kk + 1 :]
 
     def _scored_payload(self, w: _Worker, pending: list, refs: dict, scorer: str, options: Any) -> bytes:
@@ -1238,16 +1241,8 @@ class Sandbox:
                         return
                     status, kk, elapsed = failed
                     j = int(w.progress[2]) if w.progress[1] == kk else 0  # statement of the item
-                    code = w.proc.exitcode if w.proc is not None else None
-                    w.respawn()
                     item = pending[kk]
-                    if status == "timeout":
-                        self.kills += 1
-                        limit = self._hard_limit(item[3])
-                        msg = f"statement exceeded the hard time limit of {limit:g} s; the worker was killed"
-                    else:
-                        self.crashes += 1
-                        msg = f"sandbox worker died (exit code {code}); the worker was restarted"
+                    msg = self._replace_worker(w, status, item[3])
                     rest = pending[got:kk]
                     if j > 0 and item[6] is None:  # a later statement: run the item again without it
                         rest.append((*item[:6], (j, status, msg)))
