@@ -152,7 +152,7 @@ def test_execute_side_effects_stay_on_own_replica(tasks, pool):
     assert pool.stats()["active_leases"] == 2  # still held until scored
     score_debug_trajectories(trajs, tasks, pool)
     assert [tr.reward["status"] for tr in trajs] == ["solved", "solved"]  # the extra row is not in the answer
-    assert all(tr.extra["released_dirty"] for tr in trajs)
+    assert all(tr.extra["released_dirty"] for tr in trajs)  # the executed INSERTs
     assert pool.stats()["active_leases"] == 0
     assert sha256_file(task.public.db_path) == tpl_sha
 
@@ -162,40 +162,48 @@ def test_replica_released_and_reset_for_next_lease(tasks, pool):
     tpl_sha = sha256_file(task.public.db_path)
     pol = _policy(tasks, default=_submit_solution)
     trajs = run_debug_agent([task.public], pol, pool, MULTI, n_samples=2)
-    # the solution (a DELETE) has not touched the replicas yet: it is applied only when scoring
+    # the submitted DELETE never touches the replicas: it is scored on a fresh copy
     assert _rows(pool, "debug/body_builder/003#0", "SELECT count(*) FROM people") == [(6,)]
     s0 = pool.stats()
     score_debug_trajectories(trajs, tasks, pool)
     assert [tr.reward["status"] for tr in trajs] == ["solved", "solved"]
     s1 = pool.stats()
-    assert s1["active_leases"] == 0 and s1["dirty_releases"] == s0["dirty_releases"] + 2
-    assert all(st["needs_reset"] and st["available"] for st in pool.replica_state("body_builder"))
-    lease = pool.lease("probe", "body_builder")
-    assert pool.stats()["resets"] == s1["resets"] + 1
-    # byte-identical to the clean replica image again (the template with the WAL-mode header bytes)
-    assert sha256_file(lease.path) == pool.replica_sha256["body_builder"]
+    assert s1["active_leases"] == 0 and s1["dirty_releases"] == s0["dirty_releases"]
+    assert not any(tr.extra["released_dirty"] for tr in trajs)
+    assert all(not st["needs_reset"] and st["available"] for st in pool.replica_state("body_builder"))
+    # a trajectory that wrote while exploring leaves its replica dirty: reset before the next lease
+    pol = _policy(tasks, {task.task_id: [_sql("DELETE FROM people"), "SUBMIT\n" + _sql(*task.solution_sql)]})
+    trajs = run_debug_agent([task.public], pol, pool, MULTI)
+    assert _rows(pool, "debug/body_builder/003#0", "SELECT count(*) FROM people") == [(0,)]
+    score_debug_trajectories(trajs, tasks, pool)
+    assert trajs[0].reward["status"] == "solved"  # the exploration's DELETE is not in the scored state
+    assert trajs[0].extra["released_dirty"] is True
+    assert sum(st["needs_reset"] for st in pool.replica_state("body_builder")) == 1
+    leases = [pool.lease(p, "body_builder") for p in ("probe", "probe_b")]  # both replicas
+    assert pool.stats()["resets"] == s1["resets"] + 1  # only the dirty one was reset
+    for p, lease in zip(("probe", "probe_b"), leases):
+        # byte-identical to the clean replica image (the template with the WAL-mode header bytes)
+        assert sha256_file(lease.path) == pool.replica_sha256["body_builder"]
+        assert _rows(pool, p, "SELECT count(*) FROM people") == [(6,)]
+        assert pool.release(p) is False  # read-only -> clean
     assert sha256_file(task.public.db_path) == tpl_sha  # the template itself never changed
-    assert _rows(pool, "probe", "SELECT count(*) FROM people") == [(6,)]
-    assert pool.release("probe") is False  # read-only -> clean
-    # a read-only trajectory with no submission is released clean and not reset again
+    # a read-only trajectory is released clean and its replica handed out again without a reset
     q = tasks["debug/body_builder/000"]
     pol = _policy(tasks, {q.task_id: [_sql("SELECT count(*) FROM people"), "SUBMIT"]})
+    resets = pool.stats()["resets"]
     trajs = run_debug_agent([q.public], pol, pool, MULTI)
-    assert pool.stats()["resets"] == s1["resets"] + 1  # the probe's clean replica was reused
     score_debug_trajectories(trajs, tasks, pool)
     # SUBMIT without SQL on a query task falls back to the last executed SELECT (wrong here: a count)
     assert trajs[0].extra["submission"] == ["SELECT count(*) FROM people"]
     assert trajs[0].reward["status"] in ("failed", "partial")
-    assert trajs[0].extra["released_dirty"] is True  # the scorer wrote __submitted into it
+    assert trajs[0].extra["released_dirty"] is False  # the scorer wrote nothing into it
     pol = _policy(tasks, {q.task_id: ["I give up."]})
-    resets = pool.stats()["resets"]
     trajs = run_debug_agent([q.public], pol, pool, Budgets(turns=1, max_context_tokens=30000))
-    assert pool.stats()["resets"] == resets + 1  # both replicas were dirty
     score_debug_trajectories(trajs, tasks, pool)
     assert trajs[0].reward["status"] == "no_sql" and trajs[0].reward["value"] == 0.0
-    assert trajs[0].extra["released_dirty"] is False  # nothing written -> clean
+    assert trajs[0].extra["released_dirty"] is False
     pool.lease("probe2", "body_builder")
-    assert pool.stats()["resets"] == resets + 1  # the clean replica is handed out without a reset
+    assert pool.stats()["resets"] == resets  # clean replicas are handed out without a reset
     pool.release("probe2")
 
 
@@ -264,12 +272,40 @@ def test_management_task_solved_by_update_submission(tasks, pool):
     assert [x.action for x in trajs[0].turns] == [ACTION_EXECUTE, ACTION_SUBMIT]
     score_debug_trajectories(trajs, everything, pool)
     assert trajs[0].reward["status"] == "solved", trajs[0].reward
-    # exploration side effects persist: running the UPDATE and then submitting it again applies it twice
-    pol = _policy(everything, {t.task_id: [_sql(sol), "SUBMIT\n" + _sql(sol)]})
+    # trying the fix first and then submitting it is scored like submitting it directly: the submission
+    # is applied once, to a fresh copy (before 2026-11-29 the UPDATE ran twice and the task failed)
+    pol = _policy(everything, {t.task_id: [_sql(sol), _sql(look), "SUBMIT\n" + _sql(sol)]})
     twice = run_debug_agent([t.public], pol, pool, MULTI)
     assert twice[0].turns[0].sql_result["status"] == "ok"
+    assert twice[0].extra["submission"] == [sol]
     score_debug_trajectories(twice, everything, pool)
-    assert twice[0].reward["status"] in ("failed", "partial")
+    assert twice[0].reward["status"] == "solved", twice[0].reward
+    # the same on a schema change: ALTER ... ADD COLUMN executed, then submitted (was "duplicate column")
+    add = "ALTER TABLE people ADD COLUMN note TEXT"
+    alter = DebugTaskPrivate(
+        public=DebugTaskPublic(
+            task_id="debug/body_builder/alter",
+            db_id=t.public.db_id,
+            category="management",
+            description="Add a TEXT column named note to people.",
+            schema=t.public.schema,
+            buggy_sql="ALTER TABLE people ADD COLUMN note INTEGER",
+            preprocess_sql=(),
+            db_path=t.public.db_path,
+        ),
+        solution_sql=[add],
+        test_cases=[
+            "SELECT count(*) = 1 FROM pragma_table_info('people') WHERE name = 'note' AND type = 'TEXT'"
+        ],
+    )
+    assert validate_task(alter) is None
+    everything[alter.task_id] = alter
+    pol = _policy(everything, {alter.task_id: [_sql(add), "SUBMIT\n" + _sql(add)]})
+    trajs = run_debug_agent([alter.public], pol, pool, MULTI)
+    assert trajs[0].turns[0].sql_result["status"] == "ok"
+    score_debug_trajectories(trajs, everything, pool)
+    assert trajs[0].reward["status"] == "solved", trajs[0].reward
+    assert trajs[0].extra["released_dirty"] is True  # the executed ALTER changed the replica
 
 
 # ------------------------------------------------------------------------------------------- budgets

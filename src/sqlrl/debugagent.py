@@ -7,12 +7,14 @@ trajectory id, replica, submission, preprocess and scoring notes). Training inte
 Protocol (stated to the model in the system prompt):
 - `execute_sql`: a reply with SQL (the last ```sql block, like `Parser`) and without the word SUBMIT
   (upper case, as a word). The statement runs on the trajectory's OWN replica through
-  `ReplicaPool.execute` (one statement per call), WITH side effects that persist for the rest of the
-  trajectory; the rendered result (or structured error) comes back as the next user message.
+  `ReplicaPool.execute` (one statement per call), WITH side effects that persist on that replica for
+  the rest of the trajectory (what the agent sees next); the rendered result (or structured error)
+  comes back as the next user message. Exploration is not the solution: see scoring below.
 - `submit_solution`: a reply containing SUBMIT. Its SQL is the solution: for `query` tasks the last SQL
   block (one SELECT); for other categories all ```sql blocks in order (each may hold several
   statements). SUBMIT without SQL: a query task falls back to the last executed SQL (a SELECT has no
-  side effects); other categories get no fallback (re-running a write would apply it twice) -> no_sql.
+  side effects); other categories get no fallback (which executed statements make up the fix is not
+  known) -> no_sql.
 - single-turn (`turns == 1`): the reply's SQL is the submission. On the last turn any SQL is the
   submission. A reply with neither SQL nor SUBMIT is `invalid` and costs a turn.
 - Budgets: `turns`; `max_new_tokens` per turn; `max_sql_executions` (an execution request beyond it
@@ -23,10 +25,14 @@ Protocol (stated to the model in the system prompt):
 
 Life of a trajectory (id `f"{task_id}#{sample}"`): `run_debug_agent` leases a replica
 (`pool.lease(id, db_id)`), runs the task's preprocess SQL on it (through the pool), then the turns;
-the trajectory is returned STILL HOLDING its lease. `score_debug_trajectories` then applies the
-submission once to that replica (`debugtasks.apply_submission`), runs the hidden tests
-(`debugtasks.score_debug`, whose reference end state is built on a separate temporary copy) and
-releases the replica. `evaluate_debug` does both in waves that fit the pool.
+the trajectory is returned STILL HOLDING its lease. `score_debug_trajectories` then scores the
+submission on a FRESH temporary copy of the task's database (`debugtasks.run_episode_offline`: copy,
+preprocess SQL, the submission applied once, hidden tests against a reference end state built on
+another temporary copy), never on the replica the agent explored, and releases the replica.
+`evaluate_debug` does both in waves that fit the pool. (Until 2026-11-29 the submission was applied
+to the explored replica; the first GPU curriculum showed why that was wrong: models run their fix
+with execute_sql and then submit it, so a write ran twice, e.g. "duplicate column", and 3-turn
+management accuracy fell to 19 % from 81 % at 1 turn: results/2026-11-29-debug-curriculum-gpu-submission-as-left.)
 
 Guaranteed:
 - Only `DebugTaskPublic` is accepted by `run_debug_agent`: a `DebugTaskPrivate` (or anything else)
@@ -36,10 +42,11 @@ Guaranteed:
   the replica before then (the reference is built by debugtasks on its own temporary copy).
 - Isolation: each trajectory has its own replica for its whole life (the pool leases a replica to at
   most one trajectory at a time), so two trajectories of the same task never see each other's writes.
-- After scoring, the replica is released; it is released dirty (`crashed=True`, the pool's only way to
-  force that) whenever the scorer wrote to it through its own connection (a submission was applied)
-  or an infrastructure error happened, so it is reset before its next lease. Otherwise the pool's
-  own dirty detection decides (writes by `execute_sql` are seen by its authorizer).
+- The score depends only on the task and the submission: the same submission gets the same reward
+  whatever the agent executed before (exploration writes, TEMP objects, a dropped table).
+- After scoring, the replica is released; the scorer never writes to it, so the pool's own dirty
+  detection decides (writes by `execute_sql` and the preprocess SQL are seen by its authorizer); an
+  infrastructure error releases it dirty (`crashed=True`), so it is reset before its next lease.
 - Token-in/token-out exactly as agent.py: one token sequence (prompt, then each turn's generated ids as
   produced and the observation delta from `ChatFormat.observation_ids`); `loss_mask` is 1 exactly on
   generated tokens; `logprobs` holds generation log-probabilities there, 0.0 elsewhere.
@@ -50,10 +57,8 @@ Guaranteed:
   asks for more replicas of a database than the pool has (ValueError up front).
 
 Not guaranteed:
-- TEMP objects created with `execute_sql` live on the pool worker's connection only: the submission and
-  the tests (run on their own connection) do not see them.
-- The submission is applied to the replica as the agent left it: exploration side effects (e.g. running
-  the fix once with execute_sql and then submitting it again) count. This is intended (stateful tasks).
+- A submission that needs the agent's earlier writes to work (e.g. it fills a column an executed
+  ALTER added) fails: the submission must hold every statement of the fix, as the prompt says.
 - Same trajectories under a different batch composition in bf16 (see agent.py).
 - `run_debug_agent` leaks leases if the caller never scores / releases the returned trajectories
   (`release_debug_trajectories` releases without scoring); on an exception inside it, every lease it
@@ -75,9 +80,8 @@ from sqlrl.agent import Budgets, Sampling, Trajectory, generate_turn
 from sqlrl.debugtasks import (
     DebugTaskPrivate,
     DebugTaskPublic,
-    apply_submission,
     ensure_public_debug,
-    score_debug,
+    run_episode_offline,
 )
 from sqlrl.prompts import ChatFormat, Parser, truncate_schema
 from sqlrl.sandbox import split_statements
@@ -113,12 +117,13 @@ SYSTEM_DEBUG_MULTI = (
     "You are an expert in SQLite helping a user fix their SQL. You work on your own writable copy of the "
     "user's database. Each turn, do exactly one of:\n"
     "1. execute_sql: write ONE SQL statement in a ```sql code block (without the word SUBMIT). It is "
-    "executed on your copy and you see its result or its error. Its effects persist: a statement that "
-    "changes data or schema changes your copy, and your solution will later be applied to the database "
-    "as you left it.\n"
+    "executed on your copy and you see its result or its error. A statement that changes data or schema "
+    "changes your copy for the rest of the task; that is for trying things out, it is not your solution.\n"
     "2. submit_solution: write the word SUBMIT followed by your corrected SQL in ```sql code block(s). "
-    "This ends the task; hidden tests then check the result. For a query task submit exactly one SELECT; "
-    "for other tasks submit the statement(s) that perform the requested change, in order.\n"
+    "This ends the task: your submission alone is applied to a fresh copy of the user's database (none "
+    "of the statements you executed), then hidden tests check the result. For a query task submit "
+    "exactly one SELECT; for other tasks submit all the statement(s) that perform the requested change, "
+    "in order.\n"
     "You have {turns} turns and at most {executions} executions; on the last turn any SQL you write is "
     "your submission."
 )
@@ -421,8 +426,10 @@ def score_debug_trajectories(
     *,
     timeout_s: float = 10.0,
 ) -> None:
-    """After the trajectories ended: apply each submission once to its replica, run the hidden tests
-    there, write `traj.reward` = {value, status, parts: {passed, total, message}}, release the replica."""
+    """After the trajectories ended: score each submission on a fresh temporary copy of its task's
+    database (`run_episode_offline`: preprocess, the submission applied once, hidden tests), never on
+    the explored replica; write `traj.reward` = {value, status, parts: {passed, total, message}};
+    release the replica (dirty only on an infrastructure error; otherwise the pool decides)."""
     for tr in trajs:
         if not tr.done:
             raise RuntimeError(f"trajectory {tr.task_id}#{tr.sample} is not finished; score only ended ones")
@@ -430,7 +437,7 @@ def score_debug_trajectories(
         task = private_by_id[tr.task_id]
         if not isinstance(task, DebugTaskPrivate) or task.public.task_id != tr.task_id:
             raise TypeError(f"private_by_id[{tr.task_id!r}] must be the DebugTaskPrivate of that task")
-        wrote = infra = False
+        infra = False
         try:
             if tr.infra_error:
                 infra = True
@@ -445,14 +452,8 @@ def score_debug_trajectories(
                 infra = True
                 r = {"value": None, "status": "infra_error", "passed": 0, "total": 0, "message": "no replica"}
             else:
-                path = tr.extra["replica"]["path"]
-                sub = list(tr.extra.get("submission") or [])
-                if not sub:
-                    r = score_debug(task, path, final_sql=None)
-                else:
-                    wrote = True
-                    err = apply_submission(task, path, sub, timeout_s=timeout_s)
-                    r = score_debug(task, path, final_sql=sub, apply_error=err, timeout_s=timeout_s)
+                sub = list(tr.extra.get("submission") or [])  # [] -> no_sql
+                r = run_episode_offline(task, sub, timeout_s=timeout_s)
                 infra = r["status"] == "infra_error"
         except (OSError, sqlite3.Error) as e:
             infra = True
@@ -460,9 +461,9 @@ def score_debug_trajectories(
             r = {"value": None, "status": "infra_error", "passed": 0, "total": 0, "message": str(e)}
         finally:
             if tr.extra.get("leased"):
-                # `crashed=True` is the pool's only way to force a dirty release: the scorer wrote through
-                # its own connection, which the pool's authorizer does not see.
-                tr.extra["released_dirty"] = pool.release(tr.extra["trajectory_id"], crashed=wrote or infra)
+                # `crashed=True` is the pool's only way to force a dirty release (after an infrastructure
+                # error the replica's state is not known)
+                tr.extra["released_dirty"] = pool.release(tr.extra["trajectory_id"], crashed=infra)
                 tr.extra["leased"] = False
         tr.reward = _reward(r)
 
