@@ -36,6 +36,7 @@ def test_defaults_and_resolved_json_roundtrip(tmp_path):
         ("[grpo]\nreward = 'vibes'\n", "choose one of"),
         ("[agent]\nturns = 2\nmax_sql_executions = 0\n", "max_sql_executions >= 1"),
         ("[run]\nloggers = ['mlflow']\n", "unknown logger"),
+        ("[grpo]\ndynamic_sampling_rounds = -1\n", "dynamic_sampling_rounds = -1 must be in [0, 64]"),
         ("[grpo\n", "not valid TOML"),
     ],
 )

@@ -165,6 +165,90 @@ def test_zero_variance_groups_give_no_gradient(tmp_path):
     assert final_hash(run) == tiny_factory()[3]  # AdamW with zero gradients from fresh state moves nothing
 
 
+def test_scored_groups_and_informative():
+    from types import SimpleNamespace as NS
+
+    from sqlrl.trainer import informative, scored_groups
+
+    def tr(tid, v):
+        return NS(task_id=tid, reward={"value": v})
+
+    trajs = [
+        tr("a", 0.0),
+        tr("a", 1.0),
+        tr("b", 1.0),
+        tr("b", 1.0),
+        tr("c", None),
+        tr("c", 1.0),
+        tr("d", None),
+    ]
+    groups = scored_groups(trajs)
+    assert [[t.task_id for t in g] for g in groups] == [["a", "a"], ["b", "b"], ["c"]]  # d: all excluded
+    assert [informative(g) for g in groups] == [True, False, False]  # equal rewards; a singleton
+    assert informative([tr("e", 0.5), tr("e", 0.5), tr("e", 0.25)])
+
+
+class FirstRoundDead(Alternating):
+    """The tasks of the first 8 scored trajectories (step 1's first round: 2 tasks x 4) always score 0
+    (zero-variance groups); every other task alternates 0/1 (informative). Records task ids in call order."""
+
+    seen: list[str] = []
+
+    def score(self, final_sql, task):
+        tid = task.public.task_id
+        FirstRoundDead.seen.append(tid)
+        if tid in FirstRoundDead.seen[:8]:
+            return Reward(0.0, "mismatch", {})
+        return super().score(final_sql, task)
+
+
+def test_dynamic_sampling_replaces_zero_variance_groups(tmp_path):
+    from sqlrl.trainer import train
+
+    FirstRoundDead.seen = []
+    off = tmp_path / "off"
+    train(
+        tiny_cfg(steps=1), off, policy_factory=tiny_factory, evaluator_factory=FirstRoundDead, progress=False
+    )
+    [s] = steps(off)
+    assert s["zero_var_groups"] == 2 and s["trained_groups"] == 2 and s["ds_rounds"] == 0
+    assert s["grad_norm"] == 0.0 and s["trained_tokens"] == 0  # nothing to learn from
+
+    FirstRoundDead.seen = []
+    on = tmp_path / "on"
+    cfg = tiny_cfg(steps=2, dynamic_sampling_rounds=2)
+    train(cfg, on, policy_factory=tiny_factory, evaluator_factory=FirstRoundDead, progress=False)
+    seen = FirstRoundDead.seen
+    s1, s2 = steps(on)
+    # step 1: round 0 = 2 dead groups; one extra round on 2 fresh tasks (6 tasks, one epoch) fills the update
+    assert set(seen[8:16]).isdisjoint(seen[:8]) and len(set(seen[8:16])) == 2
+    assert s1["zero_var_groups"] == 2 and s1["groups"] == 2  # the first round's, as without dynamic sampling
+    assert s1["reward_mean"] == 0.0 and s1["accuracy"] == 0.0
+    assert s1["ds_rounds"] == 1 and s1["ds_trajectories"] == 16 and s1["trained_groups"] == 2
+    assert s1["grad_norm"] > 0 and s1["trained_tokens"] > 0
+    assert s1["n_trajectories"] == 8 and s1["gen_tokens"] >= s1["trained_tokens"]
+    # step 2: the last 2 fresh tasks of the epoch, both informative: no extra round
+    assert len(seen) == 24 and set(seen[16:24]).isdisjoint(seen[:16])
+    assert s2["ds_rounds"] == 0 and s2["trained_groups"] == 2 and s2["zero_var_groups"] == 0
+
+    # every round on dead tasks: the extra rounds are capped and the update is empty
+    class AllDead(Alternating):
+        def score(self, final_sql, task):
+            return Reward(0.0, "mismatch", {})
+
+    capped = tmp_path / "capped"
+    train(
+        tiny_cfg(steps=1, dynamic_sampling_rounds=2),
+        capped,
+        policy_factory=tiny_factory,
+        evaluator_factory=AllDead,
+        progress=False,
+    )
+    [s] = steps(capped)
+    assert s["ds_rounds"] == 2 and s["ds_trajectories"] == 24 and s["trained_groups"] == 0
+    assert s["grad_norm"] == 0.0 and final_hash(capped) == tiny_factory()[3]
+
+
 def test_resume_gives_the_same_next_step(tmp_path):
     from sqlrl.trainer import train
 
@@ -558,3 +642,12 @@ def test_config_changes_splits_memory_only_settings_from_blocking_ones():
     assert config_changes(saved, saved) == ([], [])
     blocking, _ = config_changes({"grpo": {"lr": 1e-6, "extra": 1}}, {"grpo": {"lr": 1e-6}})
     assert blocking == ["grpo.extra"]
+
+
+def test_a_setting_added_later_does_not_block_resuming_an_older_run():
+    from sqlrl.trainer import config_changes
+
+    before = {"grpo": {"lr": 1e-6}}  # a config.json written before grpo.dynamic_sampling_rounds existed
+    assert config_changes(before, {"grpo": {"lr": 1e-6, "dynamic_sampling_rounds": 0}}) == ([], [])
+    blocking, _ = config_changes(before, {"grpo": {"lr": 1e-6, "dynamic_sampling_rounds": 2}})
+    assert blocking == ["grpo.dynamic_sampling_rounds"]  # a different behaviour is still a change

@@ -152,6 +152,15 @@ class GRPOConfig:
     """`execution`: execution match with the gold; `validity`: 1 when the SQL executes (control arm)."""
     control: Literal["none", "no-update"] = "none"
     """`no-update`: every step runs with learning rate 0 (weights must stay bit-identical)."""
+    dynamic_sampling_rounds: int = 0
+    """Dynamic sampling (DAPO): after a step's rollouts, up to this many extra rounds of
+    `prompts_per_step` fresh tasks each, until `prompts_per_step` groups with unequal rewards are found;
+    the update then uses only those groups (at most `prompts_per_step`). A group whose rewards are all
+    equal has zero advantage and teaches nothing; once most tasks are always solved (or never), most
+    groups are like that. 0 = off: every sampled group goes into the update. The step's reward,
+    accuracy and group metrics stay those of the first round (the sampled distribution); extra rounds
+    cost generation time and consume training tasks, and the arms of an experiment may generate
+    different amounts (equal steps and update size, not equal generation)."""
 
 
 @dataclass(frozen=True)
@@ -505,6 +514,11 @@ def validate(cfg: Config, source: str = "<config>") -> None:
     need(g.temperature > 0, "grpo.temperature must be > 0 for sampling rollouts (greedy is for evaluation)")
     need(0 < g.top_p <= 1, "grpo.top_p must be in (0, 1]")
     need(g.max_grad_norm > 0, "grpo.max_grad_norm must be > 0")
+    need(
+        0 <= g.dynamic_sampling_rounds <= 64,
+        f"grpo.dynamic_sampling_rounds = {g.dynamic_sampling_rounds} must be in [0, 64] (extra rollout "
+        "rounds per step; 0 = off)",
+    )
     need(a.turns >= 1, "agent.turns must be >= 1")
     need(a.max_new_tokens >= 8, "agent.max_new_tokens must be >= 8")
     need(

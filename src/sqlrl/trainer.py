@@ -19,8 +19,13 @@ Guarantees:
   split the step's sum; a pass that runs out of GPU memory makes the trainer redo that step's update
   with a halved logit-token cap (recorded; a single trajectory that does not fit stops the run with a
   message naming the settings). An out-of-memory error during rollout generation is not retried.
+- Dynamic sampling (`grpo.dynamic_sampling_rounds` > 0, DAPO): groups whose rewards are all equal are
+  dropped from the update and replaced from extra rollout rounds on fresh tasks (at most that many
+  rounds; the update may still have fewer than `prompts_per_step` groups). The step's reward, accuracy
+  and group metrics are the first round's; `trained_groups`, `ds_rounds`, `ds_trajectories` and
+  `gen_tokens` (all rounds) record the rest. Off by default.
 - Determinism: tasks come from a seeded epoch permutation (cursor saved in checkpoints), sampling
-  seeds are a function of (run seed, step), RNG states are checkpointed. On CPU in float32 a resumed
+  seeds are a function of (run seed, step, round), RNG states are checkpointed. On CPU in float32 a resumed
   run takes the same next step as an uninterrupted one (tested); on GPU, kernels may differ.
 
 Not guaranteed: a useful learning signal at any size; that is what the controls and the evidence
@@ -48,6 +53,23 @@ from sqlrl.artifacts import (
     write_jsonl,
 )
 from sqlrl.config import Config, ConfigError
+
+
+def scored_groups(trajs: list) -> list[list]:
+    """The scored trajectories (reward value not None) of one rollout call, grouped by task, in first-seen
+    task order; a task whose every trajectory was excluded has no group."""
+    groups: dict[str, list] = {}
+    for tr in trajs:
+        if tr.reward["value"] is not None:
+            groups.setdefault(tr.task_id, []).append(tr)
+    return list(groups.values())
+
+
+def informative(group: list) -> bool:
+    """A group carries a learning signal: at least two scored trajectories whose rewards differ (the
+    complement of `grpo.group_advantages`' zero-variance groups, singletons included)."""
+    values = [tr.reward["value"] for tr in group]
+    return len(values) >= 2 and max(values) != min(values)
 
 
 class TaskSampler:
@@ -332,14 +354,22 @@ def _oom_message(step: int, n: int, keep: int, g, retries: int = 0) -> str:
 # Settings that change only how an update is split into passes (memory), never what is computed: a
 # resumed run may change them, e.g. after running out of GPU memory.
 MEMORY_ONLY_KEYS = {("grpo", "micro_batch"), ("grpo", "micro_batch_logit_tokens")}
+# settings added after run folders were first written, with the value that behaves as before they
+# existed: a saved config without one of them is read as having that value (so older runs resume)
+ADDED_KEYS = {("grpo", "dynamic_sampling_rounds"): 0}
 
 
 def config_changes(saved: dict, mine: dict) -> tuple[list[str], list[str]]:
     """Compare two resolved configs (section -> key -> value) for a resume: (the "section.key" names
     that differ outside `MEMORY_ONLY_KEYS`, which block it; the memory-only changes as
     "section.key: old -> new", which are allowed and should be recorded). A section present on one
-    side only blocks, by its name."""
-    changed = [(s, k) for s in mine for k in mine[s] if saved.get(s, {}).get(k) != mine[s][k]]
+    side only blocks, by its name. A key of `ADDED_KEYS` missing from `saved` counts as its listed value."""
+
+    def old(s: str, k: str):
+        sec = saved.get(s, {})
+        return sec[k] if k in sec else ADDED_KEYS.get((s, k))
+
+    changed = [(s, k) for s in mine for k in mine[s] if old(s, k) != mine[s][k]]
     changed += [(s, k) for s in saved if s in mine for k in saved[s] if k not in mine[s]]
     blocking = [f"{s}.{k}" for s, k in changed if (s, k) not in MEMORY_ONLY_KEYS]
     blocking += [s for s in saved if s not in mine]
@@ -583,37 +613,57 @@ def train(
                 )
                 break
             t0 = time.perf_counter()
-            batch_idx = sampler.next(g.prompts_per_step)
-            batch_tasks = [tasks[i] for i in batch_idx]
             train_model.eval()
             policy.identity = f"{base_identity}@{out.name}:step{step - 1}"
-            trajs = env.rollout(
-                batch_tasks,
-                policy,
-                budgets,
-                Sampling(temperature=g.temperature, top_p=g.top_p, seed=seed * 1_000_003 + step),
-                g.group_size,
-            )
-            t_roll = time.perf_counter() - t0
-            accs = env.score(trajs)
+            t_roll = 0.0
+
+            def sample_round(r: int, step: int = step) -> tuple[list, list]:
+                """Rollouts of `prompts_per_step` fresh tasks (round r of this step), scored."""
+                nonlocal t_roll
+                batch_tasks = [tasks[i] for i in sampler.next(g.prompts_per_step)]
+                t_r = time.perf_counter()
+                # round 0's seed is the step's seed of a run without dynamic sampling
+                sampling_seed = seed * 1_000_003 + step + r * 10_000_019
+                got = env.rollout(
+                    batch_tasks,
+                    policy,
+                    budgets,
+                    Sampling(temperature=g.temperature, top_p=g.top_p, seed=sampling_seed),
+                    g.group_size,
+                )
+                t_roll += time.perf_counter() - t_r
+                return got, env.score(got)
+
+            trajs, accs = sample_round(0)  # the step's sample: its metrics describe the policy
             valid = [tr for tr in trajs if tr.reward["value"] is not None]
             n_excl = len(trajs) - len(valid)
-            group_of = {tid: k for k, tid in enumerate(dict.fromkeys(t.task_id for t in trajs))}
-            rewards = torch.tensor([tr.reward["value"] for tr in valid], dtype=torch.float32)
-            gids = torch.tensor([group_of[tr.task_id] for tr in valid], dtype=torch.long)
-            if len(valid):
-                adv, adv_m = group_advantages(rewards, gids, scale=g.adv_scale)
-            else:
-                adv, adv_m = torch.zeros(0), {}
+            first_groups = scored_groups(trajs)
+            train_groups = first_groups
+            generated = list(trajs)
+            ds_rounds = 0
+            if g.dynamic_sampling_rounds > 0:
+                train_groups = [grp for grp in first_groups if informative(grp)]
+                while len(train_groups) < g.prompts_per_step and ds_rounds < g.dynamic_sampling_rounds:
+                    ds_rounds += 1
+                    more, _ = sample_round(ds_rounds)
+                    generated += more
+                    train_groups += [grp for grp in scored_groups(more) if informative(grp)]
+                train_groups = train_groups[: g.prompts_per_step]
+            train_valid = [tr for grp in train_groups for tr in grp]
+            rewards = torch.tensor([tr.reward["value"] for tr in train_valid], dtype=torch.float32)
+            gids = torch.tensor([k for k, grp in enumerate(train_groups) for _ in grp], dtype=torch.long)
+            adv = (
+                group_advantages(rewards, gids, scale=g.adv_scale)[0] if len(train_valid) else torch.zeros(0)
+            )
 
             # ---- update ----
             t1 = time.perf_counter()
             train_model.train()
-            total_tokens = sum(tr.generated_tokens for tr in valid)
-            n_seqs = len(valid)
+            total_tokens = sum(tr.generated_tokens for tr in train_valid)
+            n_seqs = len(train_valid)
             active = [
                 (tr, float(a))
-                for tr, a in zip(valid, adv.tolist())
+                for tr, a in zip(train_valid, adv.tolist())
                 if (a != 0.0 or g.kl_coef > 0) and tr.generated_tokens > 0
             ]
             active.sort(key=lambda x: len(x[0].token_ids))
@@ -715,11 +765,11 @@ def train(
             if separate_gen:
                 _sync(gen_model, train_model)
             t_upd = time.perf_counter() - t1
-            rv = rewards.tolist()
+            rv = [tr.reward["value"] for tr in valid]
             metrics = {
                 "step": step,
                 "reward_mean": sum(rv) / len(rv) if rv else None,
-                "reward_std": float(rewards.std(unbiased=False)) if len(rv) > 1 else 0.0,
+                "reward_std": float(torch.tensor(rv).std(unbiased=False)) if len(rv) > 1 else 0.0,
                 "accuracy": sum(accs) / len(accs) if accs else None,
                 "executable_rate": (
                     sum(tr.reward["status"] not in EXECUTABLE_FAIL for tr in valid) / len(valid)
@@ -737,12 +787,17 @@ def train(
                 "lr": scheduler.get_last_lr()[0],
                 "n_trajectories": len(trajs),
                 "n_excluded": n_excl,
-                "groups": adv_m.get("groups"),
-                "zero_var_groups": adv_m.get("zero_var_groups"),
+                "groups": float(len(first_groups)) if first_groups else None,
+                "zero_var_groups": float(sum(not informative(grp) for grp in first_groups))
+                if first_groups
+                else None,
+                "trained_groups": len(train_groups),
+                "ds_rounds": ds_rounds,
+                "ds_trajectories": len(generated),
                 "trained_tokens": int(tok_sum),
                 "oom_retries": oom_retries,
                 "micro_batch_logit_tokens_used": logit_cap,
-                "gen_tokens": sum(tr.generated_tokens for tr in trajs),
+                "gen_tokens": sum(tr.generated_tokens for tr in generated),
                 "mean_turns": sum(len(tr.turns) for tr in trajs) / len(trajs),
                 "time_rollout_s": round(t_roll, 3),
                 "time_update_s": round(t_upd, 3),

@@ -78,6 +78,16 @@ def test_default_config_passes_verl_validation_and_maps_fields():
     assert d["reward"]["custom_reward_function"]["name"] == "compute_score"
 
 
+def test_dynamic_sampling_is_refused_not_dropped():
+    """A setting veRL's trainer cannot honour fails loudly instead of training something else (no veRL
+    needed: the mapping is plain Python)."""
+    from sqlrl.integrations.verl import verl_overrides
+
+    with pytest.raises(ValueError, match="dynamic_sampling_rounds = 2 is not mapped to veRL"):
+        verl_overrides(_cfg(grpo={"dynamic_sampling_rounds": 2}))
+    assert verl_overrides(_cfg())["algorithm"]["norm_adv_by_std_in_grpo"] is True
+
+
 @needs_verl
 def test_no_update_control_maps_to_lr_zero_and_seq_mean():
     from sqlrl.integrations.verl import build_verl_config

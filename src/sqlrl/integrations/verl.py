@@ -140,6 +140,12 @@ def verl_overrides(
 ) -> dict:
     """The veRL keys sqlrl sets, as a nested dict (merged over veRL's defaults by `build_verl_config`)."""
     g, a, m, r = cfg.grpo, cfg.agent, cfg.model, cfg.run
+    if g.dynamic_sampling_rounds:
+        raise ValueError(
+            f"grpo.dynamic_sampling_rounds = {g.dynamic_sampling_rounds} is not mapped to veRL: its main "
+            "GRPO trainer has no dynamic sampling (veRL's DAPO recipe has its own `filter_groups`). Set "
+            "grpo.dynamic_sampling_rounds = 0 for the veRL backend, or train on one machine with `sqlrl train`."
+        )
     prompt_len, response_len = _token_lengths(a)
     lr = 0.0 if g.control == "no-update" else float(g.lr)
     loss_agg = {"token-mean": "token-mean", "seq-mean": "seq-mean-token-mean"}[g.loss_agg]
