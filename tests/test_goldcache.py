@@ -281,3 +281,37 @@ def test_audit_real_spider(tmp_path):
     assert audit.scorable + sum(audit.excluded.values()) == 6904
     # the folder's README documents 3 erroring and 254 empty golds
     assert audit.excluded["gold_error"] == 3 and audit.excluded["gold_empty"] == 254
+
+
+def test_resolved_paths_shared_by_calls_and_sql_hashes_remembered(db, tmp_path):
+    """`get_many(..., resolved=d)`: the same results as without; each database path is stat'ed once
+    for every call sharing `d` (a replaced file is seen from the next dict on); the remembered SQL
+    hashes are the sha256 of the text."""
+    import hashlib
+    import os
+    import shutil
+
+    cache = GoldCache(executor=SqliteExecutor())
+    items = [(str(db), GOLDS[0]), (str(db), GOLDS[2]), (str(db), GOLDS[0])]
+    plain = cache.get_many(items, progress=False)
+    memo: dict = {}
+    shared = cache.get_many(items, progress=False, resolved=memo)
+    assert [r.to_dict() for r in shared] == [r.to_dict() for r in plain]
+    assert list(memo) == [str(db)]
+    for sql in GOLDS[:3]:
+        assert cache._sql_sha(sql) == hashlib.sha256(sql.encode("utf-8")).hexdigest()
+    # the file replaced with other bytes: a call sharing the old dict still uses the old resolution,
+    # a fresh dict (or none) stats the file again and gets a new database hash, hence a new execution
+    other = tmp_path / "other.sqlite"
+    con = sqlite3.connect(other)
+    con.execute("CREATE TABLE t (id INTEGER, x REAL, b BLOB, s TEXT)")
+    con.execute("INSERT INTO t VALUES (9, 0, NULL, 'z')")
+    con.commit()
+    con.close()
+    os.remove(db)
+    shutil.copy(other, db)
+    n = len(cache._executor.calls)
+    stale = cache.get_many([(str(db), GOLDS[0])], progress=False, resolved=memo)[0]
+    assert stale.rows == plain[0].rows and len(cache._executor.calls) == n
+    fresh = cache.get_many([(str(db), GOLDS[0])], progress=False, resolved={})[0]
+    assert fresh.rows == [(9, "z")] and len(cache._executor.calls) == n + 1

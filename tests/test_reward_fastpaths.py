@@ -240,3 +240,124 @@ def test_scored_stat_per_chunk_still_sees_a_replaced_file(tmp_path):
                 items, refs, "sqlrl.reward:_score_in_worker", {"kind": "execution", "ts": False}
             )
             assert [g[1] for g in got] == ["match"] * 3
+
+
+# ------------------------------------------------------------- is_deterministic_sql's ASCII shortcut
+
+NONDET_EDGE = [
+    "SELECT RANDOM() FROM t",
+    "SELECT x FROM t WHERE name = 'now'",
+    "select nowhere from t",
+    "select know from t",
+    'SELECT "Date"(x) FROM t',
+    "SELECT date FROM t",
+    "SELECT date\t(x) FROM t",
+    "SELECT time/**/(x)",
+    "SELECT time--\n(x)",
+    "SELECT DateTime FROM t",
+    "select total_changes ()",
+    "select Last_Insert_RowID()",
+    "select julianDAY(d) from t",
+    "select unixepoch from t",
+    "select timediff(a, b)",
+    "select x from t where random_id = 1",
+    "select current_timestamp",
+    "select CURRENT_TIME",
+    "select [random] from t",
+    "select `now` from t",
+    "select a_now from t",
+    "select strftime('%Y', d) from t",
+    "SELECT ſtrftime('%Y', d) FROM t",  # non-ASCII: 'ſ' folds to 's' under re.I
+    "SELECT \u212aey, now FROM t",  # the Kelvin sign folds to 'k'
+    "SELECT n\u00f6w FROM t",
+    "SELECT İ FROM t WHERE date(x)",
+    "",
+    "SELECT name FROM singer",
+]
+
+
+def _nondet_texts() -> list[str]:
+    from conftest import SHARED_SPIDER
+
+    texts = list(NONDET_EDGE)
+    for name in ("train_spider.json", "dev.json"):
+        f = SHARED_SPIDER / name
+        if f.is_file():
+            import json
+
+            texts += [e["query"] for e in json.loads(f.read_text())]
+    rng = random.Random(7)
+    pieces = [
+        "random",
+        "RANDOM",
+        "blob",
+        "changes",
+        "total_",
+        "last_insert_rowid",
+        "julianday",
+        "date",
+        "Date",
+        "time",
+        "TIME",
+        "stamp",
+        "diff",
+        "str",
+        "f",
+        "unixepoch",
+        "now",
+        "NOW",
+        "current_",
+        "(",
+        " (",
+        "\t(",
+        "/*",
+        "--",
+        " ",
+        "_",
+        "x",
+        "1",
+        '"',
+        "`",
+        "[",
+        "]",
+        "'",
+        "ſ",
+        "\u212a",
+        "é",
+        "SELECT ",
+    ]
+    texts += ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 12))) for _ in range(20000)]
+    return texts
+
+
+def _nondet_general(sql: str) -> bool:
+    text = reward_mod._QUOTES.sub(" ", sql)
+    return not (reward_mod._NONDET_WORDS.search(text) or reward_mod._NONDET_CALL.search(text))
+
+
+def test_is_deterministic_shortcut_equals_the_re_i_search(monkeypatch):
+    """The ASCII shortcut (substring pre-check, then the patterns without re.I on the lower-cased
+    text) gives the re.I search's answer on every Spider SQL, edge cases and random text; with it off,
+    `is_deterministic_sql` is the general search itself."""
+    texts = _nondet_texts()
+    want = [_nondet_general(t) for t in texts]
+    reward_mod.is_deterministic_sql.cache_clear()
+    got = [reward_mod.is_deterministic_sql(t) for t in texts]
+    assert got == want
+    assert True in want and False in want and sum(not w for w in want) > 1000
+    monkeypatch.setattr(reward_mod, "_ASCII_SHORTCUT", False)
+    reward_mod.is_deterministic_sql.cache_clear()
+    assert [reward_mod.is_deterministic_sql(t) for t in texts] == want
+    reward_mod.is_deterministic_sql.cache_clear()
+
+
+def test_is_deterministic_shortcut_test_catches_a_missing_hint(monkeypatch):
+    """The cases above can fail: with one hint word missing from the pre-check ('now'), the shortcut
+    calls some non-deterministic SQL deterministic, and the comparison sees it."""
+    texts = _nondet_texts()
+    monkeypatch.setattr(reward_mod, "_NONDET_HINTS", tuple(h for h in reward_mod._NONDET_HINTS if h != "now"))
+    reward_mod.is_deterministic_sql.cache_clear()
+    try:
+        assert any(reward_mod.is_deterministic_sql(t) != _nondet_general(t) for t in texts)
+    finally:
+        reward_mod.is_deterministic_sql.cache_clear()

@@ -261,3 +261,116 @@ def test_worker_keeps_golds_and_a_respawned_worker_gets_them_again(db, tmp_path)
         assert ev.score(BOMB, task(db, gold)).status == "timeout"
         assert ev.score(gold, task(db, gold)).status == "match"  # the fresh worker got the gold again
         assert dict(w.refs) == held
+
+
+@pytest.fixture
+def pipelined(monkeypatch):
+    """Small chunks, two in flight per worker (the second waits in the worker's pipe): what a large
+    call gets, forced on the small calls of these tests."""
+    import sqlrl.sandbox as sandbox_mod
+
+    monkeypatch.setattr(sandbox_mod, "_SCORE_MIN_CHUNK", 1)
+    monkeypatch.setattr(sandbox_mod, "_SCORE_CHUNKS_PER_WORKER", 4)
+    assert sandbox_mod._SCORE_DEPTH >= 2
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("where", [0, 1, 3, 6, 9])
+def test_pipelined_chunks_hung_statement_only_times_out_its_own_pair(db, tmp_path, pipelined, workers, where):
+    """A statement hanging in the chunk a worker runs, or in the one queued behind it: only its own
+    pair times out (after the hard limit, counted from when the worker could start it), every other
+    pair gets the parent-side Reward, and the queued items are re-run on the fresh worker."""
+    gold = "SELECT name FROM singer WHERE country = 'US'"
+    others = [gold, "SELECT name FROM singer", "SELEC", "SELECT DISTINCT name FROM singer WHERE age > 20"]
+    preds = [others[i % len(others)] + " " * i for i in range(10)]
+    preds[where] = BOMB
+    pairs = [(p, task(db, gold)) for p in preds]
+    with (
+        Sandbox(workers=workers, timeout_s=0.3, hard_timeout_s=0.8) as sb,
+        GoldCache(tmp_path / "gc") as gc,
+    ):
+        t0 = time.monotonic()
+        got = Evaluator(sb, gc).score_many(pairs)
+        assert time.monotonic() - t0 < 10
+        assert sb.kills == 1 and sb.crashes == 0
+        rest = [i for i in range(10) if i != where]
+        expected = Evaluator(ParentSide(sb), gc).score_many([pairs[i] for i in rest])
+    assert got[where].status == "timeout" and "killed" in got[where].parts["message"]
+    assert [got[i].to_dict() for i in rest] == [r.to_dict() for r in expected]
+
+
+def test_pipelined_chunks_worker_crash_is_infra_error_for_its_pair_only(db, tmp_path, pipelined):
+    gold = "SELECT name FROM singer WHERE country = 'US'"
+    preds = ["SELECT name FROM singer", SLOW, gold, "SELEC", gold + " ", "SELECT 1", gold + "  ", "x"]
+    pairs = [(p, task(db, gold)) for p in preds]
+    with Sandbox(workers=1, timeout_s=5.0, hard_timeout_s=10.0) as sb, GoldCache(tmp_path / "gc") as gc:
+        ev = Evaluator(sb, gc)
+        ev.score("SELECT 1", task(db, gold))  # worker up
+        pid = sb._all[0].proc.pid
+        timer = threading.Timer(0.5, os.kill, (pid, signal.SIGKILL))
+        timer.start()
+        got = ev.score_many(pairs)
+        timer.join()
+        assert sb.crashes == 1 and sb._all[0].proc.pid != pid
+        rest = [0, 2, 3, 4, 5, 6, 7]
+        expected = Evaluator(ParentSide(sb), gc).score_many([pairs[i] for i in rest])
+    assert got[1].status == "infra_error" and got[1].parts["sandbox_status"] == "worker_crash"
+    assert [got[i].to_dict() for i in rest] == [r.to_dict() for r in expected]
+
+
+def test_pipelined_chunks_equal_parent_side_scoring(db, tmp_path, pipelined):
+    pairs = [(pred, task(db, gold)) for gold, pred in CASES if "random" not in gold]
+    with Counting(workers=2) as sb, GoldCache(tmp_path / "gc") as gc:
+        workers = Evaluator(sb, gc).score_many(pairs)
+        assert sb.scored > 20
+        parent = Evaluator(ParentSide(sb), gc).score_many(pairs)
+    assert [r.to_dict() for r in workers] == [r.to_dict() for r in parent]
+
+
+def test_one_path_resolution_per_call(db, tmp_path, monkeypatch):
+    """score_many resolves (stats) each database path once per call, for the golds and their
+    DISTINCT-free variants together."""
+    gold = "SELECT DISTINCT name FROM singer"
+    with Sandbox(workers=1) as sb, GoldCache(tmp_path / "gc") as gc:
+        ev = Evaluator(sb, gc)
+        ev.score_many([(gold, task(db, gold))])  # warm
+        seen = []
+        real = GoldCache._resolve
+
+        def counting(self, given):
+            seen.append(given)
+            return real(self, given)
+
+        monkeypatch.setattr(GoldCache, "_resolve", counting)
+        got = ev.score_many(
+            [(gold, task(db, gold)), ("SELECT name FROM singer WHERE age > 30", task(db, gold))]
+        )
+        assert [r.status for r in got] == ["match", "mismatch"]
+        assert got[0].parts["test_suite_match"] == 1.0
+        assert seen == [db]
+
+
+def test_chunk_too_big_for_the_pipe_is_not_queued_behind_a_hung_statement(db, tmp_path, pipelined):
+    """A chunk whose message (here: a large gold shipped with it) might not fit in the pipe is not
+    queued behind a running chunk: a send that blocks until the worker reads would hold the parent's
+    thread, and the watchdog with it, for as long as a hung statement runs."""
+
+    small = "SELECT name FROM singer WHERE country = 'US'"
+    big = (
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 20000) "
+        "SELECT 'some text to make it larger ' || x, x FROM c"
+    )
+    preds = [BOMB, small] + [big + " " * i for i in range(6)]
+    pairs = [(p, task(db, small)) for p in preds[:2]] + [(p, task(db, big)) for p in preds[2:]]
+    with (
+        Sandbox(workers=1, timeout_s=0.3, hard_timeout_s=0.8) as sb,
+        GoldCache(tmp_path / "gc", timeout_s=30) as gc,
+    ):
+        assert gc.get(db, big).row_count == 20000
+        assert sb._all[0].sndbuf < 2 * 20000 * 30  # the big gold's message would not fit
+        t0 = time.monotonic()
+        got = Evaluator(sb, gc).score_many(pairs)
+        assert time.monotonic() - t0 < 8
+        assert sb.kills == 1
+    assert got[0].status == "timeout"
+    assert [r.status for r in got[1:]] == ["match"] * 7

@@ -63,6 +63,7 @@ DEFAULT_TIMEOUT_S = 60.0
 GOLD_MAX_ROWS = 1_000_000  # asked of the default sandbox: a gold's result must be complete
 GOLD_MAX_RESULT_BYTES = 512 * 2**20
 PROGRESS_MIN_TASKS = 100
+_SQL_SHAS_MAX = 65536
 
 _REASONS = {"error": "gold_error", "timeout": "gold_timeout", "empty": "gold_empty"}
 
@@ -195,6 +196,7 @@ class GoldCache:
         self._db: sqlite3.Connection | None = None
         self._checked_dirs: set[Path] = set()
         self._resolved: dict[str, tuple[tuple, tuple[str, str]]] = {}  # given path -> (stat, result)
+        self._sql_shas: dict[str, str] = {}  # SQL text -> its sha256 (bounded, see `_sql_sha`)
         self.hits = 0
         self.misses = 0
         self.executions = 0
@@ -401,21 +403,40 @@ class GoldCache:
         """The gold's result, executing it only when no trusted cached result exists."""
         return self.get_many([(db_path, sql)], progress=False)[0]
 
+    def _sql_sha(self, sql: str) -> str:
+        """sha256 of the SQL text (remembered: a GRPO group's gold is looked up every step)."""
+        h = self._sql_shas.get(sql)
+        if h is None:
+            if len(self._sql_shas) >= _SQL_SHAS_MAX:
+                self._sql_shas.clear()
+            h = self._sql_shas[sql] = hashlib.sha256(sql.encode("utf-8")).hexdigest()
+        return h
+
     def get_many(
-        self, items: list[tuple[str | os.PathLike, str]], *, progress: bool | None = None, desc: str = "gold"
+        self,
+        items: list[tuple[str | os.PathLike, str]],
+        *,
+        progress: bool | None = None,
+        desc: str = "gold",
+        resolved: dict | None = None,
     ) -> list[GoldResult]:
-        """`get` for many (db_path, sql) pairs; misses run in parallel when the sandbox is our own."""
+        """`get` for many (db_path, sql) pairs; misses run in parallel when the sandbox is our own.
+        Each database path is resolved (one `os.stat`, see `_resolve`) once per call; `resolved`, a
+        dict the caller passes to several calls (e.g. `Evaluator.score_many`'s look-ups of golds and
+        of their variants), makes that once for all of them: a file replaced between those calls is
+        then noticed only from the next dict on."""
         with self._lock:
             keys = []
             paths: list[str] = []
-            dbs: dict[str, tuple[str, str]] = {}  # given path -> (resolved path, file sha256), this call
+            # given path -> (resolved path, file sha256), this call (or the caller's calls)
+            dbs: dict[str, tuple[str, str]] = {} if resolved is None else resolved
             for db_path, sql in items:
                 given = os.fspath(db_path)
                 if given not in dbs:
                     dbs[given] = self._resolve(given)
-                resolved, db_sha = dbs[given]
-                paths.append(resolved)
-                keys.append((db_sha, hashlib.sha256(sql.encode("utf-8")).hexdigest()))
+                resolved_path, db_sha = dbs[given]
+                paths.append(resolved_path)
+                keys.append((db_sha, self._sql_sha(sql)))
             results: dict[tuple[str, str], GoldResult] = {}
             todo: dict[tuple[str, str], tuple[str, str]] = {}
             for (_, sql), resolved, key in zip(items, paths, keys):

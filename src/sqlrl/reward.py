@@ -867,11 +867,31 @@ def _transient(msg: str) -> bool:
     return _TRANSIENT_ERROR.search(msg) is not None
 
 
+# The ASCII shortcut of `is_deterministic_sql` (same answer, tests turn it off to compare): every word
+# of both patterns contains one of these substrings, so ASCII text whose lower-cased form contains none
+# of them cannot match; otherwise the same patterns without re.I search the lower-cased text (for ASCII
+# text re.I is plain ASCII case folding, and lower-casing changes no \b or \s). Non-ASCII text takes the
+# re.I search itself (Unicode folding: 'ſ' matches 's', the Kelvin sign matches 'k').
+_ASCII_SHORTCUT = True
+_NONDET_HINTS = ("random", "changes", "last_insert_rowid", "julianday", "date", "time", "unixepoch", "now")
+_NONDET_WORDS_LOWER = re.compile(_NONDET_WORDS.pattern)
+_NONDET_CALL_LOWER = re.compile(_NONDET_CALL.pattern)
+
+
 @lru_cache(maxsize=65536)
 def is_deterministic_sql(sql: str) -> bool:
     """False when `sql` might give different results on the same database bytes (random(), the clock,
     connection state). Conservative: a False for deterministic SQL is allowed, a True for
     non-deterministic SQL is not."""
+    if _ASCII_SHORTCUT and sql.isascii():
+        low = sql.lower()
+        for hint in _NONDET_HINTS:
+            if hint in low:
+                break
+        else:
+            return True
+        text = _QUOTES.sub(" ", low)
+        return not (_NONDET_WORDS_LOWER.search(text) or _NONDET_CALL_LOWER.search(text))
     text = _QUOTES.sub(" ", sql)
     return not (_NONDET_WORDS.search(text) or _NONDET_CALL.search(text))
 
@@ -889,6 +909,21 @@ def _memoizable(res: Any) -> bool:
 
 
 _PublicTask: Any = None  # sqlrl.data.PublicTask, imported on first use
+_TAKES_RESOLVED: dict[type, bool] = {}  # gold cache type -> its get_many takes `resolved=`
+
+
+def _takes_resolved(gold_cache: Any) -> bool:
+    t = type(gold_cache)
+    hit = _TAKES_RESOLVED.get(t)
+    if hit is None:
+        import inspect
+
+        try:
+            hit = "resolved" in inspect.signature(gold_cache.get_many).parameters
+        except (AttributeError, TypeError, ValueError):
+            hit = False
+        _TAKES_RESOLVED[t] = hit
+    return hit
 
 
 def _copy_reward(r: Reward) -> Reward:
@@ -948,6 +983,7 @@ class Evaluator:
         self.dedup = int(memo_entries) > 0
         self.executions = 0  # statements sent to the sandbox (predictions and variants)
         self.duplicate_hits = 0  # pairs answered with a copy of an identical pair's reward
+        self._resolved: dict | None = None  # the current call's resolved database paths (`_gold_many`)
 
     def memo_stats(self) -> dict:
         return {"duplicate_hits": self.duplicate_hits, "executions": self.executions}
@@ -1031,15 +1067,19 @@ class Evaluator:
         # one batched cache look-up (one path resolution and file hash per database, not per pair);
         # if it fails, fall back to per-pair look-ups so one bad gold only affects its own pair
         fetched = None
+        # database paths resolved once for this call's look-ups (golds, then their variants)
+        self._resolved = {} if _takes_resolved(self.gold_cache) else None
         if hasattr(self.gold_cache, "get_many"):
             try:
                 uniq = list(dict.fromkeys(checked))  # a GRPO group shares its gold: look it up once
-                got = dict(zip(uniq, self.gold_cache.get_many(uniq, progress=False)))
+                got = dict(zip(uniq, self._gold_many(uniq)))
                 fetched = [got[c] for c in checked]
             except Exception:
                 fetched = None
         first: set[tuple] = set()  # keys of the deterministic pairs pending in this call
         dups: list[tuple[int, tuple]] = []  # (position, key) of repeats of a pending pair
+        # _gold_scorable per gold object: `fetched` holds them all, so an id stays theirs in this call
+        verdicts: dict[int, tuple[bool, str | None]] = {}
         for i, ((final_sql, _), (db_path, gold_sql)) in enumerate(zip(items, checked)):
             try:
                 gold = fetched[i] if fetched is not None else self.gold_cache.get(db_path, gold_sql)
@@ -1048,7 +1088,13 @@ class Evaluator:
                     None, "infra_error", {**base, "error": f"gold_cache: {type(e).__name__}: {e}"}
                 )
                 continue
-            scorable, why = _gold_scorable(gold)
+            if fetched is not None:
+                hit = verdicts.get(id(gold))
+                if hit is None:
+                    hit = verdicts[id(gold)] = _gold_scorable(gold)
+                scorable, why = hit
+            else:
+                scorable, why = _gold_scorable(gold)
             if not scorable:
                 out[i] = Reward(None, "gold_unscorable", {**base, "reason": why or "gold_unscorable"})
             elif final_sql is None or not final_sql.strip().strip(";").strip():
@@ -1240,13 +1286,20 @@ class Evaluator:
                 return (gk, vk), None
         return (gk,), None
 
+    def _gold_many(self, items: list[tuple[str, str]]) -> list[Any]:
+        """`gold_cache.get_many`, with this call's resolved database paths where it takes them."""
+        resolved = self._resolved
+        if resolved is not None:
+            return self.gold_cache.get_many(items, progress=False, resolved=resolved)
+        return self.gold_cache.get_many(items, progress=False)
+
     def _gold_variants(self, wanted: list[tuple[str, str]]) -> list[Any]:
         """Gold-cache results (or the exception) for the DISTINCT-free gold variants, batched."""
         if not wanted:
             return []
         if hasattr(self.gold_cache, "get_many"):
             try:
-                got = list(self.gold_cache.get_many(wanted, progress=False))
+                got = list(self._gold_many(wanted))
                 if len(got) == len(wanted):
                     return got
             except Exception:

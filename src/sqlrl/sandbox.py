@@ -42,8 +42,9 @@ Text that is not valid UTF-8 is decoded deterministically with `bytes.decode("ut
 (U+FFFD for each bad sequence). Statements are first run with the C fast path; only when that fails
 to decode is the statement re-run with the replacing decoder (same result, same deadline).
 
-`execute_scored` runs a scorer function inside the workers (one round trip per chunk of items; the
-parent drives all workers from the calling thread): the scorer gets a `run(sql)` that executes one
+`execute_scored` runs a scorer function inside the workers (one message each way per chunk of items,
+up to two chunks in flight per worker, few chunks for a small call; the parent drives all workers
+from the calling thread): the scorer gets a `run(sql)` that executes one
 statement through layers 1-6 exactly as `execute` does, plus reference payloads (e.g. cached gold
 results) that the parent ships to each worker once and the worker keeps. The watchdog applies per
 statement; an item whose statement hung or whose worker died gets `timeout` / `worker_crash` (or, for
@@ -575,7 +576,14 @@ def _run_one(
 
 _FLUSH_S = 0.02  # a worker sends buffered results at least this often (and at the end of a batch)
 _STARTING, _IDLE = -2.0, -1.0  # progress[1] while the worker starts up / before it takes a batch
-_SCORE_CHUNKS_PER_WORKER = 2  # execute_scored: chunks per worker (load balance vs round trips)
+_SCORE_CHUNKS_PER_WORKER = 4  # execute_scored: chunks per worker (load balance vs round trips)
+_SCORE_DEPTH = 2  # execute_scored: chunks in flight per worker (the next one waits in its pipe)
+_SCORE_MIN_CHUNK = 16  # execute_scored: fewer chunks per worker rather than chunks smaller than this
+# execute_scored: a chunk is queued behind a running one only while everything in flight on that worker
+# is at most this many bytes (and a quarter of the pipe's OS send buffer), so the send cannot block
+# the parent's thread, and with it the watchdog, until the worker reads; otherwise it waits until the
+# worker is idle
+_SCORE_TOPUP_BYTES = 32 * 1024
 
 
 def _worker_main(conn: Any, cfg: dict, progress: Any) -> None:
@@ -646,15 +654,17 @@ def _score_batch(
     scorers: dict,
     batch: tuple,
 ) -> bool:
-    """One scoring batch ("score", scorer, options, dropped keys, added {key: payload}, items): for each
-    item (db_path, sql, timeout_s, ref keys, extra, failed) call `scorer(run, sql, [payloads], extra,
+    """One scoring batch ("score", scorer, options, dropped keys, added {key: payload}, items, base): for
+    each item (db_path, sql, timeout_s, ref keys, extra, failed) call `scorer(run, sql, [payloads], extra,
     options)`, where `run(sql)` executes one statement exactly as `Sandbox.execute` does (pre-check,
     then the hardened connection) and returns the result tuple (status, columns, rows, row_count,
-    elapsed_ms, message). Statement j of an item marks progress [now, k, j]. `failed` is None or
+    elapsed_ms, message). Statement j of item k marks progress [now, base + k, j] (`base`: the item's
+    position among the items the parent has in flight on this worker, which may have sent the next
+    batch before this one is answered). `failed` is None or
     (j, status, message): statement j is not run and gets that result (the parent's watchdog killed
     the worker there before). Answers one marshalled list of the scorers' return values (an exception
     becomes ("__error__", text)). False when the pipe is gone."""
-    _, name, options, drops, adds, items = batch
+    _, name, options, drops, adds, items, base = batch
     for key in drops:
         refs.pop(key, None)
     refs.update(adds)
@@ -665,7 +675,7 @@ def _score_batch(
     for k, (db_path, sql, timeout_s, keys, extra, failed) in enumerate(items):
         progress[0] = monotonic()
         progress[2] = 0.0
-        progress[1] = float(k)
+        progress[1] = float(base + k)
         count = [0]
 
         def run(
@@ -719,6 +729,7 @@ class _Worker:
         self.proc: Any = None
         self.conn: Any = None
         self.started_at = 0.0
+        self.sndbuf = 0  # the OS send buffer of `conn` (bytes), see `_send_buffer`
         self.refs: OrderedDict = OrderedDict()  # reference payload key -> weight, held by the process
         self.ref_weight = 0
         self.start()
@@ -749,6 +760,7 @@ class _Worker:
                     sys.modules["__main__"] = main
         child.close()
         self.proc, self.conn = proc, parent
+        self.sndbuf = _send_buffer(parent)
         self.started_at = time.monotonic()
 
     def kill(self) -> None:
@@ -800,6 +812,21 @@ class _Worker:
             return True
         except (OSError, EOFError, ValueError):
             return False
+
+
+def _send_buffer(conn: Any) -> int:
+    """Bytes the OS lets the parent's end of a worker's pipe (a socket pair) hold without a reader
+    (SO_SNDBUF); 0 when unknown."""
+    try:
+        import socket
+
+        s = socket.socket(fileno=os.dup(conn.fileno()))
+        try:
+            return int(s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
+        finally:
+            s.close()
+    except (OSError, ValueError, AttributeError):
+        return 0
 
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()
@@ -972,8 +999,12 @@ class Sandbox:
             return results
         t = self.timeout_s
         todo = [(i, _abspath(it[0]), it[1], t, tuple(it[2]), it[3], None) for i, it in enumerate(items)]
-        # contiguous chunks: the samples of one task (one database, one gold) mostly stay on one worker
-        n_chunks = min(len(todo), self.workers * _SCORE_CHUNKS_PER_WORKER)
+        # contiguous chunks: the samples of one task (one database, one gold) mostly stay on one worker.
+        # As many per worker as there are items for chunks of `_SCORE_MIN_CHUNK` (1 to
+        # `_SCORE_CHUNKS_PER_WORKER`): every message costs both sides wake-ups, which a small call
+        # cannot repay with better balance
+        per_worker = max(1, min(_SCORE_CHUNKS_PER_WORKER, len(todo) // (self.workers * _SCORE_MIN_CHUNK)))
+        n_chunks = min(len(todo), self.workers * per_worker)
         size = max(1, min(self.chunk_size * 4, -(-len(todo) // n_chunks)))
         chunks = deque(todo[k : k + size] for k in range(0, len(todo), size))
         self._run_scored(chunks, refs, scorer, options, results)
@@ -1116,7 +1147,11 @@ class Sandbox:
             results[pending[kk][0]] = _result(status, msg, max(0.0, elapsed) * 1e3)
             pending = pending[got:kk] + pending[kk + 1 :]
 
-    def _scored_payload(self, w: _Worker, pending: list, refs: dict, scorer: str, options: Any) -> bytes:
+    def _scored_payload(
+        self, w: _Worker, pending: list, refs: dict, scorer: str, options: Any, base: int
+    ) -> tuple[bytes, list]:
+        """The marshalled batch for `w` and the keys whose payloads it adds (the caller takes them back
+        out of `w.refs` if the batch cannot be sent)."""
         need = {k for it in pending for k in it[4]}
         adds = {}
         for k in need:
@@ -1135,12 +1170,30 @@ class Sandbox:
             w.ref_weight -= w.refs.pop(k)
             drops.append(k)
         items = [(db, sql, t, keys, extra, failed) for _, db, sql, t, keys, extra, failed in pending]
-        return marshal.dumps(("score", scorer, options, drops, adds, items))
+        try:
+            return marshal.dumps(("score", scorer, options, drops, adds, items, base)), list(adds)
+        except BaseException:
+            self._unhold(w, list(adds))
+            raise
+
+    @staticmethod
+    def _unhold(w: _Worker, added: list) -> None:
+        """Forget reference payloads that a batch which never reached `w` would have given it. (Keys
+        that batch dropped stay forgotten: the worker then holds them unknown to us until it is
+        replaced, and would get them again if needed: wasteful, never wrong.)"""
+        for k in added:
+            weight = w.refs.pop(k, None)
+            if weight is not None:
+                w.ref_weight -= weight
 
     def _run_scored(self, chunks: deque, refs: dict, scorer: str, options: Any, results: list) -> None:
         """Drive the chunks over as many idle workers as there are (at least one; waits for it) from
-        this one thread: each worker gets a chunk, and the next one when it answers. The watchdog of
-        `_run_batch`, per statement (progress [start, item, statement])."""
+        this one thread: each worker has up to `_SCORE_DEPTH` chunks in flight (the next one waits in
+        its pipe while it runs the current one, so it never waits for a round trip) and gets another
+        when one is answered. The watchdog of `_run_batch`, per statement (progress [start, item,
+        statement]), over the worker's items in flight numbered in the order sent (each batch tells the
+        worker the number of its first item): an item the worker has not reached yet is timed from when
+        it was sent or the answer before it arrived, whichever is later."""
         ws = [self._idle.get()]
         try:
             while len(ws) < min(self.workers, len(chunks)):
@@ -1148,10 +1201,14 @@ class Sandbox:
                     ws.append(self._idle.get_nowait())
                 except queue.Empty:
                     break
-            state: dict[_Worker, list] = {}  # worker -> [pending items, got, sent_at]
+            # worker -> [items in flight since it was last fed with nothing in flight (answered ones
+            # included), items answered, when item `got` was sent or the answer before it arrived,
+            # sizes of the batches in flight]
+            state: dict[_Worker, list] = {}
 
             def feed(w: _Worker, pending: list | None) -> None:
-                """Send `pending` (or the next chunk) to `w`; retire `w` when nothing is left."""
+                """Send `pending` (or the next chunk) to `w`, which has nothing in flight; retire `w`
+                when nothing is left."""
                 failures = 0
                 while True:
                     if pending is None or not pending:
@@ -1164,11 +1221,12 @@ class Sandbox:
                     try:
                         if w.proc is None or not w.proc.is_alive():
                             w.respawn()
-                        payload = self._scored_payload(w, pending, refs, scorer, options)
+                        payload, _ = self._scored_payload(w, pending, refs, scorer, options, 0)
                         if w.progress[1] != _STARTING:
                             w.progress[1] = _IDLE
                         w.conn.send_bytes(payload)
-                        state[w] = [pending, 0, time.monotonic()]
+                        sizes = deque([(len(pending), len(payload) + 8)])
+                        state[w] = [list(pending), 0, time.monotonic(), sizes]
                         return
                     except (OSError, EOFError, ValueError):
                         pass
@@ -1183,15 +1241,42 @@ class Sandbox:
                     pending = pending[1:]
                     failures = 0
 
+            def top_up(w: _Worker) -> None:
+                """Queue further chunks behind those `w` has in flight, up to `_SCORE_DEPTH`, while
+                they fit in the pipe's buffer (see `_SCORE_TOPUP_BYTES`)."""
+                st = state.get(w)
+                room = min(_SCORE_TOPUP_BYTES, w.sndbuf // 4)
+                while st is not None and chunks and len(st[3]) < _SCORE_DEPTH and not self._closed:
+                    batch = chunks.popleft()
+                    added: list = []
+                    try:
+                        payload, added = self._scored_payload(w, batch, refs, scorer, options, len(st[0]))
+                        if len(payload) + 8 + sum(b for _, b in st[3]) > room:
+                            self._unhold(w, added)
+                            chunks.appendleft(batch)
+                            return
+                        w.conn.send_bytes(payload)
+                    except (OSError, EOFError, ValueError):
+                        # the worker died (its pipe reports it to the loop below, which re-runs what it
+                        # had in flight) or the batch could not be built: the chunk waits for the next
+                        # worker with room
+                        self._unhold(w, added)
+                        chunks.appendleft(batch)
+                        return
+                    st[0].extend(batch)
+                    st[3].append((len(batch), len(payload) + 8))
+
             for w in ws:
                 feed(w, None)
+            for w in ws:
+                top_up(w)
             while state:
                 if self._closed:
                     return
                 now = time.monotonic()
                 plan = {}
                 wait = None
-                for w, (pending, got, sent_at) in state.items():
+                for w, (pending, got, sent_at, _) in state.items():
                     k = w.progress[1]
                     p0 = w.progress[0]
                     kk, started, deadline, cap = self._watch(w, k, p0, pending, got, sent_at)
@@ -1206,7 +1291,10 @@ class Sandbox:
                 except OSError:
                     ready = list(conns)
                 for w in list(state):
-                    pending, got, sent_at = state[w]
+                    st = state.get(w)
+                    if st is None:
+                        continue
+                    pending, got, sent_at, sizes = st
                     k, p0, started, kk, deadline = plan[w]
                     failed = None
                     if w.conn in ready:
@@ -1218,10 +1306,14 @@ class Sandbox:
                             for r in marshal.loads(data):
                                 results[pending[got][0]] = r
                                 got += 1
-                            if got >= len(pending):
-                                feed(w, None)
+                            st[1] = got
+                            st[2] = time.monotonic()  # the worker moves on to its next item now
+                            sizes.popleft()
+                            if sizes:
+                                top_up(w)
                             else:
-                                state[w][1] = got
+                                feed(w, None)
+                                top_up(w)
                             continue
                         k2 = w.progress[1]  # EOF: the worker died
                         kk = int(k2) if k2 >= got else got
@@ -1249,6 +1341,7 @@ class Sandbox:
                     else:
                         results[item[0]] = _result(status, msg, max(0.0, elapsed) * 1e3)
                     feed(w, rest + pending[kk + 1 :])
+                    top_up(w)
         finally:
             for w in ws:
                 self._idle.put(w)
