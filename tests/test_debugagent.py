@@ -380,6 +380,44 @@ def test_loss_mask_and_token_layout(tasks, pool):
     release_debug_trajectories([tr], pool)
 
 
+def test_threaded_scoring_equals_serial_and_checks_before_releasing(tasks, pool):
+    picked = ["debug/activity_1/000", "debug/body_builder/003", "debug/book_2/005", "debug/activity_1/001"]
+    ts = [tasks[t] for t in picked]
+
+    def replies(k: int) -> dict:
+        # per task: the solution, the buggy SQL, a broken statement and no SQL, rotated by k
+        out = {}
+        for j, t in enumerate(ts):
+            opts = [
+                "SUBMIT\n" + _sql(*t.solution_sql),
+                "SUBMIT\n" + _sql(t.public.buggy_sql),
+                "SUBMIT\n" + _sql("UPDATE nope SET x = 1"),
+                "I give up.",
+            ]
+            out[t.task_id] = [opts[(j + k) % 4]]
+        return out
+
+    results = {}
+    for threads in (1, 4):
+        got = []
+        for k in range(4):
+            trajs = run_debug_agent([t.public for t in ts], _policy(tasks, replies(k)), pool, MULTI)
+            score_debug_trajectories(trajs, tasks, pool, threads=threads)
+            got += [(tr.task_id, tr.reward["status"], tr.reward["value"]) for tr in trajs]
+            assert pool.stats()["active_leases"] == 0
+        results[threads] = got
+    assert results[1] == results[4]
+    assert {s for _, s, _ in results[1]} >= {"solved", "exec_error", "no_sql"}
+    # a bad task entry is found before anything is scored or released
+    trajs = run_debug_agent([t.public for t in ts[:2]], _policy(tasks, replies(0)), pool, MULTI)
+    bad = {**tasks, ts[1].task_id: ts[0]}
+    with pytest.raises(TypeError, match="must be the DebugTaskPrivate of that task"):
+        score_debug_trajectories(trajs, bad, pool)
+    assert pool.stats()["active_leases"] == 2 and all(tr.reward is None for tr in trajs)
+    score_debug_trajectories(trajs, tasks, pool)
+    assert pool.stats()["active_leases"] == 0
+
+
 def test_policy_infra_error_is_excluded_and_released(tasks, pool):
     class Broken(ScriptedPolicy):
         def generate(self, prompts, **kw):

@@ -158,6 +158,39 @@ def test_scoring_statuses(tmp_path, tiny_db):
     con.close()
 
 
+def test_reference_states_build_once_per_task_and_match_a_fresh_reference(tmp_path, tiny_db):
+    import threading
+
+    task = _manual_task(tiny_db)
+    subs = [list(task.solution_sql), task.public.buggy_sql, "UPDATE nope SET b = 1", "  "]
+    fresh = [dt.run_episode_offline(task, s) for s in subs]  # each builds its own reference
+    with dt.ReferenceStates() as refs:
+        shared = [dt.run_episode_offline(task, s, references=refs) for s in subs]
+        assert refs.builds == 1  # no_sql and exec_error never needed it; the other two shared one
+        folder = Path(refs.get(task)).parent
+        assert folder.is_dir()
+        got: list = []
+        threads = [threading.Thread(target=lambda: got.append(refs.get(task))) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert refs.builds == 1 and len(set(got)) == 1
+        # a reference that cannot be built: the same infra_error for every submission, built once
+        broken = dataclasses.replace(
+            task,
+            public=dataclasses.replace(task.public, task_id="t/broken"),
+            solution_sql=("UPDATE nope SET x = 1",),
+        )
+        outs = [dt.run_episode_offline(broken, list(task.solution_sql), references=refs) for _ in range(3)]
+        assert [o["status"] for o in outs] == ["infra_error"] * 3 and refs.builds == 2
+        assert "reference solution failed" in outs[0]["message"]
+        assert dt.run_episode_offline(broken, "  ", references=refs)["status"] == "no_sql"
+    assert shared == fresh
+    assert [r["status"] for r in shared] == ["solved", "partial", "exec_error", "no_sql"]
+    assert not folder.exists()  # removed on leaving the with block
+
+
 def test_failed_status(tmp_path, tiny_db):
     task = _manual_task(tiny_db)
     state = str(tmp_path / "s.sqlite")

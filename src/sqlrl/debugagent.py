@@ -28,7 +28,8 @@ Life of a trajectory (id `f"{task_id}#{sample}"`): `run_debug_agent` leases a re
 the trajectory is returned STILL HOLDING its lease. `score_debug_trajectories` then scores the
 submission on a FRESH temporary copy of the task's database (`debugtasks.run_episode_offline`: copy,
 preprocess SQL, the submission applied once, hidden tests against a reference end state built on
-another temporary copy), never on the replica the agent explored, and releases the replica.
+another temporary copy, built once per task and call: `debugtasks.ReferenceStates`), in a thread pool,
+never on the replica the agent explored, and releases the replica.
 `evaluate_debug` does both in waves that fit the pool. (Until 2026-11-29 the submission was applied
 to the explored replica; the first GPU curriculum showed why that was wrong: models run their fix
 with execute_sql and then submit it, so a write ran twice, e.g. "duplicate column", and 3-turn
@@ -67,6 +68,7 @@ Not guaranteed:
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 import time
@@ -80,6 +82,7 @@ from sqlrl.agent import Budgets, Sampling, Trajectory, generate_turn
 from sqlrl.debugtasks import (
     DebugTaskPrivate,
     DebugTaskPublic,
+    ReferenceStates,
     ensure_public_debug,
     run_episode_offline,
 )
@@ -425,47 +428,66 @@ def score_debug_trajectories(
     pool,
     *,
     timeout_s: float = 10.0,
+    threads: int | None = None,
 ) -> None:
     """After the trajectories ended: score each submission on a fresh temporary copy of its task's
     database (`run_episode_offline`: preprocess, the submission applied once, hidden tests), never on
     the explored replica; write `traj.reward` = {value, status, parts: {passed, total, message}};
-    release the replica (dirty only on an infrastructure error; otherwise the pool decides)."""
+    release the replica (dirty only on an infrastructure error; otherwise the pool decides).
+    Every trajectory and its task are checked before anything is scored or released. Submissions are
+    scored in `threads` threads (default: up to 8, one per CPU; SQLite and file copies run outside the
+    GIL) with each task's reference end state built once (`debugtasks.ReferenceStates`); the replicas
+    are released afterwards, in order, from the calling thread."""
     for tr in trajs:
         if not tr.done:
             raise RuntimeError(f"trajectory {tr.task_id}#{tr.sample} is not finished; score only ended ones")
+    tasks = []
     for tr in trajs:
-        task = private_by_id[tr.task_id]
+        task = private_by_id.get(tr.task_id)
         if not isinstance(task, DebugTaskPrivate) or task.public.task_id != tr.task_id:
             raise TypeError(f"private_by_id[{tr.task_id!r}] must be the DebugTaskPrivate of that task")
-        infra = False
+        tasks.append(task)
+
+    def score_one(tr: DebugTrajectory, task: DebugTaskPrivate, refs: ReferenceStates) -> tuple[dict, bool]:
+        """(reward dict, infrastructure failure)."""
+        if tr.infra_error:
+            return _infra(tr.infra_error), True
+        if not tr.extra.get("leased"):
+            return _infra("no replica"), True
         try:
-            if tr.infra_error:
-                infra = True
-                r = {
-                    "value": None,
-                    "status": "infra_error",
-                    "passed": 0,
-                    "total": 0,
-                    "message": tr.infra_error,
-                }
-            elif not tr.extra.get("leased"):
-                infra = True
-                r = {"value": None, "status": "infra_error", "passed": 0, "total": 0, "message": "no replica"}
-            else:
-                sub = list(tr.extra.get("submission") or [])  # [] -> no_sql
-                r = run_episode_offline(task, sub, timeout_s=timeout_s)
-                infra = r["status"] == "infra_error"
+            sub = list(tr.extra.get("submission") or [])  # [] -> no_sql
+            r = run_episode_offline(task, sub, timeout_s=timeout_s, references=refs)
+            return r, r["status"] == "infra_error"
         except (OSError, sqlite3.Error) as e:
-            infra = True
             tr.extra["scoring_error"] = f"{type(e).__name__}: {e}"
-            r = {"value": None, "status": "infra_error", "passed": 0, "total": 0, "message": str(e)}
-        finally:
+            return _infra(str(e)), True
+
+    n = max(1, min(len(trajs), threads or min(8, os.cpu_count() or 1)))
+    scored: list[tuple[dict, bool] | None] = [None] * len(trajs)
+    try:
+        with ReferenceStates(timeout_s) as refs:
+            if n == 1:
+                for k, (tr, task) in enumerate(zip(trajs, tasks)):
+                    scored[k] = score_one(tr, task, refs)
+            else:
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(n, thread_name_prefix="sqlrl-debugscore") as ex:
+                    for k, got in enumerate(ex.map(score_one, trajs, tasks, [refs] * len(trajs))):
+                        scored[k] = got
+    finally:
+        for tr, got in zip(trajs, scored):
+            r, infra = got if got is not None else (_infra("scoring did not finish"), True)
             if tr.extra.get("leased"):
                 # `crashed=True` is the pool's only way to force a dirty release (after an infrastructure
                 # error the replica's state is not known)
                 tr.extra["released_dirty"] = pool.release(tr.extra["trajectory_id"], crashed=infra)
                 tr.extra["leased"] = False
-        tr.reward = _reward(r)
+            tr.reward = _reward(r)
+
+
+def _infra(message: str) -> dict:
+    return {"value": None, "status": "infra_error", "passed": 0, "total": 0, "message": message}
 
 
 # ---------------------------------------------------------------------------------------- evaluation

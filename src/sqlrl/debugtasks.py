@@ -29,7 +29,7 @@ Test cases
 ----------
 Each test case is one SELECT run on a connection to the state database, with the REFERENCE end state
 attached as schema `ref`. The reference end state is built by `run_tests` on a separate temporary
-copy of the original database: preprocess SQL, then the reference solution applied with the same
+copy of the original database (or taken from a `ReferenceStates`, which builds it once per task): preprocess SQL, then the reference solution applied with the same
 `apply_submission` rule (so for query tasks `ref.__reference` holds the gold result with the
 `__pos, c0, ...` layout; for other tasks `ref.<table>` is the intended end state). A test PASSES iff
 it returns exactly one row holding exactly one value equal to 1; an SQL error, no row, several rows
@@ -71,6 +71,7 @@ import random
 import shutil
 import sqlite3
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -375,10 +376,65 @@ def _build_reference(task: DebugTaskPrivate, dest: str, timeout_s: float) -> Non
         raise DebugReferenceError(f"reference solution failed: {err}")
 
 
+class ReferenceStates:
+    """Reference end states built once per task and reused for every submission of it (a GRPO group
+    scores several submissions of one task). `get(task)` builds on first use (thread-safe: one build
+    per task, other threads wait for it) and returns the file's path; a task whose reference cannot be
+    built raises the same DebugReferenceError for every submission. The files live in one temporary
+    folder, removed by `close()` (or leaving the `with` block). The tests only read `ref` (they are
+    SELECTs), so one file serves concurrent readers."""
+
+    def __init__(self, timeout_s: float = 10.0):
+        self.timeout_s = timeout_s
+        self._dir = tempfile.mkdtemp(prefix="sqlrl-debugrefs-")
+        self._built: dict[str, str | DebugReferenceError] = {}  # task id -> reference path or its error
+        self._locks: dict[str, tuple[threading.Lock, str]] = {}  # task id -> (its build lock, its path)
+        self._lock = threading.Lock()
+        self.builds = 0
+
+    def get(self, task: DebugTaskPrivate) -> str:
+        tid = task.public.task_id
+        with self._lock:
+            if tid not in self._locks:
+                self._locks[tid] = (
+                    threading.Lock(),
+                    os.path.join(self._dir, f"ref_{len(self._locks):06d}.sqlite"),
+                )
+            lock, path = self._locks[tid]
+        with lock:
+            hit = self._built.get(tid)
+            if hit is None:
+                try:
+                    _build_reference(task, path, self.timeout_s)
+                    hit = path
+                except DebugReferenceError as e:
+                    hit = e
+                self._built[tid] = hit
+                self.builds += 1
+        if isinstance(hit, DebugReferenceError):
+            raise hit
+        return hit
+
+    def close(self) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> ReferenceStates:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 def run_tests(
-    task: DebugTaskPrivate, state_db_path: str | os.PathLike, *, timeout_s: float = 10.0
+    task: DebugTaskPrivate,
+    state_db_path: str | os.PathLike,
+    *,
+    timeout_s: float = 10.0,
+    references: ReferenceStates | None = None,
 ) -> tuple[int, int, list[dict]]:
     """Run the hidden tests on a state. Returns (passed, total, details); details[i] = {passed, error}.
+    The reference end state comes from `references` (built once per task) or, without it, is built
+    on a temporary copy for this call.
 
     Raises DebugReferenceError if the reference end state cannot be built (treated as infra_error).
     """
@@ -386,25 +442,35 @@ def run_tests(
         raise TypeError("run_tests needs a DebugTaskPrivate")
     if not Path(state_db_path).is_file():
         raise FileNotFoundError(f"no state database at {state_db_path}")
-    with tempfile.TemporaryDirectory(prefix="sqlrl-debugref-") as tmp:
-        ref = os.path.join(tmp, "ref.sqlite")
-        _build_reference(task, ref, timeout_s)
-        con = _connect(str(state_db_path), timeout_s)
-        details = []
-        try:
-            con.execute("ATTACH DATABASE ? AS ref", (ref,))
-            for sql in task.test_cases:
-                try:
-                    rows = con.execute(sql).fetchall()
-                    ok = len(rows) == 1 and len(rows[0]) == 1 and rows[0][0] == 1 and rows[0][0] is not True
-                    details.append({"passed": bool(ok), "error": None if ok else f"returned {rows[:3]!r}"})
-                except sqlite3.Error as e:
-                    details.append({"passed": False, "error": f"{type(e).__name__}: {e}"})
-            con.execute("DETACH DATABASE ref")
-        finally:
-            con.close()
+    if references is not None:
+        details = _tests_against(task, state_db_path, references.get(task), timeout_s)
+    else:
+        with tempfile.TemporaryDirectory(prefix="sqlrl-debugref-") as tmp:
+            ref = os.path.join(tmp, "ref.sqlite")
+            _build_reference(task, ref, timeout_s)
+            details = _tests_against(task, state_db_path, ref, timeout_s)
     passed = sum(d["passed"] for d in details)
     return passed, len(details), details
+
+
+def _tests_against(
+    task: DebugTaskPrivate, state_db_path: str | os.PathLike, ref: str, timeout_s: float
+) -> list:
+    con = _connect(str(state_db_path), timeout_s)
+    details = []
+    try:
+        con.execute("ATTACH DATABASE ? AS ref", (ref,))
+        for sql in task.test_cases:
+            try:
+                rows = con.execute(sql).fetchall()
+                ok = len(rows) == 1 and len(rows[0]) == 1 and rows[0][0] == 1 and rows[0][0] is not True
+                details.append({"passed": bool(ok), "error": None if ok else f"returned {rows[:3]!r}"})
+            except sqlite3.Error as e:
+                details.append({"passed": False, "error": f"{type(e).__name__}: {e}"})
+        con.execute("DETACH DATABASE ref")
+    finally:
+        con.close()
+    return details
 
 
 def score_debug(
@@ -414,8 +480,10 @@ def score_debug(
     final_sql: Any = ...,
     apply_error: str | None = None,
     timeout_s: float = 10.0,
+    references: ReferenceStates | None = None,
 ) -> dict:
-    """Reward after the trajectory ended: {value, status, passed, total, message}.
+    """Reward after the trajectory ended: {value, status, passed, total, message}. `references`: see
+    `run_tests`.
 
     `final_sql` (optional): the agent's submission; None / empty -> status no_sql (value 0.0).
     `apply_error`: the message `apply_submission` returned -> status exec_error (value 0.0).
@@ -436,7 +504,7 @@ def score_debug(
     try:
         if state_db_path is None:
             raise FileNotFoundError("no state database")
-        passed, total, details = run_tests(task, state_db_path, timeout_s=timeout_s)
+        passed, total, details = run_tests(task, state_db_path, timeout_s=timeout_s, references=references)
     except (DebugReferenceError, OSError, sqlite3.Error) as e:
         return {"value": None, "status": "infra_error", "passed": 0, "total": 0, "message": str(e)}
     if total == 0:
@@ -446,8 +514,12 @@ def score_debug(
     return {"value": passed / total, "status": status, "passed": passed, "total": total, "message": msg}
 
 
-def run_episode_offline(task: DebugTaskPrivate, sql: Any, *, timeout_s: float = 10.0) -> dict:
-    """Score one submission end to end on a fresh temporary copy (prepare, apply, test). For validation/eval."""
+def run_episode_offline(
+    task: DebugTaskPrivate, sql: Any, *, timeout_s: float = 10.0, references: ReferenceStates | None = None
+) -> dict:
+    """Score one submission end to end on a fresh temporary copy (prepare, apply, test). For validation,
+    evaluation and the debugging agent's scorer; `references` (see `run_tests`) shares reference end
+    states between submissions of one task."""
     with tempfile.TemporaryDirectory(prefix="sqlrl-debugstate-") as tmp:
         state = os.path.join(tmp, "state.sqlite")
         try:
@@ -457,7 +529,9 @@ def run_episode_offline(task: DebugTaskPrivate, sql: Any, *, timeout_s: float = 
         if not _as_list(sql):
             return score_debug(task, state, final_sql=sql)
         err = apply_submission(task, state, sql, timeout_s=timeout_s)
-        return score_debug(task, state, final_sql=sql, apply_error=err, timeout_s=timeout_s)
+        return score_debug(
+            task, state, final_sql=sql, apply_error=err, timeout_s=timeout_s, references=references
+        )
 
 
 def validate_task(task: DebugTaskPrivate, *, timeout_s: float = 10.0) -> str | None:
