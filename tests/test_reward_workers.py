@@ -228,9 +228,14 @@ def test_hung_variant_gives_the_parent_side_result(db, tmp_path):
     assert [got[0].status, got[2].status] == ["match", "match"]
 
 
-def test_worker_crash_mid_chunk_is_infra_error_for_its_pair_only(db, tmp_path):
+@pytest.mark.parametrize("pipelined_chunks", [False, True])
+def test_worker_crash_mid_chunk_is_infra_error_for_its_pair_only(db, tmp_path, request, pipelined_chunks):
+    """Killed while scoring the second pair: that pair is infra_error, every other one gets the
+    parent-side Reward; with small pipelined chunks too (the killed worker's queued chunk is re-run)."""
+    if pipelined_chunks:
+        request.getfixturevalue("pipelined")
     gold = "SELECT name FROM singer WHERE country = 'US'"
-    preds = ["SELECT name FROM singer", SLOW, gold, "SELEC", gold]
+    preds = ["SELECT name FROM singer", SLOW, gold, "SELEC", gold + " ", "SELECT 1", gold + "  ", "x"]
     pairs = [(p, task(db, gold)) for p in preds]
     with Sandbox(workers=1, timeout_s=5.0, hard_timeout_s=10.0) as sb, GoldCache(tmp_path / "gc") as gc:
         ev = Evaluator(sb, gc)
@@ -241,11 +246,12 @@ def test_worker_crash_mid_chunk_is_infra_error_for_its_pair_only(db, tmp_path):
         got = ev.score_many(pairs)
         timer.join()
         assert sb.crashes == 1 and sb._all[0].proc.pid != pid
-        expected = Evaluator(ParentSide(sb), gc).score_many([pairs[i] for i in (0, 2, 3, 4)])
+        rest = [0, 2, 3, 4, 5, 6, 7]
+        expected = Evaluator(ParentSide(sb), gc).score_many([pairs[i] for i in rest])
     assert got[1].status == "infra_error" and got[1].value is None
     assert got[1].parts["sandbox_status"] == "worker_crash"
-    assert [r.status for r in got] == ["mismatch", "infra_error", "match", "exec_error", "match"]
-    assert [got[i].to_dict() for i in (0, 2, 3, 4)] == [r.to_dict() for r in expected]
+    assert [r.status for r in got[:5]] == ["mismatch", "infra_error", "match", "exec_error", "match"]
+    assert [got[i].to_dict() for i in rest] == [r.to_dict() for r in expected]
 
 
 def test_worker_keeps_golds_and_a_respawned_worker_gets_them_again(db, tmp_path):
@@ -296,25 +302,6 @@ def test_pipelined_chunks_hung_statement_only_times_out_its_own_pair(db, tmp_pat
         rest = [i for i in range(10) if i != where]
         expected = Evaluator(ParentSide(sb), gc).score_many([pairs[i] for i in rest])
     assert got[where].status == "timeout" and "killed" in got[where].parts["message"]
-    assert [got[i].to_dict() for i in rest] == [r.to_dict() for r in expected]
-
-
-def test_pipelined_chunks_worker_crash_is_infra_error_for_its_pair_only(db, tmp_path, pipelined):
-    gold = "SELECT name FROM singer WHERE country = 'US'"
-    preds = ["SELECT name FROM singer", SLOW, gold, "SELEC", gold + " ", "SELECT 1", gold + "  ", "x"]
-    pairs = [(p, task(db, gold)) for p in preds]
-    with Sandbox(workers=1, timeout_s=5.0, hard_timeout_s=10.0) as sb, GoldCache(tmp_path / "gc") as gc:
-        ev = Evaluator(sb, gc)
-        ev.score("SELECT 1", task(db, gold))  # worker up
-        pid = sb._all[0].proc.pid
-        timer = threading.Timer(0.5, os.kill, (pid, signal.SIGKILL))
-        timer.start()
-        got = ev.score_many(pairs)
-        timer.join()
-        assert sb.crashes == 1 and sb._all[0].proc.pid != pid
-        rest = [0, 2, 3, 4, 5, 6, 7]
-        expected = Evaluator(ParentSide(sb), gc).score_many([pairs[i] for i in rest])
-    assert got[1].status == "infra_error" and got[1].parts["sandbox_status"] == "worker_crash"
     assert [got[i].to_dict() for i in rest] == [r.to_dict() for r in expected]
 
 
