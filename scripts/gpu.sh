@@ -74,6 +74,9 @@ case "$cmd" in
     # unpack the committed tree (.stage/tree.tgz) into $S/tree with the staged data beside it; later
     # calls then run `cd $S/tree && bash scripts/gpu.sh ...`, so uncommitted edits never reach a run
     mkdir -p "$S/tree/.stage" && tar xzf .stage/tree.tgz -C "$S/tree"
+    # the archive's commit, for run records (sqlrl.artifacts.git_commit reads it; the tree has no .git)
+    PYTHONPATH="$S/tree/src" python3 -c "import sys; from sqlrl.artifacts import archive_commit as a; print(a(sys.argv[1]) or '')" \
+      .stage/tree.tgz > "$S/tree/.sqlrl_commit"
     cp .stage/spider.tgz "$S/tree/.stage/" && cp -r .whl "$S/tree/" && echo "tree ready: $S/tree" ;;
   bench)
     python3 bench/bench_generate.py --model "$MODEL" --prompts-from "$S/spider" --split train_spider "$@" ;;

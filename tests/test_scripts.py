@@ -59,3 +59,33 @@ def test_curriculum_stats(tmp_path):
     assert got[("sft", "grpo-single")]["n"] == 5 and got[("sft", "grpo-single")]["mcnemar"]["discordant"] == 0
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "curriculum_stats.py")], capture_output=True)
     assert bad.returncode == 2
+
+
+def test_run_records_name_the_commit_of_an_unpacked_git_archive(tmp_path):
+    """On the GPU machine the code is a `git archive` unpacked without .git: `gpu.sh tree` writes the
+    archive's commit (from its pax header) to .sqlrl_commit, and git_commit() reports it."""
+    from sqlrl.artifacts import archive_commit, git_commit
+
+    repo = tmp_path / "repo"
+    (repo / "src" / "sqlrl").mkdir(parents=True)
+    (repo / "src" / "sqlrl" / "x.py").write_text("x = 1\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "x"], check=True)
+    sha = subprocess.run(
+        [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    tgz = tmp_path / "tree.tgz"
+    subprocess.run([*git, "archive", "--format=tar.gz", "-o", str(tgz), "HEAD"], check=True)
+    assert archive_commit(tgz) == sha
+    assert archive_commit(tmp_path / "missing.tgz") is None
+    tree = tmp_path / "unpacked"
+    (tree / "src" / "sqlrl").mkdir(parents=True)
+    assert git_commit(tree / "src" / "sqlrl") == {"commit": None, "dirty": None}
+    (tree / ".sqlrl_commit").write_text(sha + "\n")
+    assert git_commit(tree / "src" / "sqlrl") == {"commit": sha, "dirty": None, "source": "git archive"}
+    (tree / ".sqlrl_commit").write_text("not a commit\n")
+    assert git_commit(tree / "src" / "sqlrl")["commit"] is None
+    # a real checkout still answers from git
+    assert git_commit(repo / "src" / "sqlrl") == {"commit": sha, "dirty": False}

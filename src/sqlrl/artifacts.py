@@ -116,9 +116,15 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
             raise ValueError(f"{path}: line {i + 1} is not valid JSON") from None
 
 
+ARCHIVE_COMMIT_FILE = ".sqlrl_commit"  # at the root of a tree unpacked from a `git archive`
+
+
 def git_commit(cwd: str | os.PathLike | None = None) -> dict:
-    """The commit of the sqlrl checkout (if any) and whether the tree was dirty."""
-    cwd = cwd or Path(__file__).resolve().parent
+    """The commit of the sqlrl checkout (if any) and whether the tree was dirty. A tree unpacked from a
+    `git archive` (no .git, e.g. on the GPU machine) has no checkout: then the commit comes from
+    `ARCHIVE_COMMIT_FILE` at the tree's root, which `scripts/gpu.sh tree` writes from the archive's
+    header (`archive_commit`), with "dirty": None (the unpacked files are not checked)."""
+    cwd = Path(cwd) if cwd else Path(__file__).resolve().parent
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5
@@ -126,11 +132,30 @@ def git_commit(cwd: str | os.PathLike | None = None) -> dict:
         status = subprocess.run(
             ["git", "status", "--porcelain"], cwd=cwd, capture_output=True, text=True, timeout=5
         )
-        if commit.returncode != 0:
-            return {"commit": None, "dirty": None}
-        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+        if commit.returncode == 0:
+            return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
     except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
+        pass
+    for d in [cwd, *cwd.parents][:4]:  # src/sqlrl -> src -> the tree's root
+        f = d / ARCHIVE_COMMIT_FILE
+        if f.is_file():
+            sha = f.read_text().strip()
+            if len(sha) == 40 and all(c in "0123456789abcdef" for c in sha):
+                return {"commit": sha, "dirty": None, "source": "git archive"}
+    return {"commit": None, "dirty": None}
+
+
+def archive_commit(path: str | os.PathLike) -> str | None:
+    """The commit id `git archive` writes into a tar's pax global header (what `git get-tar-commit-id`
+    reads), or None; works for .tar and .tar.gz without git."""
+    import tarfile
+
+    try:
+        with tarfile.open(path) as t:
+            sha = t.pax_headers.get("comment", "")
+    except (OSError, tarfile.TarError):
+        return None
+    return sha if len(sha) == 40 and all(c in "0123456789abcdef" for c in sha) else None
 
 
 def machine_info() -> dict:
