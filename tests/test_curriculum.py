@@ -71,6 +71,55 @@ def test_sft_drops_answers_over_the_budget_and_refuses_multi_turn(demo):
         build_sft_examples(demo, tok, dataclasses.replace(SINGLE, turns=3))
 
 
+def test_sft_submit_format_teaches_the_multi_turn_protocol(demo, tmp_path):
+    """sft.submit_turns = 3: every reference a second time, after the agent's own 3-turn prompt, answered
+    SUBMIT + the solution; the real debugging agent, replaying that answer, submits in its first turn and
+    solves the task (the single-turn answer would have been read as execute_sql)."""
+    from sqlrl.debugagent import (
+        ACTION_EXECUTE,
+        ACTION_SUBMIT,
+        build_debug_messages,
+        run_debug_agent,
+        score_debug_trajectories,
+    )
+    from sqlrl.pool import ReplicaPool
+    from sqlrl.prompts import ChatFormat
+
+    tok = make_chat_tokenizer()
+    examples, dropped = build_sft_examples(demo, tok, SINGLE, submit_turns=3)
+    assert dropped == {} and len(examples) == 2 * len(demo)
+    single = [e for e in examples if e["format"] == "single"]
+    submit = [e for e in examples if e["format"] == "submit"]
+    assert single == build_sft_examples(demo, tok, SINGLE)[0]  # the single-turn examples are unchanged
+    multi = dataclasses.replace(SINGLE, turns=3)
+    for t, e, e1 in zip(demo, submit, single):
+        assert e["task_id"] == t.task_id
+        assert e["prompt_ids"] == ChatFormat(tok).prompt_ids(build_debug_messages(t.public, multi))
+        text = tok.decode(e["target_ids"], skip_special_tokens=True)
+        assert text == "SUBMIT\n" + sft_target_text(t)
+        act = parse_debug_action(text, multi_turn=True, category=t.category)
+        assert act.kind == ACTION_SUBMIT and act.submission == expected_submission(t)
+        single_text = tok.decode(e1["target_ids"], skip_special_tokens=True)
+        assert parse_debug_action(single_text, multi_turn=True, category=t.category).kind == ACTION_EXECUTE
+    by_description = {
+        t.public.description: tok.decode(e["target_ids"], skip_special_tokens=True)
+        for t, e in zip(demo, submit)
+    }
+
+    def script(prompt: str, turn: int) -> str:
+        return next(reply for d, reply in by_description.items() if d in prompt)
+
+    picked = demo[:6]
+    templates = {t.public.db_id: t.public.db_path for t in picked}
+    with ReplicaPool(templates, tmp_path / "pool", replicas_per_db=6, workers=1) as pool:
+        trajs = run_debug_agent([t.public for t in picked], ScriptedPolicy(script), pool, multi)
+        score_debug_trajectories(trajs, {t.task_id: t for t in picked}, pool)
+    assert [(tr.stop_reason, len(tr.turns)) for tr in trajs] == [("submit", 1)] * len(picked)
+    assert all(tr.reward["status"] == "solved" for tr in trajs)
+    with pytest.raises(C.ConfigError, match="sft.submit_turns = 1"):
+        C.sft_from_dict({"submit_turns": 1})
+
+
 def test_collate_masks_prompt_and_padding():
     ex = [
         {"prompt_ids": [1, 2, 3], "target_ids": [4, 5]},

@@ -361,6 +361,12 @@ class SFTConfig:
     """Linear warm-up steps, then constant."""
     max_grad_norm: float = 1.0
     """Gradient clipping (global L2 norm)."""
+    submit_turns: int = 0
+    """Also teach the multi-turn protocol: every training reference appears a second time after the
+    multi-turn prompt for this many turns, answered with SUBMIT and the solution (what the agent reads
+    as submit_solution). 0 = single-turn examples only. Without it a warm-started model answers a
+    multi-turn prompt in the single-turn format, which the agent reads as execute_sql, and never submits
+    (results/2026-11-29-debug-curriculum-gpu: 73 of 73 ran out of turns)."""
 
 
 @dataclass(frozen=True)
@@ -410,6 +416,10 @@ def sft_from_dict(raw: Any, source: str = "<dict>") -> SFTConfig:
     need(s.lr > 0, f"sft.lr = {s.lr}: the warm start needs a positive learning rate")
     need(s.max_grad_norm > 0, "sft.max_grad_norm must be > 0")
     need(s.warmup_steps >= 0, "sft.warmup_steps must be >= 0")
+    need(
+        s.submit_turns == 0 or s.submit_turns >= 2,
+        f"sft.submit_turns = {s.submit_turns}: 0 (single-turn examples only) or the multi-turn budget, >= 2",
+    )
     return s
 
 

@@ -4,7 +4,8 @@ Each example is one training-split debugging task (`data.kind = "debug"`): the p
 single-turn prompt the agent builds (`debugagent.build_debug_messages`, rendered with the model's chat
 template by `prompts.ChatFormat`), the target is the reference solution written as the agent's
 single-turn answer (one ```sql block per solution entry) followed by the chat template's end-of-turn
-token. Cross-entropy is taken on the target tokens only (prompt and padding are masked), averaged over
+token. With `sft.submit_turns` = T >= 2 every reference appears a second time after the multi-turn
+prompt for T turns, answered "SUBMIT" + the same blocks (the agent's submit_solution). Cross-entropy is taken on the target tokens only (prompt and padding are masked), averaged over
 all target tokens of an optimizer step.
 
 Guarantees:
@@ -13,7 +14,8 @@ Guarantees:
   (`check_training_references`; a violation is a `ValueError` before any model is loaded). The
   validation references (private gold data) never reach the optimizer.
 - Every target round-trips: decoding its token ids and parsing them with `parse_debug_action` (the
-  single-turn parser) gives back the reference submission; examples that do not, or that exceed the
+  single-turn parser, or the multi-turn one for the SUBMIT format, which must also read
+  submit_solution) gives back the reference submission; examples that do not, or that exceed the
   agent's budgets (`max_new_tokens` for the answer, `max_context_tokens` in all), are dropped and
   counted in run.json (never silently truncated).
 - Run folder as `sqlrl train`: config.json (resolved run config + [sft]), run.json (provenance, base and
@@ -104,41 +106,58 @@ def _completion_tail(chat, messages: list[dict], target: str) -> str:
     return after[:best] if best is not None else ""
 
 
-def build_sft_examples(tasks, tokenizer, budgets) -> tuple[list[dict], dict]:
-    """Tokenized examples {task_id, category, prompt_ids, target_ids} and the drop counts by reason."""
-    from sqlrl.debugagent import build_debug_messages, parse_debug_action
+def build_sft_examples(tasks, tokenizer, budgets, submit_turns: int = 0) -> tuple[list[dict], dict]:
+    """Tokenized examples {task_id, category, format, prompt_ids, target_ids} and the drop counts by
+    reason. Format "single": the single-turn prompt and answer. With `submit_turns` >= 2, also format
+    "submit": the multi-turn prompt for that many turns, answered with SUBMIT and the same sql blocks
+    (its drop reasons are prefixed "submit:"); both must parse back to the reference submission."""
+    from sqlrl.debugagent import ACTION_SUBMIT, build_debug_messages, parse_debug_action
     from sqlrl.prompts import ChatFormat
 
     if budgets.turns != 1:
         raise ConfigError(
             f"agent.turns = {budgets.turns}: the warm start trains the single-turn answer format; "
-            "set agent.turns = 1 (e.g. --set agent.turns=1)"
+            "set agent.turns = 1 (e.g. --set agent.turns=1) and sft.submit_turns for the multi-turn one"
         )
+    formats = [("single", budgets, "")]
+    if submit_turns:
+        if budgets.max_sql_executions < 1:
+            raise ConfigError("sft.submit_turns needs agent.max_sql_executions >= 1 (the multi-turn prompt)")
+        formats.append(("submit", dataclasses.replace(budgets, turns=submit_turns), "SUBMIT\n"))
     chat = ChatFormat(tokenizer)
     examples, dropped = [], Counter()
-    for t in tasks:
-        messages = build_debug_messages(t.public, budgets)
-        target = sft_target_text(t)
-        if not target:
-            dropped["no_reference"] += 1
-            continue
-        prompt_ids = chat.prompt_ids(messages)
-        tail = _completion_tail(chat, messages, target)
-        target_ids = chat.encode(target) + (chat.encode(tail) if tail else [tokenizer.eos_token_id])
-        text = tokenizer.decode(target_ids, skip_special_tokens=True)
-        act = parse_debug_action(text, multi_turn=False, category=t.category)
-        if act.submission != expected_submission(t):
-            dropped["format_roundtrip"] += 1
-            continue
-        if len(target_ids) > budgets.max_new_tokens:
-            dropped["answer_over_max_new_tokens"] += 1
-            continue
-        if len(prompt_ids) + len(target_ids) > budgets.max_context_tokens:
-            dropped["over_max_context_tokens"] += 1
-            continue
-        examples.append(
-            {"task_id": t.task_id, "category": t.category, "prompt_ids": prompt_ids, "target_ids": target_ids}
-        )
+    for fmt, b, prefix in formats:
+        why = "" if fmt == "single" else f"{fmt}:"
+        for t in tasks:
+            messages = build_debug_messages(t.public, b)
+            target = sft_target_text(t)
+            if not target:
+                dropped[why + "no_reference"] += 1
+                continue
+            target = prefix + target
+            prompt_ids = chat.prompt_ids(messages)
+            tail = _completion_tail(chat, messages, target)
+            target_ids = chat.encode(target) + (chat.encode(tail) if tail else [tokenizer.eos_token_id])
+            text = tokenizer.decode(target_ids, skip_special_tokens=True)
+            act = parse_debug_action(text, multi_turn=b.turns > 1, category=t.category)
+            if act.kind != ACTION_SUBMIT or act.submission != expected_submission(t):
+                dropped[why + "format_roundtrip"] += 1
+                continue
+            if len(target_ids) > b.max_new_tokens:
+                dropped[why + "answer_over_max_new_tokens"] += 1
+                continue
+            if len(prompt_ids) + len(target_ids) > b.max_context_tokens:
+                dropped[why + "over_max_context_tokens"] += 1
+                continue
+            examples.append(
+                {
+                    "task_id": t.task_id,
+                    "category": t.category,
+                    "format": fmt,
+                    "prompt_ids": prompt_ids,
+                    "target_ids": target_ids,
+                }
+            )
     return examples, dict(dropped)
 
 
@@ -263,7 +282,7 @@ def train_sft(
     device, gen_dtype = _device_and_dtypes(cfg)
     model, tokenizer, base_name, base_identity = load_trainable(cfg, device, gen_dtype, policy_factory)
 
-    examples, dropped = build_sft_examples(tasks, tokenizer, budgets)
+    examples, dropped = build_sft_examples(tasks, tokenizer, budgets, sft.submit_turns)
     if not examples:
         raise ValueError(f"no usable SFT examples among {len(tasks)} training tasks (dropped: {dropped})")
     sampler = TaskSampler(len(examples), seed)
@@ -316,6 +335,7 @@ def train_sft(
         "train_tasks": len(tasks),
         "examples": len(examples),
         "examples_per_category": dict(Counter(e["category"] for e in examples)),
+        "examples_per_format": dict(Counter(e["format"] for e in examples)),
         "dropped": dropped,
         "budgets": budgets.to_dict(),
         "resumed_from_step": start_step if resume else None,

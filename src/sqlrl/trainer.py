@@ -356,7 +356,7 @@ def _oom_message(step: int, n: int, keep: int, g, retries: int = 0) -> str:
 MEMORY_ONLY_KEYS = {("grpo", "micro_batch"), ("grpo", "micro_batch_logit_tokens")}
 # settings added after run folders were first written, with the value that behaves as before they
 # existed: a saved config without one of them is read as having that value (so older runs resume)
-ADDED_KEYS = {("grpo", "dynamic_sampling_rounds"): 0}
+ADDED_KEYS = {("grpo", "dynamic_sampling_rounds"): 0, ("sft", "submit_turns"): 0}
 
 
 def config_changes(saved: dict, mine: dict) -> tuple[list[str], list[str]]:
