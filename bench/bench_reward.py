@@ -52,6 +52,9 @@ Floor (after each round, one process, skip with `--no-floor`): the naive steps t
 avoid, run bare on already-open read-only connections without statement cache, sandbox, limits or IPC:
 each distinct prediction of a run and, where it executed and contains DISTINCT, its DISTINCT-free
 variant (the test-suite metric). "best ratio possible" = naive per pair / (bare per pair / 2 cores).
+The same executions are also timed through the sandbox's hardened path in this process
+(`hardened_exec`: pre-check + `_run_one`, the worker's code without IPC or scoring): the best ratio
+possible while keeping the hardening, with every other cost (IPC, scoring, the parent) at zero.
 """
 
 from __future__ import annotations
@@ -180,7 +183,27 @@ def bare_exec(conns: dict, db_path: str, sql: str | None) -> tuple[float, bool]:
     return time.perf_counter() - t0, ok
 
 
-def floor_round(pairs, conns: dict, floor: dict, runs: list[int] | None = None) -> None:
+def hardened_exec(hard: dict, db_path: str, sql: str | None) -> tuple[float, bool]:
+    """Seconds to run `sql` as a sandbox worker does (pre-check, then `_run_one`: the hardened read-only
+    connection with authorizer, setlimits, progress-handler deadline, capped fetch), but in this process:
+    no IPC, no scoring, no process-level memory limits. `hard` holds the worker state: {"conns",
+    "cfg", "deadline"}; each database is opened untimed on first use, as `bare_exec` does."""
+    from sqlrl.sandbox import SQLResult, _precheck, _run_one
+
+    conns, cfg, deadline = hard["conns"], hard["cfg"], hard["deadline"]
+    if db_path not in conns:
+        _run_one(conns, cfg, deadline, db_path, "SELECT * FROM sqlite_master", 5.0)
+    t0 = time.perf_counter()
+    pre = _precheck(sql or "", cfg["max_sql_chars"])
+    ok = False
+    if not isinstance(pre, SQLResult):
+        ok = _run_one(conns, cfg, deadline, db_path, pre, 5.0)[0] == "ok"
+    return time.perf_counter() - t0, ok
+
+
+def floor_round(
+    pairs, conns: dict, floor: dict, runs: list[int] | None = None, hard: dict | None = None
+) -> None:
     """Single-process costs of one round's pairs for the floor analysis: the naive steps, and the bare
     executions that ours cannot avoid: each distinct prediction and, where it executed and contains
     DISTINCT, its DISTINCT-free variant (the test-suite metric), on warm open connections."""
@@ -198,10 +221,14 @@ def floor_round(pairs, conns: dict, floor: dict, runs: list[int] | None = None) 
         seen.add(key)
         dt, ok = bare_exec(conns, task.public.db_path, p)
         floor["pred"] = floor.get("pred", 0.0) + dt
+        if hard is not None:
+            floor["hard"] = floor.get("hard", 0.0) + hardened_exec(hard, task.public.db_path, p)[0]
         v = remove_distinct(p) if (ok and p) else p
         if ok and v != p and (task.public.db_path, v) not in seen:
             seen.add((task.public.db_path, v))
             floor["variant"] = floor.get("variant", 0.0) + bare_exec(conns, task.public.db_path, v)[0]
+            if hard is not None:
+                floor["hard"] = floor.get("hard", 0.0) + hardened_exec(hard, task.public.db_path, v)[0]
     floor["pairs"] = floor.get("pairs", 0) + len(pairs)
 
 
@@ -374,6 +401,11 @@ def main(argv: list[str] | None = None) -> int:
         for t, _ in real:
             gold_shape(t.gold_sql)
         floor_conns: dict = {}
+        from collections import OrderedDict
+
+        from sqlrl.sandbox import _Deadline
+
+        floor_hard = {"conns": OrderedDict(), "cfg": dict(sb._cfg), "deadline": _Deadline()}
 
         def workload_c(_: list) -> list:
             return list(real)
@@ -443,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
                 for s_ in cold:
                     s_.close()
                 if not args.no_floor:
-                    floor_round(pairs, floor_conns, floor, runs)
+                    floor_round(pairs, floor_conns, floor, runs, floor_hard)
                 for mode in ("cold", "steady"):
                     identical[mode] += sum(
                         a.to_dict() == b.to_dict() for a, b in zip(got[mode], got[mode + "_off"])
@@ -470,6 +502,10 @@ def main(argv: list[str] | None = None) -> int:
                     "bare_variant_us_per_pair": round(floor.get("variant", 0.0) / floor["pairs"] * 1e6, 1),
                     "max_ratio_2_cores": round(naive_us / (bare / 2), 2) if bare > 0 else None,
                 }
+                hard_us = floor.get("hard", 0.0) / floor["pairs"] * 1e6
+                if hard_us > 0:
+                    fl["hardened_us_per_pair"] = round(hard_us, 1)
+                    fl["max_ratio_2_cores_hardened"] = round(naive_us / (hard_us / 2), 2)
             res = {
                 "rounds": n_rounds,
                 "pairs_per_round": n_pairs // n_rounds,
@@ -587,6 +623,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"  {'':<40} best ratio possible on 2 cores (zero overhead, "
                 f"perfect split) {f['max_ratio_2_cores']}x"
             )
+            if f.get("hardened_us_per_pair"):
+                print(
+                    f"  {'':<40} the same executions through the sandbox's hardened path (pre-check, "
+                    f"authorizer, limits, deadline, capped fetch; in one process, no IPC, no scoring) "
+                    f"{f['hardened_us_per_pair']:.0f} us/pair: best ratio possible with it "
+                    f"{f['max_ratio_2_cores_hardened']}x"
+                )
     return 0
 
 
