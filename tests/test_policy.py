@@ -135,6 +135,54 @@ def test_sampling_seeded(tiny):
     assert all(len(g.token_ids) == len(g.logprobs) for g in a)
 
 
+@pytest.mark.parametrize("engine", ["fast", "static", "hf"])
+def test_generation_out_of_memory_retries_with_half_the_batch(tiny, monkeypatch, engine):
+    """A simulated CUDA out-of-memory error for batches over 2 sequences: the call is redone with 4,
+    then 2 per batch, gives exactly what a policy built with 2 per batch gives (same sampling draws), and
+    the smaller batch is kept and recorded. Under 1 sequence per batch it stops with a clear message."""
+    import torch
+
+    from sqlrl import fastgen, staticgen
+    from sqlrl.policy import HFPolicy
+
+    _fastgen_or_skip()
+    model, tok = tiny
+    prompts = _prompts(tok) * 2  # 8 prompts
+    attr = "batch_size" if engine == "hf" else "max_batch"
+    fn_name = {
+        "fast": (fastgen, "generate_fast"),
+        "static": (staticgen, "generate_static"),
+        "hf": (fastgen, "generate_reference"),
+    }[engine]
+    real = getattr(*fn_name)
+    calls = []
+
+    def flaky(model_, prompts_, **kw):
+        size = kw.get("max_batch", kw.get("batch_size"))
+        calls.append(size)
+        if size > limit[0]:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(model_, prompts_, **kw)
+
+    limit = [2]
+    monkeypatch.setattr(*fn_name, flaky)
+    pol = HFPolicy(model, tok, engine=engine, **{attr: 8})
+    got = pol.generate(prompts, max_new_tokens=6, temperature=1.0, seed=3)
+    assert calls == [8, 4, 2] and getattr(pol, attr) == 2
+    assert pol.memory_adjustments == [{"engine": engine, attr: 4}, {"engine": engine, attr: 2}]
+    ref = HFPolicy(model, tok, engine=engine, **{attr: 2}).generate(
+        prompts, max_new_tokens=6, temperature=1.0, seed=3
+    )
+    assert [g.token_ids for g in got] == [g.token_ids for g in ref]
+    calls.clear()
+    pol.generate(prompts, max_new_tokens=6, temperature=1.0, seed=3)
+    assert calls == [2]  # the smaller batch is kept
+    limit[0] = 0  # nothing fits any more
+    with pytest.raises(RuntimeError, match="one sequence at a time"):
+        pol.generate(prompts, max_new_tokens=6, temperature=1.0, seed=3)
+    assert calls[-2:] == [2, 1] and model.training is False
+
+
 def test_from_loaded_model(tiny, tmp_path, monkeypatch):
     from sqlrl.models import cache_model, load_model
     from sqlrl.policy import HFPolicy

@@ -651,3 +651,32 @@ def test_a_setting_added_later_does_not_block_resuming_an_older_run():
     assert config_changes(before, {"grpo": {"lr": 1e-6, "dynamic_sampling_rounds": 0}}) == ([], [])
     blocking, _ = config_changes(before, {"grpo": {"lr": 1e-6, "dynamic_sampling_rounds": 2}})
     assert blocking == ["grpo.dynamic_sampling_rounds"]  # a different behaviour is still a change
+
+
+def test_out_of_memory_in_generation_retries_with_half_the_batch(tmp_path, monkeypatch):
+    """The first rollout generation of the run runs out of GPU memory (simulated): the step goes on with
+    half the batch, and steps.jsonl / run.json record it."""
+    import torch
+
+    from sqlrl import fastgen
+    from sqlrl.trainer import train
+
+    real = fastgen.generate_fast
+    seen = []
+
+    def flaky(model, prompts, **kw):
+        seen.append(kw["max_batch"])
+        if len(seen) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(model, prompts, **kw)
+
+    monkeypatch.setattr(fastgen, "generate_fast", flaky)
+    run = tmp_path / "genoom"
+    train(tiny_cfg(steps=2), run, policy_factory=tiny_factory, evaluator_factory=Alternating, progress=False)
+    s1, s2 = steps(run)
+    assert seen[0] > seen[1] == min(seen[0], 8) // 2  # 2 tasks x 4 samples = 8 prompts in the first call
+    assert s1["gen_oom_retries"] == 1 and s2["gen_oom_retries"] == 0
+    assert s1["gen_max_batch_used"] == s2["gen_max_batch_used"] == seen[1]
+    info = json.loads((run / "run.json").read_text())
+    assert info["generation_memory_adjustments"] == [{"engine": "fast", "max_batch": seen[1]}]
+    assert s1["grad_norm"] > 0  # the step trained as usual

@@ -15,6 +15,10 @@ Guarantees
   ``tokenizer.decode(token_ids, skip_special_tokens=True)``.
 * ``HFPolicy.generate`` runs the model in eval mode under ``torch.no_grad`` and restores the previous
   train/eval mode afterwards.
+* ``HFPolicy.generate`` that runs out of GPU memory is redone with half the batch (``max_batch``, or
+  ``batch_size`` for ``"hf"``), down to one sequence; the smaller batch is kept and each change is
+  appended to ``memory_adjustments``. The sampling draws do not depend on the batch; the logits can
+  differ in the last bits with the batch composition (bfloat16).
 * ``HFPolicy.identity`` is the weights hash given at construction (or computed); it is *not*
   recomputed automatically when the weights change: call ``refresh_identity()`` (or assign it).
 * ``OpenAIPolicy`` raises ``PolicyInfraError`` (the agent's class, ``sqlrl.agent.PolicyInfraError``)
@@ -137,6 +141,7 @@ class HFPolicy:
         self.engine = engine
         self.batch_size = int(batch_size)
         self.max_batch = int(max_batch)
+        self.memory_adjustments: list[dict] = []  # batch sizes lowered after out-of-memory errors
         self.name = (
             name or getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__
         )
@@ -182,17 +187,27 @@ class HFPolicy:
         was_training = bool(getattr(self.model, "training", False))
         self.model.eval()
         try:
-            with torch.no_grad():
-                if self.engine == "static":
-                    from sqlrl import staticgen
+            while True:  # once, unless the GPU runs out of memory (then again with smaller batches)
+                try:
+                    with torch.no_grad():
+                        if self.engine == "static":
+                            from sqlrl import staticgen
 
-                    raw = staticgen.generate_static(self.model, prompts, max_batch=self.max_batch, **common)
-                elif self.engine == "fast":
-                    raw = fastgen.generate_fast(self.model, prompts, max_batch=self.max_batch, **common)
-                else:
-                    raw = fastgen.generate_reference(
-                        self.model, prompts, batch_size=self.batch_size, **common
-                    )
+                            raw = staticgen.generate_static(
+                                self.model, prompts, max_batch=self.max_batch, **common
+                            )
+                        elif self.engine == "fast":
+                            raw = fastgen.generate_fast(
+                                self.model, prompts, max_batch=self.max_batch, **common
+                            )
+                        else:
+                            raw = fastgen.generate_reference(
+                                self.model, prompts, batch_size=self.batch_size, **common
+                            )
+                    break
+                except torch.OutOfMemoryError:
+                    pass  # handled below, outside the except block, so that its frames free their tensors
+                self._halve_batch(len(prompts))
         finally:
             if was_training:
                 self.model.train()
@@ -210,6 +225,35 @@ class HFPolicy:
                 )
             )
         return out
+
+    def _halve_batch(self, n_prompts: int) -> None:
+        """After an out-of-memory error in generation: drop the static engine's cache, free the CUDA cache
+        and halve the batch (kept for the rest of this policy's life, recorded in
+        ``memory_adjustments``). Sampling draws depend on (seed, prompt index, step), not on the batch,
+        so the retry draws the same random numbers. Raises RuntimeError when the batch is already 1."""
+        import sys
+
+        from sqlrl.trainer import free_memory
+
+        if self.engine == "static":
+            from sqlrl import staticgen
+
+            staticgen.release(self.model)
+        free_memory()
+        attr = "batch_size" if self.engine == "hf" else "max_batch"
+        size = min(getattr(self, attr), n_prompts)
+        if size <= 1:
+            raise RuntimeError(
+                f"generation ran out of GPU memory with one sequence at a time ({self.engine} engine): "
+                "lower agent.max_new_tokens / agent.max_context_tokens, or use a smaller model"
+            )
+        setattr(self, attr, max(1, size // 2))
+        self.memory_adjustments.append({"engine": self.engine, attr: getattr(self, attr)})
+        print(
+            f"sqlrl: generation ran out of GPU memory at {size} sequences per batch; retrying with "
+            f"{getattr(self, attr)} (run.gen_max_batch; kept from now on)",
+            file=sys.stderr,
+        )
 
 
 def _policy_eos(model: Any, tokenizer: Any) -> list[int]:

@@ -18,7 +18,9 @@ Guarantees:
 - Memory: the update runs in passes (`grpo.micro_batch`, `grpo.micro_batch_logit_tokens`) that only
   split the step's sum; a pass that runs out of GPU memory makes the trainer redo that step's update
   with a halved logit-token cap (recorded; a single trajectory that does not fit stops the run with a
-  message naming the settings). An out-of-memory error during rollout generation is not retried.
+  message naming the settings). Rollout generation that runs out of GPU memory is redone with half the
+  batch (`HFPolicy`; `gen_oom_retries`, `gen_max_batch_used` in steps.jsonl,
+  `generation_memory_adjustments` in run.json; a resumed run starts again from `run.gen_max_batch`).
 - Dynamic sampling (`grpo.dynamic_sampling_rounds` > 0, DAPO): groups whose rewards are all equal are
   dropped from the update and replaced from extra rollout rounds on fresh tasks (at most that many
   rounds; the update may still have fewer than `prompts_per_step` groups). The step's reward, accuracy
@@ -613,6 +615,7 @@ def train(
                 )
                 break
             t0 = time.perf_counter()
+            gen_adjustments_before = len(policy.memory_adjustments)
             train_model.eval()
             policy.identity = f"{base_identity}@{out.name}:step{step - 1}"
             t_roll = 0.0
@@ -797,6 +800,8 @@ def train(
                 "trained_tokens": int(tok_sum),
                 "oom_retries": oom_retries,
                 "micro_batch_logit_tokens_used": logit_cap,
+                "gen_oom_retries": len(policy.memory_adjustments) - gen_adjustments_before,
+                "gen_max_batch_used": policy.max_batch,
                 "gen_tokens": sum(tr.generated_tokens for tr in generated),
                 "mean_turns": sum(len(tr.turns) for tr in trajs) / len(trajs),
                 "time_rollout_s": round(t_roll, 3),
@@ -842,6 +847,7 @@ def train(
         {
             "status": "finished" if finished else "stopped",
             "memory_adjustments": earlier_adjustments + memory_adjustments,
+            "generation_memory_adjustments": list(policy.memory_adjustments),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "train_seconds": round(total_s, 2),
             "gpu_minutes": round(total_s / 60.0, 3) if device == "cuda" else None,
