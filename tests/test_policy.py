@@ -178,9 +178,10 @@ def test_generation_out_of_memory_retries_with_half_the_batch(tiny, monkeypatch,
     pol.generate(prompts, max_new_tokens=6, temperature=1.0, seed=3)
     assert calls == [2]  # the smaller batch is kept
     limit[0] = 0  # nothing fits any more
+    mode = model.training
     with pytest.raises(RuntimeError, match="one sequence at a time"):
         pol.generate(prompts, max_new_tokens=6, temperature=1.0, seed=3)
-    assert calls[-2:] == [2, 1] and model.training is False
+    assert calls[-2:] == [2, 1] and model.training is mode  # train/eval mode restored
 
 
 def test_from_loaded_model(tiny, tmp_path, monkeypatch):
