@@ -111,7 +111,8 @@ PY
     # Rerun the same command (with the same carry) until both experiments are finished.
     # GO_TURNS="3" runs only the 3-turn matrix; GO_BENCH=0 skips the benchmark (engine static);
     # GO_CURRICULUM=0 skips the debugging curriculum that follows the last matrix; GO_MATRIX=0 skips the
-    # matrices (the curriculum alone).
+    # matrices (the curriculum alone); GO_CUR_ARGS adds `sqlrl curriculum` arguments, e.g.
+    # GO_CUR_ARGS="--set sft.submit_turns=3 --set grpo.dynamic_sampling_rounds=3".
     dest=$1; end=$((SECONDS + ${2:-570}))
     cp "$PARTS"/part* "$PARTS/MANIFEST" "$S/parts/" 2>/dev/null || true
     [ -d "$S/tree/src" ] || bash scripts/gpu.sh tree
@@ -147,7 +148,9 @@ PY
     if [ "${GO_CURRICULUM:-1}" = 1 ] && { [ -z "$turns" ] || finished "$last"; }; then
       left=$((end - SECONDS - 30))
       if [ "$left" -ge 180 ]; then
-        rc=0; bash scripts/gpu.sh curriculum "$left" >> "$dest/cur.log" 2>&1 || rc=$?; echo "curriculum: exit $rc"
+        # GO_CUR_ARGS: extra `sqlrl curriculum` arguments, e.g. "--set sft.submit_turns=3" (no spaces inside one)
+        # shellcheck disable=SC2086
+        rc=0; bash scripts/gpu.sh curriculum "$left" ${GO_CUR_ARGS:-} >> "$dest/cur.log" 2>&1 || rc=$?; echo "curriculum: exit $rc"
         grep -v "it/s\]\|s/it\]\|s/step\]" "$dest/cur.log" | tail -4 || true
       fi
     fi
