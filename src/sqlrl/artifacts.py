@@ -119,6 +119,10 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
 ARCHIVE_COMMIT_FILE = ".sqlrl_commit"  # at the root of a tree unpacked from a `git archive`
 
 
+def _is_commit(sha: str) -> bool:
+    return len(sha) == 40 and all(c in "0123456789abcdef" for c in sha)
+
+
 def git_commit(cwd: str | os.PathLike | None = None) -> dict:
     """The commit of the sqlrl checkout (if any) and whether the tree was dirty. A tree unpacked from a
     `git archive` (no .git, e.g. on the GPU machine) has no checkout: then the commit comes from
@@ -140,7 +144,7 @@ def git_commit(cwd: str | os.PathLike | None = None) -> dict:
         f = d / ARCHIVE_COMMIT_FILE
         if f.is_file():
             sha = f.read_text().strip()
-            if len(sha) == 40 and all(c in "0123456789abcdef" for c in sha):
+            if _is_commit(sha):
                 return {"commit": sha, "dirty": None, "source": "git archive"}
     return {"commit": None, "dirty": None}
 
@@ -155,7 +159,7 @@ def archive_commit(path: str | os.PathLike) -> str | None:
             sha = t.pax_headers.get("comment", "")
     except (OSError, tarfile.TarError):
         return None
-    return sha if len(sha) == 40 and all(c in "0123456789abcdef" for c in sha) else None
+    return sha if _is_commit(sha) else None
 
 
 def machine_info() -> dict:
