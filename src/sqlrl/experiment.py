@@ -143,11 +143,13 @@ def run_experiment(
                 "the same config to resume, or use a new --out folder"
             )
         # memory-only settings (how an update is split into passes) may change on resume, e.g. after
-        # running out of GPU memory; each resumed arm records the change in its own run.json too
-        print(f"[experiment] resuming with {memory}", file=sys.stderr)
-        state.setdefault("resume_changes", []).append(
-            {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": memory}
-        )
+        # running out of GPU memory; each resumed arm records the change in its own run.json too. (None
+        # when the configs differ only by a setting added since, at its old behaviour: `ADDED_KEYS`.)
+        if memory:
+            print(f"[experiment] resuming with {memory}", file=sys.stderr)
+            state.setdefault("resume_changes", []).append(
+                {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": memory}
+            )
     state.update(
         {
             "name": exp.name,
