@@ -226,6 +226,11 @@ class HFPolicy:
             )
         return out
 
+    @property
+    def batch_attr(self) -> str:
+        """The batch-size attribute this engine uses: ``batch_size`` for ``"hf"``, else ``max_batch``."""
+        return "batch_size" if self.engine == "hf" else "max_batch"
+
     def _halve_batch(self, n_prompts: int) -> None:
         """After an out-of-memory error in generation: drop the static engine's cache, free the CUDA cache
         and halve the batch (kept for the rest of this policy's life, recorded in
@@ -240,7 +245,7 @@ class HFPolicy:
 
             staticgen.release(self.model)
         free_memory()
-        attr = "batch_size" if self.engine == "hf" else "max_batch"
+        attr = self.batch_attr
         size = min(getattr(self, attr), n_prompts)
         if size <= 1:
             raise RuntimeError(

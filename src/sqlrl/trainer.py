@@ -801,7 +801,7 @@ def train(
                 "oom_retries": oom_retries,
                 "micro_batch_logit_tokens_used": logit_cap,
                 "gen_oom_retries": len(policy.memory_adjustments) - gen_adjustments_before,
-                "gen_max_batch_used": policy.max_batch,
+                "gen_max_batch_used": getattr(policy, policy.batch_attr),
                 "gen_tokens": sum(tr.generated_tokens for tr in generated),
                 "mean_turns": sum(len(tr.turns) for tr in trajs) / len(trajs),
                 "time_rollout_s": round(t_roll, 3),
