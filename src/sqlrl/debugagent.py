@@ -462,19 +462,17 @@ def score_debug_trajectories(
             tr.extra["scoring_error"] = f"{type(e).__name__}: {e}"
             return _infra(str(e)), True
 
+    from concurrent.futures import ThreadPoolExecutor
+
     n = max(1, min(len(trajs), threads or min(8, os.cpu_count() or 1)))
     scored: list[tuple[dict, bool] | None] = [None] * len(trajs)
     try:
-        with ReferenceStates(timeout_s) as refs:
-            if n == 1:
-                for k, (tr, task) in enumerate(zip(trajs, tasks)):
-                    scored[k] = score_one(tr, task, refs)
-            else:
-                from concurrent.futures import ThreadPoolExecutor
-
-                with ThreadPoolExecutor(n, thread_name_prefix="sqlrl-debugscore") as ex:
-                    for k, got in enumerate(ex.map(score_one, trajs, tasks, [refs] * len(trajs))):
-                        scored[k] = got
+        with (
+            ReferenceStates(timeout_s) as refs,
+            ThreadPoolExecutor(n, thread_name_prefix="sqlrl-debugscore") as ex,
+        ):
+            for k, got in enumerate(ex.map(score_one, trajs, tasks, [refs] * len(trajs))):
+                scored[k] = got
     finally:
         for tr, got in zip(trajs, scored):
             r, infra = got if got is not None else (_infra("scoring did not finish"), True)
