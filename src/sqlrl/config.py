@@ -142,8 +142,9 @@ class GRPOConfig:
     about this many x vocabulary floats, so long multi-turn trajectories get smaller micro-batches;
     e.g. 16384 x 151,936 (Qwen vocabulary) x 4 bytes = 10 GB. A single longer trajectory still runs alone.
     If a pass runs out of GPU memory anyway, the trainer redoes that step's update with the failing pass's
-    size halved as the cap (kept for the rest of the run, after a resume too unless the resume sets a cap; `oom_retries` and `micro_batch_logit_tokens_used`
-    in steps.jsonl, `memory_adjustments` in run.json); only a single trajectory that does not fit stops it."""
+    size halved as the cap (kept for the rest of the run, after a resume too unless the resume sets a
+    cap; `oom_retries` and `micro_batch_logit_tokens_used` in steps.jsonl, `memory_adjustments` in
+    run.json); only a single trajectory that does not fit stops it."""
     temperature: float = 1.0
     """Sampling temperature for rollouts."""
     top_p: float = 1.0

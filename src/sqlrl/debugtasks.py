@@ -29,8 +29,8 @@ Test cases
 ----------
 Each test case is one SELECT run on a connection to the state database, with the REFERENCE end state
 attached as schema `ref`. The reference end state is built by `run_tests` on a separate temporary
-copy of the original database (or taken from a `ReferenceStates`, which builds it once per task): preprocess SQL, then the reference solution applied with the same
-`apply_submission` rule (so for query tasks `ref.__reference` holds the gold result with the
+copy of the original database (or taken from a `ReferenceStates`, which builds it once per task):
+preprocess SQL, then the reference solution applied with the same `apply_submission` rule (so for query tasks `ref.__reference` holds the gold result with the
 `__pos, c0, ...` layout; for other tasks `ref.<table>` is the intended end state). A test PASSES iff
 it returns exactly one row holding exactly one value equal to 1; an SQL error, no row, several rows
 or any other value is a FAIL. Query tasks have tests: same column count, same multiset of rows

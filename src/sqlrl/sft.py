@@ -5,8 +5,9 @@ single-turn prompt the agent builds (`debugagent.build_debug_messages`, rendered
 template by `prompts.ChatFormat`), the target is the reference solution written as the agent's
 single-turn answer (one ```sql block per solution entry) followed by the chat template's end-of-turn
 token. With `sft.submit_turns` = T >= 2 every reference appears a second time after the multi-turn
-prompt for T turns, answered "SUBMIT" + the same blocks (the agent's submit_solution). Cross-entropy is taken on the target tokens only (prompt and padding are masked), averaged over
-all target tokens of an optimizer step.
+prompt for T turns, answered "SUBMIT" + the same blocks (the agent's submit_solution). Cross-entropy
+is taken on the target tokens only (prompt and padding are masked), averaged over all target tokens
+of an optimizer step.
 
 Guarantees:
 - Only training references are used: every task must carry `data.train_split`, `data.train_split` must
