@@ -369,3 +369,82 @@ def test_evaluator_fast_paths_change_no_reward(dbs, tmp_path, monkeypatch):
             reward_mod.remove_distinct.cache_clear()
     assert slow == fast
     assert sum(r["parts"].get("test_suite_match") == 1.0 for r in fast) >= len(dbs) * len(GOLDS)
+
+
+class _BarrierGoldCache:
+    """A real GoldCache that records, per thread, the `resolved` dict each `get_many` call gets, and
+    holds each thread's first call at a barrier, so that both threads have started a `score_many`
+    before either looks up its gold variants."""
+
+    def __init__(self, gc, barrier):
+        self.gc, self.barrier, self.seen = gc, barrier, {}
+
+    def get_many(self, items, progress=False, resolved=None):
+        import threading
+
+        name = threading.current_thread().name
+        first = name not in self.seen
+        self.seen.setdefault(name, []).append(resolved)
+        if first:
+            self.barrier.wait(timeout=30)
+        return self.gc.get_many(items, progress=progress, resolved=resolved)
+
+    def get(self, db_path, sql):
+        return self.gc.get(db_path, sql)
+
+
+def test_evaluator_shared_by_threads_keeps_each_calls_state_apart(dbs, gc):
+    # veRL's reward workers and Agent Lightning's runners share one Evaluator across threads: a call's
+    # resolved-path dict must stay its own (before, a second thread's call replaced the first's), and
+    # the execution counter must add up
+    import threading
+
+    gold = "SELECT DISTINCT country FROM singer"  # has a DISTINCT-free variant: a second look-up
+    preds = ["SELECT DISTINCT country FROM singer", "SELECT country FROM singer", "SELECT nope FROM singer"]
+    barrier = threading.Barrier(2)
+    shared = Evaluator(CountingSandbox(), _BarrierGoldCache(gc, barrier))
+    out: dict = {}
+
+    def work(k):
+        out[k] = shared.score_many([(p, task(dbs[k], gold)) for p in preds])
+
+    threads = [threading.Thread(target=work, args=(k,), name=f"scorer{k}") for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    serial = Evaluator(CountingSandbox(), gc)
+    for k in range(2):
+        want = serial.score_many([(p, task(dbs[k], gold)) for p in preds])
+        assert [r.to_dict() for r in out[k]] == [r.to_dict() for r in want]
+    seen = shared.gold_cache.seen
+    assert sorted(seen) == ["scorer0", "scorer1"]
+    for calls in seen.values():
+        assert len(calls) >= 2 and all(c is calls[0] for c in calls)  # one dict per call, start to end
+    assert seen["scorer0"][0] is not seen["scorer1"][0]
+    assert shared.memo_stats()["executions"] == serial.memo_stats()["executions"]
+
+
+def test_evaluator_with_real_sandbox_shared_by_threads(dbs, gc):
+    # the whole stack under concurrent calls: the sandbox hands its idle workers to whichever call
+    # takes them, the gold cache locks; every thread gets exactly the serial rewards
+    import threading
+
+    pairs = [
+        (p, task(db, g)) for db in dbs for g in GOLDS[:4] for p in PREDS if p is None or "random" not in p
+    ]
+    with Sandbox(workers=2) as sb:
+        shared = Evaluator(sb, gc)
+        want = [r.to_dict() for r in Evaluator(sb, gc).score_many(pairs)]
+        got: dict = {}
+
+        def work(k):
+            got[k] = [r.to_dict() for r in shared.score_many(pairs[k::3])]
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    for k in range(3):
+        assert got[k] == want[k::3]

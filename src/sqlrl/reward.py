@@ -962,6 +962,11 @@ class Evaluator:
     Non-deterministic SQL (random(), the clock, ...) is scored every time. Nothing is kept between
     calls: the cross-call memo (LRU of sandbox results and rewards by database sha256) was removed,
     because it cost more than it saved (bench/bench_reward.py); `memo_cells` is accepted and ignored.
+
+    Threads may share one Evaluator (veRL's reward workers, Agent Lightning's runners): a call's state
+    lives in the calling thread and the counters (`memo_stats`) are updated under a lock. `Sandbox`
+    hands its idle workers to whichever concurrent call takes them and `GoldCache` locks, so the whole
+    stack gives each thread the rewards a serial call would (tests/test_reward_memo.py).
     """
 
     def __init__(
@@ -983,10 +988,27 @@ class Evaluator:
         self.dedup = int(memo_entries) > 0
         self.executions = 0  # statements sent to the sandbox (predictions and variants)
         self.duplicate_hits = 0  # pairs answered with a copy of an identical pair's reward
-        self._resolved: dict | None = None  # the current call's resolved database paths (`_gold_many`)
+        self._count_lock = threading.Lock()  # the counters above, when threads share this Evaluator
+        # per thread: the current call's resolved database paths (`_gold_many`), so that threads sharing
+        # one Evaluator (veRL's reward workers, Agent Lightning runners) never see each other's calls
+        self._call = threading.local()
+
+    @property
+    def _resolved(self) -> dict | None:
+        return getattr(self._call, "resolved", None)
+
+    @_resolved.setter
+    def _resolved(self, value: dict | None) -> None:
+        self._call.resolved = value
+
+    def _count(self, executions: int = 0, duplicate_hits: int = 0) -> None:
+        with self._count_lock:
+            self.executions += executions
+            self.duplicate_hits += duplicate_hits
 
     def memo_stats(self) -> dict:
-        return {"duplicate_hits": self.duplicate_hits, "executions": self.executions}
+        with self._count_lock:
+            return {"duplicate_hits": self.duplicate_hits, "executions": self.executions}
 
     def clear_memo(self) -> None:
         """Nothing to clear: no state is kept between calls (kept for API compatibility)."""
@@ -1019,7 +1041,7 @@ class Evaluator:
         `execute_many`; an exception becomes that item's `_InfraFailure` (scored as infra_error)."""
         if not items:
             return []
-        self.executions += len(items)
+        self._count(executions=len(items))
         many = getattr(self.sandbox, "execute_many", None)
         if many is not None and len(items) > 1:
             try:
@@ -1122,9 +1144,10 @@ class Evaluator:
             r = reusable.get(key)
             if r is not None:
                 out[i] = _copy_reward(r)
-                self.duplicate_hits += 1
             else:
                 redo.append(i)
+        if len(redo) < len(dups):
+            self._count(duplicate_hits=len(dups) - len(redo))
         if redo:
             for i, r in zip(redo, self.score_many([items[i] for i in redo])):
                 out[i] = r
@@ -1179,16 +1202,17 @@ class Evaluator:
                 raise RuntimeError("execute_scored: wrong number of results")
         except Exception:  # noqa: BLE001 - the parent-side path has its own per-pair failure handling
             return pending
+        executions = 0
         for p, g in zip(sent, got):
             if type(g) is tuple and len(g) == 5:
                 value, status, parts, memo_ok, n = g
-                self.executions += n
+                executions += n
                 r = Reward(value, status, parts)
                 out[p.i] = r
                 if memo_ok and p.key is not None:
                     reusable[p.key] = r
                 continue
-            self.executions += 1
+            executions += 1
             if type(g) is tuple:  # ("__error__", text): the scorer raised (a bug, or memory)
                 out[p.i] = Reward(None, "infra_error", {**base, "error": f"sandbox scorer: {g[-1]}"})
                 continue
@@ -1199,6 +1223,7 @@ class Evaluator:
                 out[p.i] = Reward(0.0, "timeout", {**fail, "sandbox_status": st, "message": msg})
             else:
                 out[p.i] = Reward(None, "infra_error", {**base, "sandbox_status": st, "message": msg})
+        self._count(executions=executions)
         return rest
 
     def _finish_pending(
