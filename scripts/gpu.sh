@@ -112,7 +112,8 @@ PY
     # GO_TURNS="3" runs only the 3-turn matrix; GO_BENCH=0 skips the benchmark (engine static);
     # GO_CURRICULUM=0 skips the debugging curriculum that follows the last matrix; GO_MATRIX=0 skips the
     # matrices (the curriculum alone); GO_CUR_ARGS adds `sqlrl curriculum` arguments, e.g.
-    # GO_CUR_ARGS="--set sft.submit_turns=3 --set grpo.dynamic_sampling_rounds=3".
+    # GO_CUR_ARGS="--set sft.submit_turns=3 --set grpo.dynamic_sampling_rounds=3"; GO_SEEDS="1 2" runs each
+    # matrix once per training seed (folders exp1s1, exp1s2, ...; the split stays the config's).
     dest=$1; end=$((SECONDS + ${2:-570}))
     cp "$PARTS"/part* "$PARTS/MANIFEST" "$S/parts/" 2>/dev/null || true
     [ -d "$S/tree/src" ] || bash scripts/gpu.sh tree
@@ -131,20 +132,25 @@ PY
     [ -s "$S/engine" ] || { bash scripts/gpu.sh engine "$S/bench_generate.json" 2>/dev/null || echo fast; } > "$S/engine"
     engine=$(cat "$S/engine"); echo "engine: $engine"
     turns=${GO_TURNS:-1 3}; [ "${GO_MATRIX:-1}" = 0 ] && turns=""
+    last=""
     for t in $turns; do
-      exp=exp$t
-      if finished "$exp"; then
-        echo "$exp finished"; continue
-      fi
-      left=$((end - SECONDS - 30)); [ "$left" -ge 120 ] || break
-      name=spider-$TAG-single-turn; [ "$t" = 1 ] || name=spider-$TAG-$t-turn
-      rc=0  # exit 3 = stopped at the time budget (resumable): keep going so that the results get packed
-      EXP=$exp bash scripts/gpu.sh experiment "$left" --set "experiment.name=\"$name\"" --set "experiment.turns=[$t]" \
-        --set "run.gen_engine=\"$engine\"" >> "$dest/$exp.log" 2>&1 || rc=$?; echo "$exp: exit $rc"
-      grep -v "it/s\]\|s/it\]\|s/step\]" "$dest/$exp.log" | tail -4 || true
+      # GO_SEEDS="1 2": one matrix per training seed (run.seed; same split), in exp${t}s1, exp${t}s2, ...
+      for seed in ${GO_SEEDS:-config}; do
+        exp=exp$t; name=spider-$TAG-single-turn; [ "$t" = 1 ] || name=spider-$TAG-$t-turn
+        seed_args=()
+        if [ "$seed" != config ]; then exp=exp${t}s$seed; name=$name-seed$seed; seed_args=(--set "run.seed=$seed"); fi
+        last=$exp
+        if finished "$exp"; then
+          echo "$exp finished"; continue
+        fi
+        left=$((end - SECONDS - 30)); [ "$left" -ge 120 ] || break 2
+        rc=0  # exit 3 = stopped at the time budget (resumable): keep going so that the results get packed
+        EXP=$exp bash scripts/gpu.sh experiment "$left" --set "experiment.name=\"$name\"" --set "experiment.turns=[$t]" \
+          --set "run.gen_engine=\"$engine\"" ${seed_args[@]+"${seed_args[@]}"} >> "$dest/$exp.log" 2>&1 || rc=$?; echo "$exp: exit $rc"
+        grep -v "it/s\]\|s/it\]\|s/step\]" "$dest/$exp.log" | tail -4 || true
+      done
     done
-    # then the debugging curriculum (GO_CURRICULUM=0 skips it), once both matrices are finished
-    last=exp$(echo ${GO_TURNS:-1 3} | awk '{print $NF}')
+    # then the debugging curriculum (GO_CURRICULUM=0 skips it), once every matrix is finished
     if [ "${GO_CURRICULUM:-1}" = 1 ] && { [ -z "$turns" ] || finished "$last"; }; then
       left=$((end - SECONDS - 30))
       if [ "$left" -ge 180 ]; then
@@ -154,7 +160,7 @@ PY
         grep -v "it/s\]\|s/it\]\|s/step\]" "$dest/cur.log" | tail -4 || true
       fi
     fi
-    dirs=$(cd "$S" && ls -d exp? cur debug 2>/dev/null || true)
+    dirs=$(cd "$S" && ls -d exp[0-9]* cur debug 2>/dev/null || true)
     [ -n "$dirs" ] && bash scripts/gpu.sh pack "$dest" $dirs > /dev/null
     ls "$dest" ;;
   pack)
