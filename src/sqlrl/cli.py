@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run the equal-budget arm matrix (Base, GRPO, No-update, validity-only)",
     ),
     "report": ("sqlrl.report", "apply the evidence gate to an experiment folder and write the report"),
+    "seeds": (
+        "sqlrl.seeds",
+        "one experiment matrix run with several training seeds: checks, per-seed and across-seed comparisons",
+    ),
     "export": (
         "sqlrl.checkpoint:cli_export",
         "export a checkpoint to Hugging Face format with its identity hash",
