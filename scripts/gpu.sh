@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # How the model and data reach the GPU machine, and the GPU runs, exactly as executed for results/.
-# The device machine has no network: the Qwen GGUF travels as 36 MiB parts (carried one per call into
+# The device machine has no network: the Qwen GGUF travels as 28 MiB parts (carried one per call into
 # a scratch folder outside the checkout), Spider as a .tgz, missing wheels (gguf, sqlglot) from .whl/.
-#   here:  bash ../shared/tools/parts.sh split qwen.gguf .stage/q50 36M   (part + the working tree, 22.4 MB
-#          tracked at the end of 2026-11-29, must fit 64 MiB: use smaller parts once the tree passes ~27 MB;
-#          14 parts; the folder name is kept). The 1.5B: .stage/q15, 30 parts of 36M, staged 2026-11-29.
+#   here:  bash ../shared/tools/parts.sh split qwen.gguf .stage/q50 28M   (part + the working tree must fit
+#          64 MiB: the tree was 31.6 MB after the sixth session, so 28M parts, 17 of them; 36M parts (14)
+#          until then; the folder name is kept). The 1.5B: .stage/q15, 39 parts of 28M.
 #          git archive --format=tar.gz -o .stage/tree.tgz HEAD -- . ':!results'   (committed code only)
 #          tar czf .stage/spider.tgz -C ../shared/data spider
 #          bash scripts/gpu.sh preflight   (sizes per call, parts' sha256, tree.tgz = HEAD; before any call)
@@ -29,7 +29,7 @@ preflight() {
   local limit=67108864 tree part last n extra ok=0
   tree=$(git ls-files -z -co --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
   n=$(ls "$PARTS"/part* 2>/dev/null | wc -l)
-  [ "$n" -gt 0 ] || { echo "preflight: no parts in $PARTS (bash ../shared/tools/parts.sh split GGUF $PARTS 36M)"; return 1; }
+  [ "$n" -gt 0 ] || { echo "preflight: no parts in $PARTS (bash ../shared/tools/parts.sh split GGUF $PARTS 28M)"; return 1; }
   part=$(ls -l "$PARTS"/part* | awk '{if ($5>m) m=$5} END {print m}')
   last=$(ls "$PARTS"/part* | tail -1)
   extra=$(du -cb "$last" "$PARTS/MANIFEST" .stage/spider.tgz .whl .stage/tree.tgz 2>/dev/null | tail -1 | cut -f1)
