@@ -44,6 +44,9 @@ Scorers, on the same pairs:
   the same `execution_match`, close. No sandbox, no cache, no test-suite metric.
 Printed: median pairs/s over the rounds for each, the ratio of medians and the per-round range, the
 verdict agreement (ours match == naive match wherever ours did not time out) and de-duplication counts.
+Where STEADY's time goes (Linux): CPU seconds per pair of the bench process (the Evaluator's parent side)
+and of the sandbox workers (summed over them, from /proc/PID/schedstat), over all rounds; on two cores the
+wall time per pair cannot be below half their sum.
 Every gold's shape (`gold_shape`, a sqlglot parse) is computed before the rounds, as part of the cached
 gold, for both scorers (before, whichever scorer went first in a round paid for it).
 
@@ -306,6 +309,37 @@ def time_ours(sb, gc, pairs, batch: int, runs: list[int] | None = None, **kw) ->
     return time.perf_counter() - t0, out, ev.memo_stats()
 
 
+def _proc_cpu_s(pid: int) -> float | None:
+    """CPU seconds of process `pid` (its main thread; the workers have no others): /proc/PID/schedstat's
+    time on the CPU (nanoseconds), else /proc/PID/stat's user + system ticks (10 ms resolution); None
+    elsewhere or when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cpu_snapshot(sb) -> tuple[float, dict]:
+    """(this process's CPU seconds, {worker pid: its CPU seconds}) for `sb`'s live workers."""
+    pids = [w.proc.pid for w in getattr(sb, "_all", []) if getattr(w, "proc", None) is not None]
+    return time.process_time(), {p: c for p in pids if (c := _proc_cpu_s(p)) is not None}
+
+
+def cpu_delta(sb, before: tuple[float, dict]) -> tuple[float, float]:
+    """(parent CPU seconds, workers' CPU seconds) since `before`; workers respawned meanwhile are not
+    counted (their pids changed)."""
+    parent = time.process_time() - before[0]
+    after = cpu_snapshot(sb)[1]
+    return parent, sum(after[p] - c for p, c in before[1].items() if p in after)
+
+
 def time_naive(pairs) -> tuple[float, list]:
     t0 = time.perf_counter()
     out = [naive_score(t.public.db_path, t.gold_sql, p) for t, p in pairs]
@@ -445,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
             memo = {}
             n_pairs = distinct = 0
             floor: dict = {}
+            cpu = {"parent": 0.0, "workers": 0.0, "wall": 0.0, "pairs": 0}
             for r in range(n_rounds):
                 pairs = make(take(n_tasks))
                 if name == "c":
@@ -468,7 +503,14 @@ def main(argv: list[str] | None = None) -> int:
                         off = who.endswith("_off")
                         s_ = (cold if mode == "cold" else steady)[1 if off else 0]
                         kw = {"memo_entries": 0} if off else {}
+                        snap = cpu_snapshot(s_) if who == "steady" else None
                         dt, got[who], st_ = time_ours(s_, gc, pairs, args.batch, runs, **kw)
+                        if snap is not None:  # where STEADY's time goes: CPU of the parent and the workers
+                            par, wrk = cpu_delta(s_, snap)
+                            cpu["parent"] += par
+                            cpu["workers"] += wrk
+                            cpu["wall"] += dt
+                            cpu["pairs"] += len(pairs)
                         if not off:
                             memo[mode] = st_
                     rows[who].append(len(pairs) / dt)
@@ -513,6 +555,13 @@ def main(argv: list[str] | None = None) -> int:
                 "naive_pairs_per_s": round(med["naive"], 1),
                 "floor": fl,
                 "cold_equals_steady": f"{cold_eq_steady}/{n_pairs}",
+                # STEADY (de-duplication on), all rounds: CPU per pair of the bench process (the parent)
+                # and of the sandbox workers (summed, /proc/PID/schedstat), and wall time
+                "steady_cpu_us_per_pair": {
+                    k: round(cpu[k] / cpu["pairs"] * 1e6, 1) for k in ("parent", "workers", "wall")
+                }
+                if cpu["pairs"]
+                else None,
             }
             for mode in ("cold", "steady"):
                 per_round = [o / n for o, n in zip(rows[mode], rows["naive"])]
@@ -606,6 +655,14 @@ def main(argv: list[str] | None = None) -> int:
             ):
                 print(f"  {tag + ' ' + label:<40} {text}")
         print(f"  {'rewards cold == steady':<40} {v['cold_equals_steady']}")
+        c_ = v.get("steady_cpu_us_per_pair")
+        if c_:
+            need = v["naive_pairs_per_s"] and 1e6 / v["naive_pairs_per_s"] / 10
+            print(
+                f"  {'STEADY CPU per pair, all rounds':<40} parent {c_['parent']:.0f} us + workers "
+                f"{c_['workers']:.0f} us (both cores: wall >= {(c_['parent'] + c_['workers']) / 2:.0f} us); "
+                f"measured wall {c_['wall']:.0f} us; 10x needs wall <= {need:.0f} us"
+            )
         f = v["floor"]
         if f:
             st = f["naive_steps_us_per_pair"]
