@@ -78,6 +78,9 @@ case "$cmd" in
     PYTHONPATH="$S/tree/src" python3 -c "import sys; from sqlrl.artifacts import archive_commit as a; print(a(sys.argv[1]) or '')" \
       .stage/tree.tgz > "$S/tree/.sqlrl_commit"
     cp .stage/spider.tgz "$S/tree/.stage/" && cp -r .whl "$S/tree/" && echo "tree ready: $S/tree" ;;
+  oomcheck)
+    # HFPolicy's out-of-memory retry on the real GPU (scripts/gpu_oom_check.py; extra args go to it)
+    python3 scripts/gpu_oom_check.py --model "$MODEL" "$@" ;;
   bench)
     python3 bench/bench_generate.py --model "$MODEL" --prompts-from "$S/spider" --split train_spider "$@" ;;
   engine)
@@ -113,7 +116,8 @@ PY
     # GO_CURRICULUM=0 skips the debugging curriculum that follows the last matrix; GO_MATRIX=0 skips the
     # matrices (the curriculum alone); GO_CUR_ARGS adds `sqlrl curriculum` arguments, e.g.
     # GO_CUR_ARGS="--set sft.submit_turns=3 --set grpo.dynamic_sampling_rounds=3"; GO_SEEDS="1 2" runs each
-    # matrix once per training seed (folders exp1s1, exp1s2, ...; the split stays the config's).
+    # matrix once per training seed (folders exp1s1, exp1s2, ...; the split stays the config's);
+    # GO_OOMCHECK=1 first runs scripts/gpu_oom_check.py into DEST/oom_check.{json,log}.
     dest=$1; end=$((SECONDS + ${2:-570}))
     cp "$PARTS"/part* "$PARTS/MANIFEST" "$S/parts/" 2>/dev/null || true
     [ -d "$S/tree/src" ] || bash scripts/gpu.sh tree
@@ -131,6 +135,11 @@ PY
     # the engine is decided once (from the benchmark) and kept, so that resumed arms see the same config
     [ -s "$S/engine" ] || { bash scripts/gpu.sh engine "$S/bench_generate.json" 2>/dev/null || echo fast; } > "$S/engine"
     engine=$(cat "$S/engine"); echo "engine: $engine"
+    if [ "${GO_OOMCHECK:-0}" = 1 ] && [ ! -s "$dest/oom_check.json" ]; then
+      # GO_OOMCHECK=1: exercise the generation out-of-memory retry first (scripts/gpu_oom_check.py)
+      rc=0; timeout 300 bash scripts/gpu.sh oomcheck --out "$dest/oom_check.json" > "$dest/oom_check.log" 2>&1 || rc=$?
+      echo "oomcheck: exit $rc"; tail -25 "$dest/oom_check.log"
+    fi
     turns=${GO_TURNS:-1 3}; [ "${GO_MATRIX:-1}" = 0 ] && turns=""
     last=""
     for t in $turns; do
@@ -169,5 +178,5 @@ PY
     tar czf "$dest/exp.tgz" -C "$S" --exclude='*.safetensors' --exclude='*.pt' --exclude='.goldcache' \
       --exclude='.gold_real' --exclude='.gold_mutated' --exclude='tokenizer.json' $dirs
     ls -la "$dest" ;;
-  *) echo "usage: gpu.sh preflight|stage NN|tree|setup|bench|engine BENCH.json|experiment SECONDS|curriculum SECONDS|go DEST [SECONDS]|pack DIR [EXPDIRS]" >&2; exit 2 ;;
+  *) echo "usage: gpu.sh preflight|stage NN|tree|setup|bench|oomcheck|engine BENCH.json|experiment SECONDS|curriculum SECONDS|go DEST [SECONDS]|pack DIR [EXPDIRS]" >&2; exit 2 ;;
 esac
