@@ -24,6 +24,9 @@ Verdict: a claim across seeds is allowed only when every consistency check passe
 allows its own claim, and for every control (No-update and validity-only) GRPO is ahead in every seed
 with McNemar p < 0.01. Otherwise "no claim", with the reasons.
 
+Compared arms: in each folder the primary arm of each kind (`Experiment.primary`: the arm named like its
+kind, i.e. the first turn group of a matrix with several); other turn groups are not summarised.
+
 Guaranteed: the numbers are recomputed from the folders' results.jsonl files (nothing copied from
 summaries), deterministically (bootstrap seed 0, 10,000 resamples by default). Not guaranteed: with two
 to five seeds the hierarchical interval sees little of the between-seed variability and may be too
