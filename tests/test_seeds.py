@@ -141,3 +141,58 @@ def test_cli_writes_files_and_exit_codes(tmp_path):
     assert p.returncode == 1 and "run.seed values are not all different: [0, 0]" in p.stdout
     p = subprocess.run(run[:4] + [str(tmp_path / "nope"), dirs[0]] + run[6:], capture_output=True, text=True)
     assert p.returncode == 2 and "no such folder" in p.stderr
+
+
+def _fake_run(calls, rc_at=None):
+    """Stands in for `experiment._run` (one matrix): records the call and writes the synthetic matrix for
+    the seed it was given, or returns `rc_at[seed]`."""
+
+    def run(config, out, overrides, report, command, time_budget=None):
+        seed = int(next(o for o in overrides if o.startswith("run.seed=")).split("=")[1])
+        calls.append((out, list(overrides), time_budget))
+        if rc_at and seed in rc_at:
+            return rc_at[seed]
+        d = make_experiment(out, synthetic=False, n_tasks=400, seed=seed)
+        meta = read_json(d / "experiment.json")
+        meta["config"] = {"run": {"seed": seed}, "grpo": {"lr": 2e-6}}
+        write_json_atomic(d / "experiment.json", meta)
+        return 0
+
+    return run
+
+
+def test_experiment_seeds_runs_each_seed_then_the_summary(tmp_path, monkeypatch, capsys):
+    import sqlrl.experiment as ex
+
+    calls: list = []
+    monkeypatch.setattr(ex, "_run", _fake_run(calls))
+    out = tmp_path / "exp"
+    rc = ex.cli_main(
+        ["cfg.toml", "--out", str(out), "--seeds", "0,1,2", "--set", "grpo.lr=2e-6", "--time-budget", "900"]
+    )
+    assert rc == 0
+    assert [c[0] for c in calls] == [str(out / f"seed{k}") for k in range(3)]
+    assert all(c[1] == ["grpo.lr=2e-6", f"run.seed={k}"] for k, c in enumerate(calls))
+    assert all(c[2] is not None and 0 < c[2] <= 900 for c in calls)  # one budget shared by the seeds
+    s = json.loads((out / "seeds.json").read_text())
+    assert s["verdict"] == "claim" and s["run_seeds"] == [0, 1, 2]
+    assert "verdict across 3 seeds: claim" in capsys.readouterr().out
+
+
+def test_experiment_seeds_stops_at_the_budget_and_refuses_bad_input(tmp_path, monkeypatch):
+    import sqlrl.experiment as ex
+
+    calls: list = []
+    monkeypatch.setattr(ex, "_run", _fake_run(calls, rc_at={1: 3}))
+    out = tmp_path / "exp"
+    assert ex.cli_main(["cfg.toml", "--out", str(out), "--seeds", "0,1,2"]) == 3  # seed 1 ran out of time
+    assert len(calls) == 2 and not (out / "seeds.json").exists()
+    for bad in (
+        ["--seeds", "0,x"],
+        ["--seeds", "1,1"],
+        ["--seeds", ","],
+        ["--seeds", "0,1", "--set", "run.seed=4"],
+    ):
+        calls.clear()
+        assert ex.cli_main(["cfg.toml", "--out", str(out), *bad]) == 2
+        assert calls == []

@@ -12,6 +12,10 @@ Every arm is a normal run folder (train and/or eval) under `arms/<arm>/`; `exper
 them. Then the weight audit (base vs GRPO vs No-update, reloaded identity), the leakage audit (gold
 mutation, on a slice of the evaluation tasks, per turn budget) and the report with the evidence gate.
 
+`--seeds 0,1,2` runs the whole matrix once per training seed (`run.seed`; the split stays
+`data.split_seed`) into `OUT/seed<k>/`, one after the other under one time budget, then writes
+`OUT/seeds.json` and `OUT/seeds.md` with `sqlrl seeds` (`seeds.py`: the across-seed verdict).
+
 The command is resumable: a finished arm (its `summary.json` exists) is skipped, an unfinished
 training run resumes from its last checkpoint. This is how long experiments fit into time-limited
 sessions. Guaranteed: arms with different budgets, tasks or fingerprints are refused, naming the
@@ -334,7 +338,15 @@ def cli_main(argv: list[str]) -> int:
         metavar="SECONDS",
         help="stop cleanly (checkpointed) before this many seconds; rerun the same command to resume",
     )
+    p.add_argument(
+        "--seeds",
+        default=None,
+        metavar="K,K,...",
+        help="run the matrix once per training seed (run.seed) into OUT/seed<K>/, then `sqlrl seeds` over them",
+    )
     a = p.parse_args(argv)
+    if a.seeds is not None:
+        return _run_seeds(a, argv)
     return _run(
         a.config,
         a.out or f"runs/{Path(a.config).stem}",
@@ -372,6 +384,69 @@ def _run(
         verdict = read_json(Path(out) / "verdict.json") if (Path(out) / "verdict.json").exists() else {}
         claim = verdict.get("claim_allowed")
         print("verdict: " + ("claim allowed" if claim else "no claim (see the report for what is missing)"))
+    return 0
+
+
+def _parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(
+            f"--seeds {text!r}: expected integers separated by commas, e.g. --seeds 0,1,2"
+        ) from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds {text!r}: give at least one seed, each once (e.g. --seeds 0,1,2)")
+    return seeds
+
+
+def _run_seeds(a: argparse.Namespace, argv: list[str]) -> int:
+    """`--seeds`: the matrix per seed into OUT/seed<k>/ under one time budget, then the seeds summary.
+    Exit 3 when the budget ran out (rerun the same command: finished seeds and arms are skipped)."""
+    out = Path(a.out or f"runs/{Path(a.config).stem}")
+    try:
+        seeds = _parse_seeds(a.seeds)
+        if any(o.replace(" ", "").startswith("run.seed=") for o in a.set):
+            raise ValueError("--seeds sets run.seed for each matrix: drop --set run.seed=...")
+    except ValueError as e:
+        print(f"sqlrl: {e}", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    dirs = []
+    for k in seeds:
+        left = None
+        if a.time_budget is not None:
+            left = a.time_budget - (time.monotonic() - t0)
+            if left <= 0:
+                print(
+                    f"sqlrl: time budget reached before seed {k}; rerun the same command to resume -> {out}",
+                    file=sys.stderr,
+                )
+                return 3
+        sub = out / f"seed{k}"
+        print(f"[experiment] seed {k} -> {sub}")
+        rc = _run(
+            a.config,
+            str(sub),
+            [*a.set, f"run.seed={k}"],
+            not a.no_report,
+            ["sqlrl", "experiment", *argv],
+            left,
+        )
+        if rc != 0:
+            return rc
+        dirs.append(sub)
+    if len(dirs) < 2:
+        print("sqlrl: one seed: no across-seed summary (give two or more with --seeds)")
+        return 0
+    from sqlrl.artifacts import write_bytes_atomic
+    from sqlrl.seeds import render_markdown, summarize
+
+    summary = summarize(dirs)
+    write_json_atomic(out / "seeds.json", summary)
+    write_bytes_atomic(out / "seeds.md", render_markdown(summary).encode("utf-8"))
+    print(f"verdict across {len(dirs)} seeds: {summary['verdict']} -> {out / 'seeds.md'}")
+    for problem in summary["problems"]:
+        print(f"  {problem}")
     return 0
 
 
