@@ -177,6 +177,14 @@ def test_experiment_seeds_runs_each_seed_then_the_summary(tmp_path, monkeypatch,
     s = json.loads((out / "seeds.json").read_text())
     assert s["verdict"] == "claim" and s["run_seeds"] == [0, 1, 2]
     assert "verdict across 3 seeds: claim" in capsys.readouterr().out
+    # a rerun skips the seeds whose matrix finished (experiment.json "finished") and redoes the summary
+    for k in (0, 2):
+        meta = read_json(out / f"seed{k}" / "experiment.json")
+        meta["finished"] = "2026-11-29T00:00:00+0000"
+        write_json_atomic(out / f"seed{k}" / "experiment.json", meta)
+    calls.clear()
+    assert ex.cli_main(["cfg.toml", "--out", str(out), "--seeds", "0,1,2"]) == 0
+    assert [c[0] for c in calls] == [str(out / "seed1")]
 
 
 def test_experiment_seeds_stops_at_the_budget_and_refuses_bad_input(tmp_path, monkeypatch):

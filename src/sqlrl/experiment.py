@@ -423,6 +423,11 @@ def _run_seeds(a: argparse.Namespace, argv: list[str]) -> int:
                 )
                 return 3
         sub = out / f"seed{k}"
+        dirs.append(sub)
+        meta = sub / "experiment.json"
+        if meta.exists() and read_json(meta).get("finished"):
+            print(f"[experiment] seed {k} finished before -> {sub}")
+            continue
         print(f"[experiment] seed {k} -> {sub}")
         rc = _run(
             a.config,
@@ -434,7 +439,6 @@ def _run_seeds(a: argparse.Namespace, argv: list[str]) -> int:
         )
         if rc != 0:
             return rc
-        dirs.append(sub)
     if len(dirs) < 2:
         print("sqlrl: one seed: no across-seed summary (give two or more with --seeds)")
         return 0
