@@ -204,3 +204,23 @@ def test_experiment_seeds_stops_at_the_budget_and_refuses_bad_input(tmp_path, mo
         calls.clear()
         assert ex.cli_main(["cfg.toml", "--out", str(out), *bad]) == 2
         assert calls == []
+
+
+def test_no_task_scored_in_every_run_refuses_without_crashing(tmp_path):
+    # each seed's GRPO arm scored a different half of the tasks: every per-seed comparison exists, but no
+    # task is scored in every run (found by running `sqlrl experiment --seeds` on the 4-task quickstart)
+    dirs = [seeded(tmp_path, k) for k in range(2)]
+    for k, d in enumerate(dirs):
+        f = d / "arms" / "grpo" / "eval" / "results.jsonl"
+        rows = list(read_jsonl(f))
+        for i, r in enumerate(rows):
+            if i % 2 == k:
+                r["correct"], r["status"] = None, "infra_error"
+        write_jsonl(f, rows)
+    s = summarize(dirs, n_boot=200)
+    assert not s["claim_allowed"]
+    assert s["across_seeds"]["no_update"] == {
+        "available": False,
+        "reason": "no task scored in every run of both arms",
+    }
+    assert any("no GRPO vs no_update comparison in every folder" in p for p in s["problems"])

@@ -71,7 +71,8 @@ class DataConfig:
     max_train_tasks: int = 0
     """Use at most this many training tasks (0 = all), chosen by a seeded shuffle."""
     max_eval_tasks: int = 0
-    """Evaluate on at most this many tasks (0 = the whole split), chosen by a seeded shuffle."""
+    """Evaluate on at most this many tasks (0 = the whole split), chosen by a shuffle seeded with
+    split_seed (not run.seed, so that every training seed is evaluated on the same tasks)."""
 
 
 @dataclass(frozen=True)

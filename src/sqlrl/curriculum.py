@@ -367,7 +367,9 @@ def run_curriculum(
 
     all_tasks = load_debug_tasks(tasks_file)
     eval_tasks = select_tasks(
-        [t for t in all_tasks if t.split == cfg.data.eval_split], cfg.data.max_eval_tasks, cfg.run.seed
+        [t for t in all_tasks if t.split == cfg.data.eval_split],
+        cfg.data.max_eval_tasks,
+        cfg.data.split_seed,  # not run.seed: every training seed is evaluated on the same tasks
     )
     if not eval_tasks:
         raise ConfigError(f"{tasks_file}: no {cfg.data.eval_split!r} tasks to evaluate on")

@@ -129,7 +129,7 @@ def run_experiment(
     eval_tasks = select_tasks(
         ds.load(cfg.data.eval_split, seed=cfg.data.split_seed, val_fraction=cfg.data.val_fraction),
         cfg.data.max_eval_tasks,
-        cfg.run.seed,
+        cfg.data.split_seed,  # not run.seed: every training seed is evaluated on the same tasks
     )
     if not eval_tasks:
         raise ConfigError(f"evaluation split {cfg.data.eval_split!r} of {root} is empty")
@@ -228,7 +228,7 @@ def run_experiment(
                     out=arm_dir / "eval",
                     budgets=budgets,
                     limit=cfg.data.max_eval_tasks,
-                    seed=cfg.run.seed,
+                    seed=cfg.data.split_seed,  # the eval subset, as above
                     split_seed=cfg.data.split_seed,
                     val_fraction=cfg.data.val_fraction,
                     policy=policy,

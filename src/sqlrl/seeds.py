@@ -180,6 +180,9 @@ def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0,
         b_out = [_outcomes(e, _arm_of_kind(e, "grpo")) for e in exps]
         common = sorted(set.intersection(*(set(o) for o in a_out + b_out)))
         tasks = [t for t in common if all(o[t] is not None for o in a_out + b_out)]
+        if not tasks:
+            across[kind] = {"available": False, "reason": "no task scored in every run of both arms"}
+            continue
         h = stats.hierarchical_bootstrap(
             [[o[t] for t in tasks] for o in a_out],
             [[o[t] for t in tasks] for o in b_out],
