@@ -224,3 +224,19 @@ def test_no_task_scored_in_every_run_refuses_without_crashing(tmp_path):
         "reason": "no task scored in every run of both arms",
     }
     assert any("no GRPO vs no_update comparison in every folder" in p for p in s["problems"])
+
+
+def test_html_summary_is_self_contained_and_escaped(tmp_path):
+    from sqlrl.seeds import write_summary
+
+    root = tmp_path / 'odd <b>"name"</b> & co'
+    dirs = [seeded(root, k) for k in range(2)]
+    paths = write_summary(summarize(dirs, n_boot=200), tmp_path / "out")
+    html = paths["html"].read_text()
+    assert html.startswith("<!doctype html>") and html.endswith("</html>")
+    assert "CLAIM ACROSS SEEDS" in html and html.count("<svg") == 1
+    # 3 controls x (2 seeds + the across-seed row) whiskers in the chart
+    assert html.count("grpo − ") >= 9
+    assert '<b>"name"</b>' not in html and "&lt;b&gt;" in html
+    assert "<script" not in html and "http://" not in html and "https://" not in html
+    assert paths["markdown"].read_text().startswith("# sqlrl seeds")

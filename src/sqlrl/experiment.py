@@ -14,7 +14,7 @@ mutation, on a slice of the evaluation tasks, per turn budget) and the report wi
 
 `--seeds 0,1,2` runs the whole matrix once per training seed (`run.seed`; the split stays
 `data.split_seed`) into `OUT/seed<k>/`, one after the other under one time budget, then writes
-`OUT/seeds.json` and `OUT/seeds.md` with `sqlrl seeds` (`seeds.py`: the across-seed verdict).
+`OUT/seeds.{json,md,html}` with `sqlrl seeds` (`seeds.py`: the across-seed verdict).
 
 The command is resumable: a finished arm (its `summary.json` exists) is skipped, an unfinished
 training run resumes from its last checkpoint. This is how long experiments fit into time-limited
@@ -442,12 +442,10 @@ def _run_seeds(a: argparse.Namespace, argv: list[str]) -> int:
     if len(dirs) < 2:
         print("sqlrl: one seed: no across-seed summary (give two or more with --seeds)")
         return 0
-    from sqlrl.artifacts import write_bytes_atomic
-    from sqlrl.seeds import render_markdown, summarize
+    from sqlrl.seeds import summarize, write_summary
 
     summary = summarize(dirs)
-    write_json_atomic(out / "seeds.json", summary)
-    write_bytes_atomic(out / "seeds.md", render_markdown(summary).encode("utf-8"))
+    write_summary(summary, out)
     print(f"verdict across {len(dirs)} seeds: {summary['verdict']} -> {out / 'seeds.md'}")
     for problem in summary["problems"]:
         print(f"  {problem}")

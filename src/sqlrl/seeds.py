@@ -1,9 +1,11 @@
 """`sqlrl seeds EXP EXP [EXP ...]`: one experiment matrix run with several training seeds, summarised.
 
-A single training run is one draw: GRPO's gain over its controls moves with the seed (task sampling,
-rollout sampling, initialisation of nothing else: the split, the model and the budgets stay). This
-command takes the folders of the same matrix (`sqlrl experiment`) run with different `run.seed` values
-and writes `seeds.json` and `seeds.md`:
+A single training run is one draw: GRPO's gain over its controls moves with the seed (`run.seed`
+drives task sampling and rollout sampling; the split, the model, the budgets and the evaluation tasks
+stay). This command takes the folders of the same matrix (`sqlrl experiment`) run with different
+`run.seed` values and writes `seeds.json`, `seeds.md` and `seeds.html` (one self-contained file in the
+report's style with an interval chart of every per-seed and across-seed difference; no JavaScript, all
+text HTML-escaped):
 
 - consistency checks: at least two folders; `run.seed` differs between every two of them; every other
   setting of the resolved configuration (`experiment.json` "config") is equal, except `data.path`
@@ -314,17 +316,129 @@ def render_markdown(s: dict) -> str:
     return "\n".join(out)
 
 
+def render_html(s: dict) -> str:
+    """seeds.html: the verdict, an interval chart of GRPO's difference to each control per seed and across
+    seeds (hierarchical bootstrap), and the tables of seeds.md."""
+    from sqlrl.report import CSS, KIND_COLOR, _e, _table, svg_interval_chart
+
+    ok = s["claim_allowed"]
+    parts = [
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">',
+        f"<title>sqlrl seeds: {len(s['runs'])} training seeds</title><style>{CSS}</style></head><body><main>",
+        f"<h1>sqlrl seeds: {len(s['runs'])} training seeds of one experiment matrix</h1>",
+        f'<section class="verdict {"ok" if ok else "no"}"><span class="badge">'
+        f"{'CLAIM ACROSS SEEDS' if ok else 'NO CLAIM'}</span>",
+    ]
+    if s["problems"]:
+        parts.append("<ul>" + "".join(f"<li>{_e(p)}</li>" for p in s["problems"]) + "</ul>")
+    else:
+        parts.append(
+            "<p>Every folder passed its own evidence gate and GRPO beat both controls with McNemar "
+            f"p &lt; {P_CLAIM} in every seed.</p>"
+        )
+    parts.append("</section>")
+    rows = []
+    for kind in CONTROLS:
+        color = KIND_COLOR.get(kind, "#2563eb")
+        for r in s["runs"]:
+            c = r["comparisons"].get(kind) or {}
+            if c.get("available"):
+                rows.append(
+                    (f"grpo − {kind}, seed {r['run_seed']}", c["diff"], c["ci_low"], c["ci_high"], color)
+                )
+        a = s["across_seeds"].get(kind) or {}
+        if a.get("available"):
+            h = a["hierarchical"]
+            rows.append((f"grpo − {kind}, all seeds", h["diff"], h["ci_low"], h["ci_high"], "#111827"))
+    parts.append("<section><h2>Differences (95% CI)</h2>")
+    parts.append(
+        svg_interval_chart(
+            rows, title="GRPO minus each control, per seed and across seeds", zero_line=True, pct_axis=True
+        )
+    )
+    parts.append(
+        '<p class="note">Per seed: paired bootstrap over the tasks scored in both arms. All seeds: '
+        "hierarchical bootstrap (seeds resampled within each arm, tasks resampled once and shared); with few "
+        "seeds it may be too narrow.</p></section>"
+    )
+    table = []
+    for r in s["runs"]:
+        acc = r["accuracy"]
+        cells = [_e(r["run_seed"]), _e(r["gate"])]
+        cells += [_e(_pct(acc.get(k))) for k in ("base", "grpo", "no_update", "validity")]
+        for kind in CONTROLS:
+            c = r["comparisons"].get(kind) or {}
+            cells.append(_e(f"{_pp(c['diff'])}, p = {_p(c['p_value'])}") if c.get("available") else "-")
+        table.append(cells)
+    heads = ["run.seed", "gate", "base", "grpo", "no_update", "validity"]
+    heads += [f"grpo − {k}" for k in CONTROLS]
+    parts += ["<section><h2>Per seed</h2>", _table(heads, table), "</section><section><h2>Across seeds</h2>"]
+    across = []
+    for kind in CONTROLS:
+        a = s["across_seeds"].get(kind) or {}
+        if not a.get("available"):
+            across.append([_e(kind)] + ["-"] * 6)
+            continue
+        h = a["hierarchical"]
+        across.append(
+            [
+                _e(kind),
+                _e(a["seeds"]),
+                _e(_pp(a["mean_diff"])),
+                _e(f"{_pp(a['min_diff'])} to {_pp(a['max_diff'])}"),
+                _e(f"{a['seeds_ahead_p_lt_0.01']} of {a['seeds']}"),
+                _e(f"{_pp(h['diff'])} ({_pp(h['ci_low'])} to {_pp(h['ci_high'])})"),
+                _e(h["n"]),
+            ]
+        )
+    heads = [
+        "grpo vs",
+        "seeds",
+        "mean Δ",
+        "range of Δ",
+        "ahead with p < 0.01",
+        "hierarchical Δ (95% CI)",
+        "tasks",
+    ]
+    parts.append(_table([_e(x) for x in heads], across))
+    same = s["base_evaluations_identical"]
+    parts.append(
+        "<p>Base evaluations identical across folders: "
+        + ("-" if same is None else ("yes" if same else "<b>no</b>"))
+        + "</p><p>Notes: "
+        + (_e("; ".join(s["notes"])) if s["notes"] else "none")
+        + "</p><p>Folders: "
+        + ", ".join(f"<code>{_e(r['dir'])}</code> (run.seed {_e(r['run_seed'])})" for r in s["runs"])
+        + "</p></section></main></body></html>"
+    )
+    return "".join(parts)
+
+
+def write_summary(s: dict, out: str | Path) -> dict[str, Path]:
+    """Write seeds.json, seeds.md and seeds.html into `out` (created); returns their paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "seeds.json", "markdown": out / "seeds.md", "html": out / "seeds.html"}
+    write_json_atomic(paths["json"], s)
+    write_bytes_atomic(paths["markdown"], render_markdown(s).encode("utf-8"))
+    write_bytes_atomic(paths["html"], render_html(s).encode("utf-8"))
+    return paths
+
+
 def cli_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="sqlrl seeds",
         description="Summarise one experiment matrix run with several training seeds (run.seed): consistency "
-        "checks, each folder's evidence gate, per-seed and across-seed comparisons. Writes seeds.json and seeds.md. "
+        "checks, each folder's evidence gate, per-seed and across-seed comparisons. Writes seeds.json, seeds.md and "
+        "seeds.html. "
         "Exit 0 if a claim across seeds is allowed, 1 if not (the files are still written), 2 for bad folders.",
     )
     ap.add_argument(
         "exp_dirs", nargs="+", metavar="EXP_DIR", help="experiment folders, one per training seed"
     )
-    ap.add_argument("--out", metavar="DIR", required=True, help="folder for seeds.json and seeds.md")
+    ap.add_argument(
+        "--out", metavar="DIR", required=True, help="folder for seeds.json, seeds.md and seeds.html"
+    )
     ap.add_argument("--n-boot", type=int, default=10000, help="bootstrap resamples (default 10000)")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     args = ap.parse_args(argv)
@@ -333,14 +447,12 @@ def cli_main(argv: list[str] | None = None) -> int:
     except ExperimentError as e:
         print(f"sqlrl seeds: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "seeds.json", s)
-    write_bytes_atomic(out / "seeds.md", render_markdown(s).encode("utf-8"))
+    paths = write_summary(s, args.out)
     print(f"verdict across seeds: {s['verdict'].upper()}")
     for p in s["problems"]:
         print(f"  {p}")
-    print(f"wrote {out / 'seeds.json'}\nwrote {out / 'seeds.md'}")
+    for path in paths.values():
+        print(f"wrote {path}")
     return 0 if s["claim_allowed"] else 1
 
 
