@@ -45,22 +45,24 @@ from pathlib import Path
 from typing import Any
 
 from sqlrl.artifacts import write_bytes_atomic, write_json_atomic
-from sqlrl.gate import Experiment, ExperimentError, evidence_gate
+from sqlrl.gate import Experiment, ExperimentError, _flatten, evidence_gate
+from sqlrl.report import (
+    CSS,
+    KIND_COLOR,
+    _e,
+    _fmt_p,
+    _pct,
+    _pp,
+    _table,
+    compare_arms,
+    svg_interval_chart,
+)
 
+KINDS = ("base", "grpo", "no_update", "validity")
 CONTROLS = ("base", "no_update", "validity")
 CLAIM_CONTROLS = ("no_update", "validity")  # a claim needs GRPO ahead of both, in every seed
 P_CLAIM = 0.01
 _IGNORED = ("run.seed", "data.path")
-
-
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if isinstance(d, dict):
-        for k, v in d.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-    else:
-        out[prefix[:-1]] = d
-    return out
 
 
 def _config_differences(exps: list[Experiment]) -> tuple[list[str], list[str]]:
@@ -101,7 +103,6 @@ def _outcomes(e: Experiment, arm: str | None) -> dict[str, int | None]:
 def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0, ci: float = 0.95) -> dict:
     """The analysis described in the module docstring, as one JSON-serialisable dict."""
     from sqlrl import stats
-    from sqlrl.report import compare_arms
 
     exps = [Experiment(d) for d in exp_dirs]
     problems: list[str] = []
@@ -122,8 +123,10 @@ def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0,
     if len(arm_sets) > 1:
         problems.append(f"the arms differ between folders: {sorted(arm_sets)}")
 
+    # per folder: kind -> {task id: 1 / 0 / None (excluded)} of its primary arm of that kind
+    outcomes = [{kind: _outcomes(e, _arm_of_kind(e, kind)) for kind in KINDS} for e in exps]
     runs: list[dict] = []
-    for e, s in zip(exps, seeds):
+    for e, s, outs_of in zip(exps, seeds, outcomes):
         verdict = evidence_gate(e)
         grpo = _arm_of_kind(e, "grpo")
         row: dict[str, Any] = {
@@ -140,9 +143,8 @@ def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0,
             problems.append(
                 f"{e.dir}: its evidence gate refused a claim ({len(verdict.missing)} check(s) failed)"
             )
-        for kind in ("base", "grpo", "no_update", "validity"):
-            arm = _arm_of_kind(e, kind)
-            outs = [v for v in _outcomes(e, arm).values() if v is not None]
+        for kind in KINDS:
+            outs = [v for v in outs_of[kind].values() if v is not None]
             row["accuracy"][kind] = (sum(outs) / len(outs)) if outs else None
         for kind in CONTROLS:
             ctl = _arm_of_kind(e, kind)
@@ -178,8 +180,8 @@ def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0,
             continue
         diffs = [p["diff"] for p in per]
         ahead = sum(1 for p in per if p["diff"] > 0 and p["p_value"] is not None and p["p_value"] < P_CLAIM)
-        a_out = [_outcomes(e, _arm_of_kind(e, kind)) for e in exps]
-        b_out = [_outcomes(e, _arm_of_kind(e, "grpo")) for e in exps]
+        a_out = [o[kind] for o in outcomes]
+        b_out = [o["grpo"] for o in outcomes]
         common = sorted(set.intersection(*(set(o) for o in a_out + b_out)))
         tasks = [t for t in common if all(o[t] is not None for o in a_out + b_out)]
         if not tasks:
@@ -210,18 +212,18 @@ def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0,
             problems.append(f"no GRPO vs {kind} comparison in every folder")
 
     base_same = None
-    base_out = [_outcomes(e, _arm_of_kind(e, "base")) for e in exps]
-    if all(base_out):
+    if all(o["base"] for o in outcomes):
         answers = []
         for e in exps:
             rows = e.results(_arm_of_kind(e, "base") or "") or []
             answers.append({str(r.get("task_id")): (r.get("final_sql"), r.get("status")) for r in rows})
         base_same = all(a == answers[0] for a in answers[1:])
     commits = sorted({str((e.meta.get("git") or {}).get("commit")) for e in exps})
-    notes = [
-        f"settings present in only some folders (added by a newer sqlrl; not compared): {', '.join(partial)}"
-    ]
-    notes = notes if partial else []
+    notes = []
+    if partial:
+        notes.append(
+            f"settings present in only some folders (added by a newer sqlrl; not compared): {', '.join(partial)}"
+        )
     if len(commits) > 1:
         notes.append(f"the folders were made by {len(commits)} code versions: {', '.join(commits)}")
     return {
@@ -238,18 +240,6 @@ def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0,
         "bootstrap_seed": seed,
         "ci": ci,
     }
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def _pp(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:+.1f} pp"
-
-
-def _p(x: float | None) -> str:
-    return "-" if x is None else (f"{x:.2g}" if x < 0.001 else f"{x:.3f}")
 
 
 def render_markdown(s: dict) -> str:
@@ -273,7 +263,7 @@ def render_markdown(s: dict) -> str:
                 cells.append("-")
                 continue
             ci_ = f" ({_pp(c['ci_low'])} to {_pp(c['ci_high'])})" if kind == "base" else ""
-            cells.append(f"{_pp(c['diff'])}{ci_}, p = {_p(c['p_value'])}")
+            cells.append(f"{_pp(c['diff'])}{ci_}, p = {_fmt_p(c['p_value'])}")
         out.append(
             f"| {r['run_seed']} | {r['gate']} | {_pct(acc.get('base'))} | {_pct(acc.get('grpo'))} "
             f"| {_pct(acc.get('no_update'))} | {_pct(acc.get('validity'))} | " + " | ".join(cells) + " |"
@@ -319,8 +309,6 @@ def render_markdown(s: dict) -> str:
 def render_html(s: dict) -> str:
     """seeds.html: the verdict, an interval chart of GRPO's difference to each control per seed and across
     seeds (hierarchical bootstrap), and the tables of seeds.md."""
-    from sqlrl.report import CSS, KIND_COLOR, _e, _table, svg_interval_chart
-
     ok = s["claim_allowed"]
     parts = [
         '<!doctype html><html lang="en"><head><meta charset="utf-8">',
@@ -368,7 +356,7 @@ def render_html(s: dict) -> str:
         cells += [_e(_pct(acc.get(k))) for k in ("base", "grpo", "no_update", "validity")]
         for kind in CONTROLS:
             c = r["comparisons"].get(kind) or {}
-            cells.append(_e(f"{_pp(c['diff'])}, p = {_p(c['p_value'])}") if c.get("available") else "-")
+            cells.append(_e(f"{_pp(c['diff'])}, p = {_fmt_p(c['p_value'])}") if c.get("available") else "-")
         table.append(cells)
     heads = ["run.seed", "gate", "base", "grpo", "no_update", "validity"]
     heads += [f"grpo − {k}" for k in CONTROLS]
