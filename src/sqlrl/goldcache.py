@@ -439,14 +439,14 @@ class GoldCache:
                 keys.append((db_sha, self._sql_sha(sql)))
             results: dict[tuple[str, str], GoldResult] = {}
             todo: dict[tuple[str, str], tuple[str, str]] = {}
-            for (_, sql), resolved, key in zip(items, paths, keys):
+            for (_, sql), path, key in zip(items, paths, keys):
                 if key in results or key in todo:
                     continue
                 hit = self._lookup(key)
                 if hit is not None:
                     results[key] = hit
                 else:
-                    todo[key] = (resolved, sql)
+                    todo[key] = (path, sql)
             self.hits += len(items) - len(todo)
             self.misses += len(todo)
             if progress is None:
