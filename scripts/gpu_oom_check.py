@@ -38,7 +38,7 @@ def _prompts(tokenizer, n: int, length: int) -> list[list[int]]:
             tokenize=True,
             add_generation_prompt=True,
         )
-        out.append(list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids))
+        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     return out
 
 
