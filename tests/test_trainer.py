@@ -125,6 +125,17 @@ def test_grpo_steps_change_weights_and_record_everything(tmp_path):
         assert (run / f).exists(), f
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "finished" and info["arm"] == "grpo" and info["model"]["base_identity"] == base
+    # sql.jsonl: every scored trajectory, compact, with the reward the update used
+    sql = [json.loads(line) for line in (run / "sql.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["round"]) for r in sql] == [(1, 0)] * 8 + [(2, 0)] * 8
+    assert [r["value"] for r in sql] == [1.0, 0.0] * 8  # Alternating (1, 0, 1, ...), in scoring order
+    assert all(r["status"] in ("match", "mismatch") and "prompt_text" not in r for r in sql)
+    logged = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    by_key = {(r["step"], r["task_id"], r["sample"]): r for r in sql}
+    for r in logged:
+        k = by_key[(r["step"], r["task_id"], r["sample"])]
+        assert k["final_sql"] == r["final_sql"] and k["turn_sql"] == [t["sql"] for t in r["turns"]]
+        assert k["value"] == r["reward"]["value"]
     # the exported model reloads with transformers and keeps its identity
     from transformers import AutoModelForCausalLM
 
@@ -230,6 +241,9 @@ def test_dynamic_sampling_replaces_zero_variance_groups(tmp_path):
     # step 2: the last 2 fresh tasks of the epoch, both informative: no extra round
     assert len(seen) == 24 and set(seen[16:24]).isdisjoint(seen[:16])
     assert s2["ds_rounds"] == 0 and s2["trained_groups"] == 2 and s2["zero_var_groups"] == 0
+    sql = [json.loads(line) for line in (on / "sql.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["round"]) for r in sql] == [(1, 0)] * 8 + [(1, 1)] * 8 + [(2, 0)] * 8
+    assert [r["task_id"] for r in sql] == seen  # every round's trajectories, in scoring order
 
     # every round on dead tasks: the extra rounds are capped and the update is empty
     class AllDead(Alternating):
@@ -329,6 +343,9 @@ def test_kill_minus_9_then_resume(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert [s["step"] for s in steps(run)] == [1, 2, 3, 4]
+    # a step scored before the kill but not checkpointed is dropped from sql.jsonl, then scored again once
+    sql = [json.loads(line) for line in (run / "sql.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in sql] == [1] * 8 + [2] * 8 + [3] * 8 + [4] * 8
     ref = tmp_path / "ref"
     from sqlrl.trainer import train
 

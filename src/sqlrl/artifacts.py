@@ -89,6 +89,16 @@ def append_jsonl(path: str | os.PathLike, record: Any) -> None:
         f.flush()
 
 
+def append_jsonl_many(path: str | os.PathLike, records: Iterable[Any]) -> None:
+    """`append_jsonl` for several records, in one write."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = "".join(dumps(r, indent=None) + "\n" for r in records)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(data)
+        f.flush()
+
+
 def write_jsonl(path: str | os.PathLike, records: Iterable[Any]) -> None:
     data = "".join(dumps(r, indent=None) + "\n" for r in records)
     write_bytes_atomic(path, data.encode("utf-8"))

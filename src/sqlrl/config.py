@@ -189,6 +189,8 @@ class RunConfig:
     """W&B / SwanLab project name (their own settings, e.g. WANDB_MODE=offline, still apply)."""
     log_rollouts: int = 4
     """Trajectories per step written to rollouts.jsonl (text and token ids) for inspection."""
+    log_sql: bool = True
+    """Every scored training trajectory's SQL, reward and status written to sql.jsonl (compact, no text)."""
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,11 @@ class Text2SQLEnv:
 
         cfg = self.cfg
         self.sandbox = Sandbox(workers=cfg.run.sandbox_workers, timeout_s=cfg.agent.sql_timeout_s)
-        make = self._evaluator_factory or (lambda sb, gc, kind: Evaluator(sb, gc, kind=kind))
+        # training reads only the reward value: the literature's test-suite metric (a second execution of
+        # every prediction with DISTINCT, and of the gold's variant) is for evaluation (`sqlrl eval`)
+        make = self._evaluator_factory or (
+            lambda sb, gc, kind: Evaluator(sb, gc, kind=kind, test_suite=False)
+        )
         self.evaluator = make(self.sandbox, self.gold_cache, cfg.grpo.reward)
         # the validity arm still logs execution accuracy (never used as its reward)
         self.acc_evaluator = (

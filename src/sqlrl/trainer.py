@@ -26,6 +26,9 @@ Guarantees:
   rounds; the update may still have fewer than `prompts_per_step` groups). The step's reward, accuracy
   and group metrics are the first round's; `trained_groups`, `ds_rounds`, `ds_trajectories` and
   `gen_tokens` (all rounds) record the rest. Off by default.
+- `run.log_sql` (on by default): every trajectory the reward scored, every round, one compact line in
+  sql.jsonl (step, round, task, sample, each turn's SQL, final SQL, reward value and status): the
+  full stream of what training scored (rollouts.jsonl keeps text and token ids of a few per step).
 - Determinism: tasks come from a seeded epoch permutation (cursor saved in checkpoints), sampling
   seeds are a function of (run seed, step, round), RNG states are checkpointed. On CPU in float32 a resumed
   run takes the same next step as an uninterrupted one (tested); on GPU, kernels may differ.
@@ -44,9 +47,11 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from sqlrl.artifacts import (
     append_jsonl,
+    append_jsonl_many,
     git_commit,
     machine_info,
     read_json,
@@ -542,7 +547,7 @@ def train(
             print(f"sqlrl train: resuming with {resume_changes}", file=sys.stderr)
             write_json_atomic(out / "config.json", cfg.resolve())
         # drop metrics of steps after the checkpoint (the run was killed after logging them)
-        for name in ("steps.jsonl", "rollouts.jsonl"):
+        for name in ("steps.jsonl", "rollouts.jsonl", "sql.jsonl"):
             if (out / name).exists():
                 kept = [r for r in read_jsonl(out / name) if r["step"] <= start_step]
                 write_jsonl(out / name, kept)
@@ -635,7 +640,10 @@ def train(
                     g.group_size,
                 )
                 t_roll += time.perf_counter() - t_r
-                return got, env.score(got)
+                scored = env.score(got)
+                if cfg.run.log_sql:
+                    append_jsonl_many(out / "sql.jsonl", (sql_record(step, r, tr) for tr in got))
+                return got, scored
 
             trajs, accs = sample_round(0)  # the step's sample: its metrics describe the policy
             valid = [tr for tr in trajs if tr.reward["value"] is not None]
@@ -856,6 +864,26 @@ def train(
     )
     write_json_atomic(out / "run.json", run_info)
     return result
+
+
+def sql_record(step: int, round_: int, tr: Any) -> dict:
+    """One line of train/sql.jsonl: what the reward scored for one training trajectory, without text or
+    token ids (step, dynamic-sampling round, task, sample, the SQL of every turn, final SQL, reward)."""
+    rw = tr.reward or {}
+    parts = rw.get("parts") or {}
+    return {
+        "step": step,
+        "round": round_,
+        "task_id": tr.task_id,
+        "db_id": tr.db_id,
+        "sample": tr.sample,
+        "turn_sql": [t.sql for t in tr.turns],
+        "final_sql": tr.final_sql,
+        "value": rw.get("value"),
+        "status": rw.get("status"),
+        "execution_match": parts.get("execution_match"),
+        "infra_error": tr.infra_error,
+    }
 
 
 def _prune_checkpoints(out: Path) -> None:
