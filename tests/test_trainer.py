@@ -668,6 +668,12 @@ def test_a_setting_added_later_does_not_block_resuming_an_older_run():
     assert config_changes(before, {"grpo": {"lr": 1e-6, "dynamic_sampling_rounds": 0}}) == ([], [])
     blocking, _ = config_changes(before, {"grpo": {"lr": 1e-6, "dynamic_sampling_rounds": 2}})
     assert blocking == ["grpo.dynamic_sampling_rounds"]  # a different behaviour is still a change
+    # run.log_sql (added later, on by default) writes a record only: an older run resumes, recorded
+    older = {"run": {"seed": 0, "log_rollouts": 4}}
+    assert config_changes(older, {"run": {"seed": 0, "log_rollouts": 4, "log_sql": True}}) == (
+        [],
+        ["run.log_sql: None -> True"],
+    )
 
 
 def test_out_of_memory_in_generation_retries_with_half_the_batch(tmp_path, monkeypatch):

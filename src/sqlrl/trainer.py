@@ -361,6 +361,11 @@ def _oom_message(step: int, n: int, keep: int, g, retries: int = 0) -> str:
 # Settings that change only how an update is split into passes (memory), never what is computed: a
 # resumed run may change them, e.g. after running out of GPU memory.
 MEMORY_ONLY_KEYS = {("grpo", "micro_batch"), ("grpo", "micro_batch_logit_tokens")}
+# Settings that change only what is written for inspection (never what is computed): a resume may change
+# them too (recorded like the memory-only ones); sql.jsonl of a run resumed with log_sql turned on
+# starts at the resumed step
+RECORD_ONLY_KEYS = {("run", "log_sql"), ("run", "log_rollouts")}
+_RESUMABLE_CHANGES = MEMORY_ONLY_KEYS | RECORD_ONLY_KEYS
 # settings added after run folders were first written, with the value that behaves as before they
 # existed: a saved config without one of them is read as having that value (so older runs resume)
 ADDED_KEYS = {("grpo", "dynamic_sampling_rounds"): 0, ("sft", "submit_turns"): 0}
@@ -368,7 +373,7 @@ ADDED_KEYS = {("grpo", "dynamic_sampling_rounds"): 0, ("sft", "submit_turns"): 0
 
 def config_changes(saved: dict, mine: dict) -> tuple[list[str], list[str]]:
     """Compare two resolved configs (section -> key -> value) for a resume: (the "section.key" names
-    that differ outside `MEMORY_ONLY_KEYS`, which block it; the memory-only changes as
+    that differ outside `MEMORY_ONLY_KEYS` and `RECORD_ONLY_KEYS`, which block it; those changes as
     "section.key: old -> new", which are allowed and should be recorded). A section present on one
     side only blocks, by its name. A key of `ADDED_KEYS` missing from `saved` counts as its listed value."""
 
@@ -378,12 +383,12 @@ def config_changes(saved: dict, mine: dict) -> tuple[list[str], list[str]]:
 
     changed = [(s, k) for s in mine for k in mine[s] if old(s, k) != mine[s][k]]
     changed += [(s, k) for s in saved if s in mine for k in saved[s] if k not in mine[s]]
-    blocking = [f"{s}.{k}" for s, k in changed if (s, k) not in MEMORY_ONLY_KEYS]
+    blocking = [f"{s}.{k}" for s, k in changed if (s, k) not in _RESUMABLE_CHANGES]
     blocking += [s for s in saved if s not in mine]
     memory = [
         f"{s}.{k}: {saved.get(s, {}).get(k)} -> {mine[s].get(k)}"
         for s, k in changed
-        if (s, k) in MEMORY_ONLY_KEYS
+        if (s, k) in _RESUMABLE_CHANGES
     ]
     return blocking, memory
 
