@@ -30,3 +30,34 @@ def test_text2sql_env_training_reward_skips_the_test_suite_metric(tmp_path):
     assert accs[0] == 1.0 and trajs[0].reward["status"] == "match"
     for tr in trajs:
         assert "test_suite_match" not in tr.reward["parts"]
+
+
+def test_validity_env_reads_accuracy_from_its_own_scoring(tmp_path):
+    """The validity arm logs execution accuracy from the status of its one scoring pass (no second
+    evaluator executing every prediction again), equal to what the execution reward gives."""
+    from sqlrl.envs import make_env
+    from sqlrl.reward import Evaluator
+
+    cfg = C.from_dict(
+        {
+            "data": {"path": "embedded", "max_train_tasks": 4},
+            "grpo": {"reward": "validity"},
+            "run": {"sandbox_workers": 1, "loggers": []},
+        }
+    )
+    env = make_env(cfg, tmp_path)
+    with env:
+        task = env.tasks[0]
+        sqls = [task.gold_sql, "SELECT 12345", "SELEC nonsense", None]
+        trajs = [
+            NS(task_id=task.public.task_id, final_sql=sql, done=True, infra_error=None, reward=None)
+            for sql in sqls
+        ]
+        before = env.evaluator.memo_stats()["executions"]
+        accs = env.score(trajs)
+        assert env.evaluator.memo_stats()["executions"] - before == 3  # one per SQL (None runs nothing)
+        strict = Evaluator(env.sandbox, env.gold_cache, "execution", test_suite=False)
+        want = [r.value for r in strict.score_many([(sql, task) for sql in sqls])]
+    assert [tr.reward["value"] for tr in trajs] == [1.0, 1.0, 0.0, 0.0]  # validity: executes
+    assert accs == want == [1.0, 0.0, 0.0, 0.0]
+    assert [tr.reward["parts"]["execution_match"] for tr in trajs] == want

@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -361,3 +362,33 @@ def test_chunk_too_big_for_the_pipe_is_not_queued_behind_a_hung_statement(db, tm
         assert sb.kills == 1
     assert got[0].status == "timeout"
     assert [r.status for r in got[1:]] == ["match"] * 7
+
+
+def _pid_scorer(run, sql, refs, extra, options):
+    """A scorer for `execute_scored` that reports which worker process ran the item."""
+    import os
+
+    return (os.getpid(), run(sql)[0])
+
+
+def test_execute_scored_spreads_one_tasks_samples_over_the_workers(tmp_path):
+    """A GRPO step lists its samples task by task; chunks of consecutive items put all samples of one
+    task on one worker, where a group of slow queries then runs one after another. Strided chunks give
+    each worker part of every group (both groups of 8 reach both workers)."""
+    import sys
+
+    path = tmp_path / "d.sqlite"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (a)")
+    con.commit()
+    con.close()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # the workers import this module by name
+    try:
+        with Sandbox(workers=2) as sb:
+            items = [(str(path), f"SELECT {g} + {k} FROM t", (), None) for g in range(2) for k in range(8)]
+            got = sb.execute_scored(items, {}, "test_reward_workers:_pid_scorer", None)
+    finally:
+        sys.path.remove(str(Path(__file__).resolve().parent))
+    assert [g[1] for g in got] == ["ok"] * 16
+    for g in range(2):
+        assert len({pid for pid, _ in got[g * 8 : g * 8 + 8]}) == 2, got

@@ -73,10 +73,6 @@ class Text2SQLEnv:
             lambda sb, gc, kind: Evaluator(sb, gc, kind=kind, test_suite=False)
         )
         self.evaluator = make(self.sandbox, self.gold_cache, cfg.grpo.reward)
-        # the validity arm still logs execution accuracy (never used as its reward)
-        self.acc_evaluator = (
-            make(self.sandbox, self.gold_cache, "execution") if cfg.grpo.reward != "execution" else None
-        )
         return self
 
     def __exit__(self, *exc) -> None:
@@ -91,19 +87,21 @@ class Text2SQLEnv:
         )
 
     def score(self, trajs: list) -> list[float]:
+        """Rewards into `traj.reward`; returns the execution-match values of the scored trajectories. The
+        validity arm's accuracy comes from the same scoring: its status is the execution-match verdict
+        (`match` / `mismatch`, or the failure), so no prediction is executed twice."""
         from sqlrl.evaluate import score_trajectories
 
         score_trajectories(trajs, self.by_id, self.evaluator)
-        if self.acc_evaluator is None:
+        if self.cfg.grpo.reward == "execution":
             return [tr.reward["value"] for tr in trajs if tr.reward["value"] is not None]
         accs = []
-        scored = [tr for tr in trajs if tr.infra_error is None]
-        items = [(tr.final_sql, self.by_id[tr.task_id]) for tr in scored]
-        many = getattr(self.acc_evaluator, "score_many", None)
-        for tr, r in zip(scored, many(items) if many else [self.acc_evaluator.score(*x) for x in items]):
-            tr.reward["parts"]["execution_match"] = r.value
-            if r.value is not None:
-                accs.append(r.value)
+        for tr in trajs:
+            if tr.reward["value"] is None:  # excluded (infrastructure, unscorable gold): no accuracy either
+                continue
+            em = 1.0 if tr.reward["status"] == "match" else 0.0
+            tr.reward["parts"]["execution_match"] = em
+            accs.append(em)
         return accs
 
 

@@ -999,14 +999,20 @@ class Sandbox:
             return results
         t = self.timeout_s
         todo = [(i, _abspath(it[0]), it[1], t, tuple(it[2]), it[3], None) for i, it in enumerate(items)]
-        # contiguous chunks: the samples of one task (one database, one gold) mostly stay on one worker.
-        # As many per worker as there are items for chunks of `_SCORE_MIN_CHUNK` (1 to
+        # As many chunks per worker as there are items for chunks of `_SCORE_MIN_CHUNK` (1 to
         # `_SCORE_CHUNKS_PER_WORKER`): every message costs both sides wake-ups, which a small call
-        # cannot repay with better balance
+        # cannot repay with better balance. Strided, not contiguous: chunk c holds items c, c + n,
+        # c + 2n, ... of the n chunks, so the samples of one task (a GRPO group: one database, one gold,
+        # often the same slow query shape) are spread over the workers instead of queueing on one. In a
+        # real training step 8 samples of one task were correlated subqueries of 2-3 s each: in one
+        # contiguous chunk they made that step's scoring take ~20 s on 8 workers
+        # (results/2026-12-01-spider-0.5b-single-turn-seed3, step 7 of every arm). The cost: a worker
+        # receives the golds of more tasks (each gold payload is shipped once per worker and kept).
         per_worker = max(1, min(_SCORE_CHUNKS_PER_WORKER, len(todo) // (self.workers * _SCORE_MIN_CHUNK)))
         n_chunks = min(len(todo), self.workers * per_worker)
         size = max(1, min(self.chunk_size * 4, -(-len(todo) // n_chunks)))
-        chunks = deque(todo[k : k + size] for k in range(0, len(todo), size))
+        n_chunks = -(-len(todo) // size)
+        chunks = deque(todo[k::n_chunks] for k in range(n_chunks))
         self._run_scored(chunks, refs, scorer, options, results)
         for i, r in enumerate(results):
             if r is None:  # only if the sandbox was closed under us
