@@ -579,6 +579,7 @@ _STARTING, _IDLE = -2.0, -1.0  # progress[1] while the worker starts up / before
 _SCORE_CHUNKS_PER_WORKER = 4  # execute_scored: chunks per worker (load balance vs round trips)
 _SCORE_DEPTH = 2  # execute_scored: chunks in flight per worker (the next one waits in its pipe)
 _SCORE_MIN_CHUNK = 16  # execute_scored: fewer chunks per worker rather than chunks smaller than this
+_STRIDED_CHUNKS = True  # execute_scored: strided chunks (see there); False: consecutive items
 # execute_scored: a chunk is queued behind a running one only while everything in flight on that worker
 # is at most this many bytes (and a quarter of the pipe's OS send buffer), so the send cannot block
 # the parent's thread, and with it the watchdog, until the worker reads; otherwise it waits until the
@@ -1012,7 +1013,10 @@ class Sandbox:
         n_chunks = min(len(todo), self.workers * per_worker)
         size = max(1, min(self.chunk_size * 4, -(-len(todo) // n_chunks)))
         n_chunks = -(-len(todo) // size)
-        chunks = deque(todo[k::n_chunks] for k in range(n_chunks))
+        if _STRIDED_CHUNKS:
+            chunks = deque(todo[k::n_chunks] for k in range(n_chunks))
+        else:  # consecutive items (before 2026-12-01); bench/bench_reward_stream.py compares the two
+            chunks = deque(todo[k : k + size] for k in range(0, len(todo), size))
         self._run_scored(chunks, refs, scorer, options, results)
         for i, r in enumerate(results):
             if r is None:  # only if the sandbox was closed under us

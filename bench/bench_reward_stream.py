@@ -1,0 +1,364 @@
+"""Reward throughput on real training streams: every pair a GRPO run scored, replayed step by step.
+
+    python bench/bench_reward_stream.py [--data ../shared/data/spider] [--run RESULTS_FOLDER]
+        [--arms grpo,no_update,validity] [--workers 2] [--steps N] [--slow-ms 50] [--json OUT]
+
+Workload: `arms/<arm>/train/sql.jsonl.gz` of a committed experiment (default
+`results/2026-12-01-spider-0.5b-single-turn-seed3`: Qwen2.5-Coder-0.5B on Spider, 24 steps x 32 tasks x 8
+samples per arm at temperature 1, written by the trainer, `run.log_sql`): the final SQL of every
+training trajectory, in the order the trainer scored them, one scoring call per step (3 x 6,144 pairs).
+Unlike bench_reward.py's workloads this includes what real model SQL does to a scorer: duplicates
+inside a group, syntax errors, and a few predictions that run for seconds (correlated subqueries on
+the largest Spider databases) or until the 5 s statement limit.
+
+Scorers, on the same pairs:
+- ours, as the trainer scores: per arm one fresh `Sandbox(workers)` and one `Evaluator` (the arm's
+  reward kind, `test_suite=False`), one `score_many` per step. Timed twice: with the sandbox's strided
+  chunks and with consecutive chunks (`sandbox._STRIDED_CHUNKS = False`, the code before 2026-12-01),
+  in alternating order per arm.
+- naive: per pair open a read-only connection, run the gold, run the prediction, compare with the same
+  `execution_match`, close (bench_reward.naive_score), plus the statement deadline the sandbox applies
+  (5 s, a progress handler): without one a runaway prediction of the stream would never return.
+Floor (first, one process): each distinct prediction of a step executed bare on an already-open
+connection (no sandbox, no IPC, no scoring, the same deadline); "best ratio possible" = naive seconds /
+(bare seconds / workers), i.e. with zero overhead and a perfect split over the workers.
+"Slow" pairs are those whose prediction took more than `--slow-ms` bare: they are executed by any
+scorer and dominate the totals; the "fast part" (every other pair) is timed again on its own for ours
+and read from per-pair timings for the naive, to show the per-pair overhead apart from the tail.
+Also printed: the slowest step of each scorer (what a training step waits for) and verdict agreement
+(ours match == naive match wherever neither timed out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sqlite3
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_reward import cpu_delta, cpu_snapshot  # noqa: E402
+from sqlrl import sandbox as sandbox_mod  # noqa: E402
+from sqlrl.data import SpiderData  # noqa: E402
+from sqlrl.goldcache import GoldCache  # noqa: E402
+from sqlrl.reward import Evaluator, execution_match, gold_shape  # noqa: E402
+from sqlrl.sandbox import Sandbox  # noqa: E402
+
+RUN = "results/2026-12-01-spider-0.5b-single-turn-seed3"
+TIMEOUT_S = 5.0  # the sandbox's default and the training config's agent.sql_timeout_s
+
+
+def load_stream(run: Path, arm: str, max_steps: int | None) -> list[list[dict]]:
+    """The arm's scored trajectories grouped by scoring call ((step, round)), in order."""
+    f = run / "arms" / arm / "train" / "sql.jsonl.gz"
+    if not f.is_file():
+        f = run / "arms" / arm / "train" / "sql.jsonl"
+    opener = gzip.open if f.suffix == ".gz" else open
+    calls: dict[tuple, list] = defaultdict(list)
+    with opener(f, "rt") as fh:
+        for line in fh:
+            r = json.loads(line)
+            if r.get("infra_error"):
+                continue  # never scored
+            if max_steps is None or r["step"] <= max_steps:
+                calls[(r["step"], r["round"])].append(r)
+    return [calls[k] for k in sorted(calls)]
+
+
+def _deadline(con: sqlite3.Connection, timeout_s: float) -> None:
+    end = time.monotonic() + timeout_s
+    con.set_progress_handler(lambda: time.monotonic() > end, 10_000)
+
+
+def naive_score(db_path: str, gold_sql: str, pred_sql: str | None) -> bool | None:
+    """bench_reward.naive_score plus the statement deadline; None when the prediction timed out."""
+    con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        _deadline(con, TIMEOUT_S)
+        cur = con.execute(gold_sql)
+        g_rows, g_cols = cur.fetchall(), [d[0] for d in cur.description or []]
+        _deadline(con, TIMEOUT_S)
+        try:
+            cur = con.execute(pred_sql or "")
+            p_rows, p_cols = cur.fetchall(), [d[0] for d in cur.description or []]
+        except sqlite3.OperationalError as e:
+            return None if str(e) == "interrupted" else False
+        except sqlite3.Error:
+            return False
+        return execution_match(g_cols, g_rows, p_cols, p_rows, gold_shape(gold_sql)).match
+    finally:
+        con.close()
+
+
+def bare_seconds(conns: dict, db_path: str, sql: str | None) -> float:
+    con = conns.get(db_path)
+    if con is None:
+        con = sqlite3.connect(f"file:{db_path}?mode=ro&immutable=1", uri=True, cached_statements=0)
+        con.execute("SELECT * FROM sqlite_master").fetchall()
+        conns[db_path] = con
+    _deadline(con, TIMEOUT_S)
+    t0 = time.perf_counter()
+    try:
+        con.execute(sql or "").fetchall()
+    except (sqlite3.Error, ValueError):
+        pass
+    return time.perf_counter() - t0
+
+
+def time_ours(calls: list[list], tasks: dict, gc, workers: int, kind: str, strided: bool) -> dict:
+    """One fresh sandbox + evaluator for the whole stream, as a training run has; per-call wall times."""
+    sandbox_mod._STRIDED_CHUNKS = strided
+    try:
+        with Sandbox(workers=workers, timeout_s=TIMEOUT_S) as sb:
+            ev = Evaluator(sb, gc, kind=kind, test_suite=False)
+            # the workers are up before the clock starts (a training run starts them with its env)
+            first = tasks[calls[0][0]["task_id"]].public.db_path
+            sb.execute_many([(first, "SELECT 1")] * workers)
+            snap = cpu_snapshot(sb)
+            per_call, rewards = [], []
+            t0 = time.perf_counter()
+            for call in calls:
+                t1 = time.perf_counter()
+                rewards += ev.score_many([(r["final_sql"], tasks[r["task_id"]]) for r in call])
+                per_call.append(time.perf_counter() - t1)
+            total = time.perf_counter() - t0
+            parent, wrk = cpu_delta(sb, snap)
+    finally:
+        sandbox_mod._STRIDED_CHUNKS = True
+    return {"total": total, "per_call": per_call, "rewards": rewards, "cpu": (parent, wrk)}
+
+
+def time_naive(calls: list[list], tasks: dict) -> dict:
+    per_pair, per_call, verdicts = [], [], []
+    t0 = time.perf_counter()
+    for call in calls:
+        t1 = time.perf_counter()
+        for r in call:
+            t = tasks[r["task_id"]]
+            t2 = time.perf_counter()
+            verdicts.append(naive_score(t.public.db_path, t.gold_sql, r["final_sql"]))
+            per_pair.append(time.perf_counter() - t2)
+        per_call.append(time.perf_counter() - t1)
+    return {
+        "total": time.perf_counter() - t0,
+        "per_call": per_call,
+        "per_pair": per_pair,
+        "verdicts": verdicts,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "spider"))
+    ap.add_argument(
+        "--run", default=str(ROOT / RUN), help="experiment folder with arms/*/train/sql.jsonl[.gz]"
+    )
+    ap.add_argument("--arms", default="grpo,no_update,validity")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=None, help="only the first N steps of each arm")
+    ap.add_argument(
+        "--slow-ms", type=float, default=50.0, help="bare execution time that makes a pair 'slow'"
+    )
+    ap.add_argument("--json", default=None, help="also write the figures to this file")
+    args = ap.parse_args(argv)
+
+    run = Path(args.run)
+    ds = SpiderData(args.data)
+    tasks = {t.public.task_id: t for t in ds.load("train_spider")}
+    arms = [a for a in args.arms.split(",") if a]
+    kinds = {}
+    streams = {}
+    for arm in arms:
+        cfg = json.loads((run / "arms" / arm / "train" / "config.json").read_text())
+        kinds[arm] = cfg["grpo"]["reward"]
+        streams[arm] = load_stream(run, arm, args.steps)
+        if not streams[arm]:
+            print(f"no scored trajectories for arm {arm} under {run}", file=sys.stderr)
+            return 2
+    out: dict = {
+        "run": str(run.relative_to(ROOT)) if run.is_relative_to(ROOT) else str(run),
+        "workers": args.workers,
+        "cpu_count": os.cpu_count(),
+        "timeout_s": TIMEOUT_S,
+        "slow_ms": args.slow_ms,
+        "arms": {},
+    }
+    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_reward_stream_{os.getpid()}"
+    with GoldCache(tmp / "gold", workers=args.workers) as gc:
+        # the gold cache is warm and every gold's shape parsed before any clock starts (cached gold)
+        needed = {
+            (tasks[r["task_id"]].public.db_path, tasks[r["task_id"]].gold_sql)
+            for a in arms
+            for c in streams[a]
+            for r in c
+        }
+        gc.get_many(sorted(needed), progress=False)
+        for _, g in needed:
+            gold_shape(g)
+        totals: dict = defaultdict(float)
+        for n_arm, arm in enumerate(arms):
+            calls = streams[arm]
+            pairs = [r for c in calls for r in c]
+            # floor and the slow pairs: each distinct prediction of a call, bare, once
+            conns: dict = {}
+            bare_total = bare_slow = 0.0
+            slow_keys: set = set()
+            for n_call, call in enumerate(calls):
+                seen = set()
+                for r in call:
+                    db = tasks[r["task_id"]].public.db_path
+                    if (db, r["final_sql"]) in seen:
+                        continue
+                    seen.add((db, r["final_sql"]))
+                    dt = bare_seconds(conns, db, r["final_sql"])
+                    bare_total += dt
+                    if dt * 1e3 > args.slow_ms:
+                        bare_slow += dt
+                        slow_keys.add((n_call, db, r["final_sql"]))
+            for c in conns.values():
+                c.close()
+            is_slow = [
+                (n_call, tasks[r["task_id"]].public.db_path, r["final_sql"]) in slow_keys
+                for n_call, call in enumerate(calls)
+                for r in call
+            ]
+            fast_calls = []
+            k = 0
+            for call in calls:
+                fast_calls.append([r for j, r in enumerate(call) if not is_slow[k + j]])
+                k += len(call)
+            # the timed runs, in alternating order per arm
+            order = ["naive", "strided", "consecutive"]
+            if n_arm % 2:
+                order.reverse()
+            got: dict = {}
+            for who in order:
+                if who == "naive":
+                    got[who] = time_naive(calls, tasks)
+                else:
+                    got[who] = time_ours(calls, tasks, gc, args.workers, kinds[arm], who == "strided")
+            got["fast"] = time_ours(fast_calls, tasks, gc, args.workers, kinds[arm], True)
+            naive = got["naive"]
+            naive_fast = sum(t for t, s in zip(naive["per_pair"], is_slow) if not s)
+            agree = total = 0
+            for rw, m in zip(got["strided"]["rewards"], naive["verdicts"]):
+                if m is None or rw.status in ("timeout", "infra_error", "gold_unscorable"):
+                    continue
+                total += 1
+                agree += (rw.status == "match") == bool(m)
+            same = sum(
+                a.to_dict() == b.to_dict()
+                for a, b in zip(got["strided"]["rewards"], got["consecutive"]["rewards"])
+            )
+            n = len(pairs)
+            n_fast = n - sum(is_slow)
+            res = {
+                "reward_kind": kinds[arm],
+                "calls": len(calls),
+                "pairs": n,
+                "slow_pairs": sum(is_slow),
+                "distinct_slow_predictions": len(slow_keys),
+                "naive_s": round(naive["total"], 3),
+                "ours_strided_s": round(got["strided"]["total"], 3),
+                "ours_consecutive_s": round(got["consecutive"]["total"], 3),
+                "ratio_strided": round(naive["total"] / got["strided"]["total"], 2),
+                "ratio_consecutive": round(naive["total"] / got["consecutive"]["total"], 2),
+                "slowest_call_s": {
+                    w: round(max(got[w]["per_call"]), 3) for w in ("naive", "strided", "consecutive")
+                },
+                "median_call_s": {
+                    w: round(statistics.median(got[w]["per_call"]), 4)
+                    for w in ("naive", "strided", "consecutive")
+                },
+                "bare_s": round(bare_total, 3),
+                "bare_slow_s": round(bare_slow, 3),
+                "best_ratio_possible": round(naive["total"] / (bare_total / args.workers), 2),
+                "fast_part": {
+                    "pairs": n_fast,
+                    "naive_s": round(naive_fast, 3),
+                    "ours_s": round(got["fast"]["total"], 3),
+                    "ratio": round(naive_fast / got["fast"]["total"], 2),
+                    "naive_us_per_pair": round(naive_fast / n_fast * 1e6, 1),
+                    "ours_us_per_pair": round(got["fast"]["total"] / n_fast * 1e6, 1),
+                    "ours_cpu_us_per_pair": {
+                        "parent": round(got["fast"]["cpu"][0] / n_fast * 1e6, 1),
+                        "workers": round(got["fast"]["cpu"][1] / n_fast * 1e6, 1),
+                    },
+                    "best_ratio_possible": round(
+                        naive_fast / max(1e-9, (bare_total - bare_slow) / args.workers), 2
+                    ),
+                },
+                "verdict_agreement_with_naive": f"{agree}/{total}",
+                "strided_equals_consecutive": f"{same}/{n}",
+            }
+            out["arms"][arm] = res
+            for key in ("naive_s", "ours_strided_s", "ours_consecutive_s", "bare_s", "bare_slow_s"):
+                totals[key] += res[key]
+            totals["pairs"] += n
+            totals["fast_naive_s"] += naive_fast
+            totals["fast_ours_s"] += got["fast"]["total"]
+            totals["fast_pairs"] += n_fast
+            print(
+                f"{arm} ({kinds[arm]} reward): {n} pairs in {len(calls)} calls, {res['slow_pairs']} slow "
+                f"(> {args.slow_ms:g} ms bare: {len(slow_keys)} distinct predictions, {bare_slow:.1f} of "
+                f"{bare_total:.1f} s bare)\n"
+                f"  naive {naive['total']:.2f} s; ours strided {got['strided']['total']:.2f} s "
+                f"({res['ratio_strided']}x), consecutive {got['consecutive']['total']:.2f} s "
+                f"({res['ratio_consecutive']}x); best possible on {args.workers} workers "
+                f"{res['best_ratio_possible']}x\n"
+                f"  slowest call: naive {res['slowest_call_s']['naive']} s, strided "
+                f"{res['slowest_call_s']['strided']} s, consecutive {res['slowest_call_s']['consecutive']} s; "
+                f"median call {res['median_call_s']['naive']} / {res['median_call_s']['strided']} / "
+                f"{res['median_call_s']['consecutive']} s\n"
+                f"  fast part ({n_fast} pairs): naive {naive_fast:.2f} s ({res['fast_part']['naive_us_per_pair']} "
+                f"us/pair), ours {got['fast']['total']:.2f} s ({res['fast_part']['ours_us_per_pair']} us/pair; "
+                f"CPU parent {res['fast_part']['ours_cpu_us_per_pair']['parent']} + workers "
+                f"{res['fast_part']['ours_cpu_us_per_pair']['workers']} us/pair): "
+                f"{res['fast_part']['ratio']}x (best possible {res['fast_part']['best_ratio_possible']}x)\n"
+                f"  verdicts agree with naive {res['verdict_agreement_with_naive']}; rewards strided == "
+                f"consecutive {res['strided_equals_consecutive']}",
+                flush=True,
+            )
+    t = totals
+    out["total"] = {
+        "pairs": int(t["pairs"]),
+        "naive_s": round(t["naive_s"], 3),
+        "ours_strided_s": round(t["ours_strided_s"], 3),
+        "ours_consecutive_s": round(t["ours_consecutive_s"], 3),
+        "ratio_strided": round(t["naive_s"] / t["ours_strided_s"], 2),
+        "ratio_consecutive": round(t["naive_s"] / t["ours_consecutive_s"], 2),
+        "best_ratio_possible": round(t["naive_s"] / (t["bare_s"] / args.workers), 2),
+        "bare_slow_share": round(t["bare_slow_s"] / t["bare_s"], 3),
+        "fast_part": {
+            "pairs": int(t["fast_pairs"]),
+            "ratio": round(t["fast_naive_s"] / t["fast_ours_s"], 2),
+            "best_ratio_possible": round(
+                t["fast_naive_s"] / ((t["bare_s"] - t["bare_slow_s"]) / args.workers), 2
+            ),
+        },
+        "target_10x": "met" if t["naive_s"] / t["ours_strided_s"] >= 10 else "NOT met",
+    }
+    o = out["total"]
+    print(
+        f"all arms: {o['pairs']} pairs; naive {o['naive_s']:.1f} s, ours {o['ours_strided_s']:.1f} s: "
+        f"{o['ratio_strided']}x (consecutive chunks {o['ratio_consecutive']}x); best possible "
+        f"{o['best_ratio_possible']}x, {o['bare_slow_share']:.0%} of the bare execution time is in slow "
+        f"pairs; target 10x: {o['target_10x']}\n"
+        f"fast part ({o['fast_part']['pairs']} pairs): {o['fast_part']['ratio']}x "
+        f"(best possible {o['fast_part']['best_ratio_possible']}x)"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
