@@ -530,3 +530,23 @@ def test_sandbox_imports_only_stdlib():
         timeout=60,
     )
     assert out.stdout.strip() == "False"
+
+
+def test_deal_spreads_consecutive_items_over_chunks(monkeypatch):
+    """Both execute_many (multi-turn rollouts) and execute_scored (rewards) cut a call with `_deal`: a
+    GRPO step of 32 tasks x 8 samples into 32 chunks of 8 (8 workers x 4) holds one sample of every task
+    per chunk, so the 8 samples of one task go to 8 chunks (before: one chunk, one worker)."""
+    from sqlrl import sandbox as S
+
+    items = [(g, k) for g in range(32) for k in range(8)]
+    chunks = S._deal(items, 8)
+    assert len(chunks) == 32 and all(len(c) == 8 for c in chunks)
+    assert sorted(x for c in chunks for x in c) == sorted(items)  # every item exactly once
+    for c in chunks:
+        assert len({g for g, _ in c}) == 8  # 8 different tasks per chunk
+    for g in range(32):
+        assert len({n for n, c in enumerate(chunks) for gg, _ in c if gg == g}) == 8
+    odd = S._deal(list(range(10)), 4)  # 3 chunks of at most 4, each item once
+    assert odd == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+    monkeypatch.setattr(S, "_STRIDED_CHUNKS", False)
+    assert S._deal(items, 8)[0] == [(0, k) for k in range(8)]  # the code before: one task per chunk

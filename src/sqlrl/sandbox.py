@@ -579,7 +579,20 @@ _STARTING, _IDLE = -2.0, -1.0  # progress[1] while the worker starts up / before
 _SCORE_CHUNKS_PER_WORKER = 4  # execute_scored: chunks per worker (load balance vs round trips)
 _SCORE_DEPTH = 2  # execute_scored: chunks in flight per worker (the next one waits in its pipe)
 _SCORE_MIN_CHUNK = 16  # execute_scored: fewer chunks per worker rather than chunks smaller than this
-_STRIDED_CHUNKS = True  # execute_scored: strided chunks (see there); False: consecutive items
+_STRIDED_CHUNKS = True  # `_deal`: strided chunks; False: consecutive items (the code before 2026-12-01)
+
+
+def _deal(todo: list, size: int) -> list[list]:
+    """`todo` cut into ceil(len / size) chunks of at most `size` items each, strided: chunk c holds items
+    c, c + n, c + 2n, ... (n chunks), so consecutive items (the samples of one task) land in different
+    chunks and hence, with chunks handed to whichever worker is free, on different workers.
+    `_STRIDED_CHUNKS = False` gives consecutive items instead (bench/bench_reward_stream.py compares)."""
+    n = -(-len(todo) // size)
+    if _STRIDED_CHUNKS:
+        return [todo[k::n] for k in range(n)]
+    return [todo[k : k + size] for k in range(0, len(todo), size)]
+
+
 # execute_scored: a chunk is queued behind a running one only while everything in flight on that worker
 # is at most this many bytes (and a quarter of the pipe's OS send buffer), so the send cannot block
 # the parent's thread, and with it the watchdog, until the worker reads; otherwise it waits until the
@@ -949,7 +962,7 @@ class Sandbox:
         if todo:
             n_chunks_target = self.workers * 4
             size = max(1, min(self.chunk_size, -(-len(todo) // n_chunks_target)))
-            chunks = [todo[k : k + size] for k in range(0, len(todo), size)]
+            chunks = _deal(todo, size)  # strided: see execute_scored (multi-turn rollouts run here)
             if len(chunks) == 1:
                 self._run_chunks(chunks, iter(range(1)), results)
             else:
@@ -1012,11 +1025,7 @@ class Sandbox:
         per_worker = max(1, min(_SCORE_CHUNKS_PER_WORKER, len(todo) // (self.workers * _SCORE_MIN_CHUNK)))
         n_chunks = min(len(todo), self.workers * per_worker)
         size = max(1, min(self.chunk_size * 4, -(-len(todo) // n_chunks)))
-        n_chunks = -(-len(todo) // size)
-        if _STRIDED_CHUNKS:
-            chunks = deque(todo[k::n_chunks] for k in range(n_chunks))
-        else:  # consecutive items (before 2026-12-01); bench/bench_reward_stream.py compares the two
-            chunks = deque(todo[k : k + size] for k in range(0, len(todo), size))
+        chunks = deque(_deal(todo, size))
         self._run_scored(chunks, refs, scorer, options, results)
         for i, r in enumerate(results):
             if r is None:  # only if the sandbox was closed under us
