@@ -628,11 +628,11 @@ def train(
             gen_adjustments_before = len(policy.memory_adjustments)
             train_model.eval()
             policy.identity = f"{base_identity}@{out.name}:step{step - 1}"
-            t_roll = 0.0
+            t_roll = t_score = 0.0
 
             def sample_round(r: int, step: int = step) -> tuple[list, list]:
                 """Rollouts of `prompts_per_step` fresh tasks (round r of this step), scored."""
-                nonlocal t_roll
+                nonlocal t_roll, t_score
                 batch_tasks = [tasks[i] for i in sampler.next(g.prompts_per_step)]
                 t_r = time.perf_counter()
                 # round 0's seed is the step's seed of a run without dynamic sampling
@@ -645,7 +645,9 @@ def train(
                     g.group_size,
                 )
                 t_roll += time.perf_counter() - t_r
+                t_s = time.perf_counter()
                 scored = env.score(got)
+                t_score += time.perf_counter() - t_s
                 if cfg.run.log_sql:
                     append_jsonl_many(out / "sql.jsonl", (sql_record(step, r, tr) for tr in got))
                 return got, scored
@@ -818,6 +820,7 @@ def train(
                 "gen_tokens": sum(tr.generated_tokens for tr in generated),
                 "mean_turns": sum(len(tr.turns) for tr in trajs) / len(trajs),
                 "time_rollout_s": round(t_roll, 3),
+                "time_score_s": round(t_score, 3),
                 "time_update_s": round(t_upd, 3),
                 "time_step_s": round(time.perf_counter() - t0, 3),
                 **gpu_telemetry(),
