@@ -118,17 +118,31 @@ def variants(gold: str, k: int) -> list[str]:
     return out[:k]
 
 
-def naive_score(db_path: str, gold_sql: str, pred_sql: str | None) -> bool | None:
+def _deadline(con: sqlite3.Connection, timeout_s: float) -> None:
+    end = time.monotonic() + timeout_s
+    con.set_progress_handler(lambda: time.monotonic() > end, 10_000)
+
+
+def naive_score(
+    db_path: str, gold_sql: str, pred_sql: str | None, timeout_s: float | None = None
+) -> bool | None:
+    """The naive scorer. `timeout_s`: a statement deadline (progress handler) for gold and prediction,
+    and None when the prediction ran past it (bench_reward_stream.py: real model SQL can run forever);
+    None (the workloads here): no deadline."""
     pred_sql = pred_sql or ""
     con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     try:
+        if timeout_s:
+            _deadline(con, timeout_s)
         cur = con.execute(gold_sql)
         g_rows, g_cols = cur.fetchall(), [d[0] for d in cur.description or []]
+        if timeout_s:
+            _deadline(con, timeout_s)
         try:
             cur = con.execute(pred_sql)
             p_rows, p_cols = cur.fetchall(), [d[0] for d in cur.description or []]
-        except sqlite3.Error:
-            return False
+        except sqlite3.Error as e:
+            return None if timeout_s and str(e) == "interrupted" else False
         return execution_match(g_cols, g_rows, p_cols, p_rows, gold_shape(gold_sql)).match
     finally:
         con.close()

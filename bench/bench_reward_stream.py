@@ -38,6 +38,7 @@ import os
 import sqlite3
 import statistics
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -45,11 +46,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_reward import cpu_delta, cpu_snapshot  # noqa: E402
+from bench_reward import _deadline, cpu_delta, cpu_snapshot, naive_score  # noqa: E402
 from sqlrl import sandbox as sandbox_mod  # noqa: E402
 from sqlrl.data import SpiderData  # noqa: E402
 from sqlrl.goldcache import GoldCache  # noqa: E402
-from sqlrl.reward import Evaluator, execution_match, gold_shape  # noqa: E402
+from sqlrl.reward import Evaluator, gold_shape  # noqa: E402
 from sqlrl.sandbox import Sandbox  # noqa: E402
 
 RUN = "results/2026-12-01-spider-0.5b-single-turn-seed3"
@@ -71,31 +72,6 @@ def load_stream(run: Path, arm: str, max_steps: int | None) -> list[list[dict]]:
             if max_steps is None or r["step"] <= max_steps:
                 calls[(r["step"], r["round"])].append(r)
     return [calls[k] for k in sorted(calls)]
-
-
-def _deadline(con: sqlite3.Connection, timeout_s: float) -> None:
-    end = time.monotonic() + timeout_s
-    con.set_progress_handler(lambda: time.monotonic() > end, 10_000)
-
-
-def naive_score(db_path: str, gold_sql: str, pred_sql: str | None) -> bool | None:
-    """bench_reward.naive_score plus the statement deadline; None when the prediction timed out."""
-    con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
-    try:
-        _deadline(con, TIMEOUT_S)
-        cur = con.execute(gold_sql)
-        g_rows, g_cols = cur.fetchall(), [d[0] for d in cur.description or []]
-        _deadline(con, TIMEOUT_S)
-        try:
-            cur = con.execute(pred_sql or "")
-            p_rows, p_cols = cur.fetchall(), [d[0] for d in cur.description or []]
-        except sqlite3.OperationalError as e:
-            return None if str(e) == "interrupted" else False
-        except sqlite3.Error:
-            return False
-        return execution_match(g_cols, g_rows, p_cols, p_rows, gold_shape(gold_sql)).match
-    finally:
-        con.close()
 
 
 def bare_seconds(conns: dict, db_path: str, sql: str | None) -> float:
@@ -144,7 +120,7 @@ def time_naive(calls: list[list], tasks: dict) -> dict:
         for r in call:
             t = tasks[r["task_id"]]
             t2 = time.perf_counter()
-            verdicts.append(naive_score(t.public.db_path, t.gold_sql, r["final_sql"]))
+            verdicts.append(naive_score(t.public.db_path, t.gold_sql, r["final_sql"], TIMEOUT_S))
             per_pair.append(time.perf_counter() - t2)
         per_call.append(time.perf_counter() - t1)
     return {
@@ -191,8 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         "slow_ms": args.slow_ms,
         "arms": {},
     }
-    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_reward_stream_{os.getpid()}"
-    with GoldCache(tmp / "gold", workers=args.workers) as gc:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench_reward_stream_") as tmp,
+        GoldCache(Path(tmp) / "gold", workers=args.workers) as gc,
+    ):
         # the gold cache is warm and every gold's shape parsed before any clock starts (cached gold)
         needed = {
             (tasks[r["task_id"]].public.db_path, tasks[r["task_id"]].gold_sql)

@@ -89,3 +89,28 @@ def test_run_records_name_the_commit_of_an_unpacked_git_archive(tmp_path):
     assert git_commit(tree / "src" / "sqlrl")["commit"] is None
     # a real checkout still answers from git
     assert git_commit(repo / "src" / "sqlrl") == {"commit": sha, "dirty": False}
+
+
+@pytest.mark.skipif(
+    not (ROOT.parent / "shared" / "data" / "spider" / "train_spider.json").is_file(),
+    reason="needs ../shared/data/spider",
+)
+def test_bench_reward_stream_runs_on_the_committed_stream(tmp_path):
+    """bench_reward_stream.py on the first step of one committed training stream: 256 pairs, every
+    verdict of ours agrees with the naive scorer, and strided and consecutive chunks give the same rewards."""
+    out = tmp_path / "s.json"
+    r = subprocess.run(
+        [sys.executable, "bench/bench_reward_stream.py", "--steps", "1", "--arms", "grpo", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    arm = json.loads(out.read_text())["arms"]["grpo"]
+    assert arm["pairs"] == 256 and arm["calls"] == 1 and arm["reward_kind"] == "execution"
+    n_agree, n = map(int, arm["verdict_agreement_with_naive"].split("/"))
+    assert n_agree == n >= 250
+    assert arm["strided_equals_consecutive"] == "256/256"
+    assert arm["naive_s"] > 0 and arm["ours_strided_s"] > 0
