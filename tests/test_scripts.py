@@ -99,8 +99,9 @@ def test_bench_reward_stream_runs_on_the_committed_stream(tmp_path):
     """bench_reward_stream.py on the first step of one committed training stream: 256 pairs, every
     verdict of ours agrees with the naive scorer, and strided and consecutive chunks give the same rewards."""
     out = tmp_path / "s.json"
+    cmd = [sys.executable, "bench/bench_reward_stream.py", "--steps", "1", "--arms", "grpo"]
     r = subprocess.run(
-        [sys.executable, "bench/bench_reward_stream.py", "--steps", "1", "--arms", "grpo", "--json", str(out)],
+        [*cmd, "--json", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
