@@ -307,3 +307,18 @@ def test_turn_use_section_only_for_multi_turn_arms(synthetic_report) -> None:
     assert 'id="turn-use"' in Path(paths["html"]).read_text(encoding="utf-8")
     analysis = analyze(exp, n_boot=200)
     assert all((a["turn_use"] is None) == (a["turns"] == 1) for a in analysis["arms"])
+
+
+def test_training_section_plots_step_and_scoring_time(synthetic_report) -> None:
+    """Step time and the reward's scoring time per step are charted (the seed-3 run's scoring stall at
+    step 7 is the kind of thing they show); steps.jsonl written before time_score_s existed (as this
+    synthetic one) gets an honest 'not recorded' for that chart, not an empty axis."""
+    _, paths = synthetic_report
+    text = Path(paths["html"]).read_text(encoding="utf-8")
+    training = text[text.index('id="training"') :]
+    training = training[: training.index("</section>")]
+    assert "step time (s)" in training and "reward scoring time (s)" in training
+    scoring = training[training.index('aria-label="reward scoring time (s)"') :]
+    assert scoring[: scoring.index("</svg>")].count("not recorded") == 1
+    step = training[training.index('aria-label="step time (s)"') :]
+    assert "not recorded" not in step[: step.index("</svg>")] and "<polyline" in step[: step.index("</svg>")]

@@ -71,6 +71,8 @@ CURVE_METRICS = [
     ("kl", "KL to reference"),
     ("grad_norm", "grad norm"),
     ("loss", "loss"),
+    ("time_step_s", "step time (s)"),
+    ("time_score_s", "reward scoring time (s)"),
 ]
 
 
