@@ -49,7 +49,9 @@ statement through layers 1-6 exactly as `execute` does, plus reference payloads 
 results) that the parent ships to each worker once and the worker keeps. The watchdog applies per
 statement; an item whose statement hung or whose worker died gets `timeout` / `worker_crash` (or, for
 a later statement of the item, is run again with that statement answered by the failure), and the
-chunk's other unfinished items are re-run on the fresh worker. Workers import the modules in `preload`
+chunk's other unfinished items are re-run on the fresh worker. `execute_many` and `execute_scored` deal a
+call's items to chunks strided (`_deal`), so consecutive items (one task's samples) run on different
+workers and a group of slow statements does not queue on one. Workers import the modules in `preload`
 (default `sqlrl.reward`, standard library only at import) when they start.
 
 Statuses: ok | empty_sql | syntax_error | forbidden | multiple_statements | timeout | too_many_rows |
@@ -579,20 +581,6 @@ _STARTING, _IDLE = -2.0, -1.0  # progress[1] while the worker starts up / before
 _SCORE_CHUNKS_PER_WORKER = 4  # execute_scored: chunks per worker (load balance vs round trips)
 _SCORE_DEPTH = 2  # execute_scored: chunks in flight per worker (the next one waits in its pipe)
 _SCORE_MIN_CHUNK = 16  # execute_scored: fewer chunks per worker rather than chunks smaller than this
-_STRIDED_CHUNKS = True  # `_deal`: strided chunks; False: consecutive items (the code before 2026-12-01)
-
-
-def _deal(todo: list, size: int) -> list[list]:
-    """`todo` cut into ceil(len / size) chunks of at most `size` items each, strided: chunk c holds items
-    c, c + n, c + 2n, ... (n chunks), so consecutive items (the samples of one task) land in different
-    chunks and hence, with chunks handed to whichever worker is free, on different workers.
-    `_STRIDED_CHUNKS = False` gives consecutive items instead (bench/bench_reward_stream.py compares)."""
-    n = -(-len(todo) // size)
-    if _STRIDED_CHUNKS:
-        return [todo[k::n] for k in range(n)]
-    return [todo[k : k + size] for k in range(0, len(todo), size)]
-
-
 # execute_scored: a chunk is queued behind a running one only while everything in flight on that worker
 # is at most this many bytes (and a quarter of the pipe's OS send buffer), so the send cannot block
 # the parent's thread, and with it the watchdog, until the worker reads; otherwise it waits until the
@@ -731,6 +719,18 @@ def _score_batch(
 
 _START_LOCK = threading.Lock()
 _STARTUP_LIMIT_S = 120.0
+_STRIDED_CHUNKS = True  # `_deal`: strided chunks; False: consecutive items (the code before 2026-12-01)
+
+
+def _deal(todo: list, size: int) -> list[list]:
+    """`todo` cut into ceil(len / size) chunks of at most `size` items each, strided: chunk c holds items
+    c, c + n, c + 2n, ... (n chunks), so consecutive items (the samples of one task) land in different
+    chunks and hence, with chunks handed to whichever worker is free, on different workers.
+    `_STRIDED_CHUNKS = False` gives consecutive items instead (bench/bench_reward_stream.py compares)."""
+    n = -(-len(todo) // size)
+    if _STRIDED_CHUNKS:
+        return [todo[k::n] for k in range(n)]
+    return [todo[k : k + size] for k in range(0, len(todo), size)]
 
 
 class _Worker:
