@@ -122,6 +122,7 @@ def test_grpo_steps_change_weights_and_record_everything(tmp_path):
         assert s["grad_norm"] > 0 and s["zero_var_groups"] == 0 and s["groups"] == 2
         assert s["n_trajectories"] == 8 and s["trained_tokens"] > 0 and abs(s["reward_mean"] - 0.5) < 1e-9
         assert 0 <= s["time_score_s"] <= s["time_step_s"] - s["time_rollout_s"]
+        assert s["reward_status_counts"] == {"match": 4, "mismatch": 4}  # Alternating, 8 trajectories
     for f in ("config.json", "run.json", "split.json", "checkpoints/manifest.json", "rollouts.jsonl"):
         assert (run / f).exists(), f
     info = json.loads((run / "run.json").read_text())

@@ -46,6 +46,7 @@ import math
 import random
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -794,6 +795,8 @@ def train(
                 )
                 if valid
                 else None,
+                # the first round's reward statuses, excluded ones included (e.g. how many timed out)
+                "reward_status_counts": dict(Counter(str(tr.reward.get("status")) for tr in trajs)),
                 "loss": loss_sum,
                 "kl": kl_sum / tok_sum if tok_sum else 0.0,
                 "clip_frac": clip_sum / tok_sum if tok_sum else 0.0,
