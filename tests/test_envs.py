@@ -30,6 +30,7 @@ def test_text2sql_env_training_reward_skips_the_test_suite_metric(tmp_path):
     assert accs[0] == 1.0 and trajs[0].reward["status"] == "match"
     for tr in trajs:
         assert "test_suite_match" not in tr.reward["parts"]
+        assert tr.reward["exec_ms"] is not None and tr.reward["exec_ms"] >= 0  # recorded in sql.jsonl
 
 
 def test_validity_env_reads_accuracy_from_its_own_scoring(tmp_path):

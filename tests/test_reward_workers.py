@@ -392,3 +392,26 @@ def test_execute_scored_spreads_one_tasks_samples_over_the_workers(tmp_path):
     assert [g[1] for g in got] == ["ok"] * 16
     for g in range(2):
         assert len({pid for pid, _ in got[g * 8 : g * 8 + 8]}) == 2, got
+
+
+def test_exec_ms_reports_the_sandbox_time_of_each_pair_on_both_paths(db, tmp_path):
+    """`Reward.exec_ms`: the sandbox's milliseconds on the pair's SQL, from the workers and from the
+    parent-side path alike; None where nothing ran; a repeat carries its first occurrence's time; never
+    part of equality or `to_dict` (so rewards with different timings still compare equal)."""
+    heavy = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 300000) SELECT count(*) FROM c"
+    light = "SELECT count(*) FROM singer"
+    t = task(db, "SELECT count(*) FROM singer")
+    with Sandbox(workers=1) as sb, GoldCache(tmp_path / "gc", workers=1) as gc:
+        got = {}
+        for name, box in (("workers", sb), ("parent", ParentSide(sb))):
+            ev = Evaluator(box, gc)
+            got[name] = ev.score_many([(heavy, t), (light, t), (None, t), (light, t), ("SELEC x", t)])
+    for name, (h, lt, none, again, bad) in got.items():
+        assert h.status == "mismatch" and lt.status == "match" and bad.status == "exec_error", name
+        assert h.exec_ms is not None and lt.exec_ms is not None and h.exec_ms > lt.exec_ms >= 0, name
+        assert h.exec_ms >= 1.0, name  # 300,000 recursive rows take well over a millisecond
+        assert none.status == "no_sql" and none.exec_ms is None, name
+        assert again.exec_ms == lt.exec_ms, name  # the repeat was answered from the first pair
+        assert bad.exec_ms is not None and bad.exec_ms >= 0, name
+        assert "exec_ms" not in h.to_dict()
+    assert got["workers"] == got["parent"]  # equality ignores the (different) timings

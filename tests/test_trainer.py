@@ -132,6 +132,7 @@ def test_grpo_steps_change_weights_and_record_everything(tmp_path):
     assert [(r["step"], r["round"]) for r in sql] == [(1, 0)] * 8 + [(2, 0)] * 8
     assert [r["value"] for r in sql] == [1.0, 0.0] * 8  # Alternating (1, 0, 1, ...), in scoring order
     assert all(r["status"] in ("match", "mismatch") and "prompt_text" not in r for r in sql)
+    assert all(r["exec_ms"] is None for r in sql)  # the scripted reward executes nothing
     logged = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
     by_key = {(r["step"], r["task_id"], r["sample"]): r for r in sql}
     for r in logged:

@@ -68,7 +68,12 @@ def score_trajectories(trajectories: list[Trajectory], tasks_by_id: dict, evalua
     else:
         rewards = [evaluator.score(sql, task) for sql, task in items]
     for tr, r in zip(todo, rewards):
-        tr.reward = {"value": r.value, "status": r.status, "parts": dict(r.parts)}
+        tr.reward = {
+            "value": r.value,
+            "status": r.status,
+            "parts": dict(r.parts),
+            "exec_ms": getattr(r, "exec_ms", None),  # diagnostic: the sandbox's time on this SQL
+        }
 
 
 def evaluate_tasks(
@@ -137,6 +142,7 @@ def evaluate_tasks(
                 "test_suite_correct": None if ts is None else bool(ts),
                 "turns": len(tr.turns),
                 "stop_reason": tr.stop_reason,
+                "exec_ms": rw.get("exec_ms"),
             }
         )
     summary = summarize(results, trajectories, kind=kind)

@@ -71,6 +71,9 @@ too_many_rows / too_large -> `exec_error`, 0 (parts["sandbox_status"] records wh
 pairs in parallel inside the sandbox workers (or running the predictions through `execute_many` for a
 sandbox without `execute_scored`). A deterministic pair repeated within one call is scored once (see
 `Evaluator`); the rewards are the same with that de-duplication on or off.
+Every Reward also carries `exec_ms`, the sandbox's milliseconds on the pair's SQL in that call (None
+when nothing ran): a diagnostic for finding slow model SQL, not part of the verdict, equality or
+`to_dict`.
 `kind="validity"`: value 1.0 when the SQL executes with status ok (status still says match/mismatch as
 a diagnostic), 0 otherwise; the other statuses are as above.
 
@@ -149,6 +152,11 @@ class Reward:
     value: float | None  # None when excluded (gold_unscorable, infra_error)
     status: str  # one of STATUSES
     parts: dict = field(default_factory=dict)
+    # milliseconds the sandbox spent executing this pair's SQL (the prediction and, for the test-suite
+    # metric, its DISTINCT-free variant) in this call; None when nothing ran. A diagnostic (which model
+    # SQL is slow): not part of the verdict, of equality or of `to_dict`. A repeat answered from an
+    # identical pair of the same call carries that pair's time.
+    exec_ms: float | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -927,7 +935,14 @@ def _takes_resolved(gold_cache: Any) -> bool:
 
 
 def _copy_reward(r: Reward) -> Reward:
-    return Reward(r.value, r.status, {k: list(v) if isinstance(v, list) else v for k, v in r.parts.items()})
+    parts = {k: list(v) if isinstance(v, list) else v for k, v in r.parts.items()}
+    return Reward(r.value, r.status, parts, r.exec_ms)
+
+
+def _elapsed(*results: Any) -> float | None:
+    """Summed `elapsed_ms` of the sandbox results among `results` (None where none has one)."""
+    ms = [float(e) for r in results if (e := getattr(r, "elapsed_ms", None)) is not None]
+    return round(sum(ms), 3) if ms else None
 
 
 @dataclass
@@ -1204,10 +1219,10 @@ class Evaluator:
             return pending
         executions = 0
         for p, g in zip(sent, got):
-            if type(g) is tuple and len(g) == 5:
-                value, status, parts, memo_ok, n = g
+            if type(g) is tuple and len(g) == 6:
+                value, status, parts, memo_ok, n, ms = g
                 executions += n
-                r = Reward(value, status, parts)
+                r = Reward(value, status, parts, ms)
                 out[p.i] = r
                 if memo_ok and p.key is not None:
                     reusable[p.key] = r
@@ -1220,7 +1235,7 @@ class Evaluator:
             msg = str(getattr(g, "message", "") or "")[:500]
             if st == "timeout":
                 fail = _fail_parts(base, want_ts)
-                out[p.i] = Reward(0.0, "timeout", {**fail, "sandbox_status": st, "message": msg})
+                out[p.i] = Reward(0.0, "timeout", {**fail, "sandbox_status": st, "message": msg}, _elapsed(g))
             else:
                 out[p.i] = Reward(None, "infra_error", {**base, "sandbox_status": st, "message": msg})
         self._count(executions=executions)
@@ -1245,13 +1260,14 @@ class Evaluator:
             st = getattr(res, "status", None)
             msg = str(getattr(res, "message", "") or "")[:500]
             fail = _fail_parts(base, want_ts)
+            ms = _elapsed(res, vres)
             if st != "ok":
                 if st == "empty_sql":
-                    out[i] = Reward(0.0, "no_sql", {**fail, "sandbox_status": st})
+                    out[i] = Reward(0.0, "no_sql", {**fail, "sandbox_status": st}, ms)
                 elif st in _EXEC_ERROR_STATUSES:
-                    out[i] = Reward(0.0, "exec_error", {**fail, "sandbox_status": st, "message": msg})
+                    out[i] = Reward(0.0, "exec_error", {**fail, "sandbox_status": st, "message": msg}, ms)
                 elif st == "timeout":
-                    out[i] = Reward(0.0, "timeout", {**fail, "sandbox_status": st, "message": msg})
+                    out[i] = Reward(0.0, "timeout", {**fail, "sandbox_status": st, "message": msg}, ms)
                 else:
                     out[i] = Reward(None, "infra_error", {**base, "sandbox_status": st, "message": msg})
                 if p.key is not None and out[i].status in ("no_sql", "exec_error") and _memoizable(res):
@@ -1266,7 +1282,7 @@ class Evaluator:
                     "column-permutation search bound reached; declared mismatch (may be a false negative)"
                 )
             value = 1.0 if (m.match or self.kind == "validity") else 0.0
-            out[i] = Reward(value, "match" if m.match else "mismatch", parts)
+            out[i] = Reward(value, "match" if m.match else "mismatch", parts, ms)
             # identical rows found by execution_match's fast path (tries == 0 with rows: the search
             # always charges at least one try): the test-suite comparison of the same two results
             # takes its own fast path to a match (exact equality implies it; its budget is smaller)
@@ -1429,6 +1445,19 @@ _SHAPES: dict[tuple, GoldShape] = {}  # shape tuple -> GoldShape, in the workers
 
 
 def _score_in_worker(run: Any, sql: str, refs: list, extra: Any, options: dict) -> tuple:
+    """`_score_pair` plus the milliseconds its statements took in the sandbox (a 6th element, the
+    Reward's `exec_ms`)."""
+    spent = [0.0]
+
+    def timed(stmt: str) -> tuple:
+        res = run(stmt)
+        spent[0] += float(res[4] or 0.0)
+        return res
+
+    return (*_score_pair(timed, sql, refs, extra, options), round(spent[0], 3))
+
+
+def _score_pair(run: Any, sql: str, refs: list, extra: Any, options: dict) -> tuple:
     """One pair, inside a sandbox worker (`Sandbox.execute_scored`): exactly what the Evaluator's
     parent-side path computes, from the prediction's sandbox result and the gold result shipped from
     the gold cache. The gold is never executed here: `run` only ever gets the prediction and its

@@ -879,7 +879,8 @@ def train(
 
 def sql_record(step: int, round_: int, tr: Any) -> dict:
     """One line of train/sql.jsonl: what the reward scored for one training trajectory, without text or
-    token ids (step, dynamic-sampling round, task, sample, the SQL of every turn, final SQL, reward)."""
+    token ids (step, dynamic-sampling round, task, sample, the SQL of every turn, final SQL, reward, and
+    the sandbox's milliseconds on the final SQL when scoring it: which model SQL is slow)."""
     rw = tr.reward or {}
     parts = rw.get("parts") or {}
     return {
@@ -892,6 +893,7 @@ def sql_record(step: int, round_: int, tr: Any) -> dict:
         "final_sql": tr.final_sql,
         "value": rw.get("value"),
         "status": rw.get("status"),
+        "exec_ms": rw.get("exec_ms"),
         "execution_match": parts.get("execution_match"),
         "infra_error": tr.infra_error,
     }
