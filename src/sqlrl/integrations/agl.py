@@ -260,7 +260,7 @@ class SqlrlLitAgent(LitAgent):
             raise ValueError(f"private_lookup returned {private.public.task_id} for {public.task_id}")
         kind = self.reward_kind or ref.get("kind") or "execution"
         reward = self._get_evaluator(kind).score(traj.final_sql, private)
-        traj.reward = reward.to_dict()
+        traj.reward = {**reward.to_dict(), "exec_ms": getattr(reward, "exec_ms", None)}  # as in evaluate.py
         if reward.status == "infra_error":
             raise RolloutInfraError(f"{public.task_id}: evaluator infrastructure failure: {reward.parts}")
         return None if reward.value is None else float(reward.value)
