@@ -182,15 +182,20 @@ def naive_parts(db_path: str, gold_sql: str, pred_sql: str | None, t: dict) -> N
         t[k] = t.get(k, 0.0) + (b - a)
 
 
-def bare_exec(conns: dict, db_path: str, sql: str | None) -> tuple[float, bool]:
+def bare_exec(
+    conns: dict, db_path: str, sql: str | None, timeout_s: float | None = None
+) -> tuple[float, bool]:
     """Seconds to execute and fetch `sql` on an already-open read-only connection to `db_path` (no
-    sandbox, no limits, no IPC), and whether it executed."""
+    sandbox, no limits, no IPC), and whether it executed. `timeout_s`: a statement deadline, as in
+    `naive_score` (None here: none)."""
     con = conns.get(db_path)
     if con is None:
         # no statement cache: every round's SQL is prepared anew, as in the sandbox's fresh statements
         con = sqlite3.connect(f"file:{db_path}?mode=ro&immutable=1", uri=True, cached_statements=0)
         conns[db_path] = con
         con.execute("SELECT * FROM sqlite_master").fetchall()
+    if timeout_s:
+        _deadline(con, timeout_s)
     t0 = time.perf_counter()
     try:
         con.execute(sql or "").fetchall()

@@ -9,7 +9,7 @@ samples per arm at temperature 1, written by the trainer, `run.log_sql`): the fi
 training trajectory, in the order the trainer scored them, one scoring call per step (3 x 6,144 pairs).
 Unlike bench_reward.py's workloads this includes what real model SQL does to a scorer: duplicates
 inside a group, syntax errors, and a few predictions that run for seconds (correlated subqueries on
-the largest Spider databases) or until the 5 s statement limit.
+the larger Spider databases) or until the 5 s statement limit.
 
 Scorers, on the same pairs:
 - ours, as the trainer scores: per arm one fresh `Sandbox(workers)` and one `Evaluator` (the arm's
@@ -32,10 +32,8 @@ Also printed: the slowest step of each scorer (what a training step waits for) a
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -46,8 +44,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_reward import _deadline, cpu_delta, cpu_snapshot, naive_score  # noqa: E402
+from bench_reward import bare_exec, cpu_delta, cpu_snapshot, naive_score  # noqa: E402
 from sqlrl import sandbox as sandbox_mod  # noqa: E402
+from sqlrl.artifacts import read_jsonl  # noqa: E402
 from sqlrl.data import SpiderData  # noqa: E402
 from sqlrl.goldcache import GoldCache  # noqa: E402
 from sqlrl.reward import Evaluator, gold_shape  # noqa: E402
@@ -62,31 +61,13 @@ def load_stream(run: Path, arm: str, max_steps: int | None) -> list[list[dict]]:
     f = run / "arms" / arm / "train" / "sql.jsonl.gz"
     if not f.is_file():
         f = run / "arms" / arm / "train" / "sql.jsonl"
-    opener = gzip.open if f.suffix == ".gz" else open
     calls: dict[tuple, list] = defaultdict(list)
-    with opener(f, "rt") as fh:
-        for line in fh:
-            r = json.loads(line)
-            if r.get("infra_error"):
-                continue  # never scored
-            if max_steps is None or r["step"] <= max_steps:
-                calls[(r["step"], r["round"])].append(r)
+    for r in read_jsonl(f):  # plain or gzipped
+        if r.get("infra_error"):
+            continue  # never scored
+        if max_steps is None or r["step"] <= max_steps:
+            calls[(r["step"], r["round"])].append(r)
     return [calls[k] for k in sorted(calls)]
-
-
-def bare_seconds(conns: dict, db_path: str, sql: str | None) -> float:
-    con = conns.get(db_path)
-    if con is None:
-        con = sqlite3.connect(f"file:{db_path}?mode=ro&immutable=1", uri=True, cached_statements=0)
-        con.execute("SELECT * FROM sqlite_master").fetchall()
-        conns[db_path] = con
-    _deadline(con, TIMEOUT_S)
-    t0 = time.perf_counter()
-    try:
-        con.execute(sql or "").fetchall()
-    except (sqlite3.Error, ValueError):
-        pass
-    return time.perf_counter() - t0
 
 
 def time_ours(calls: list[list], tasks: dict, gc, workers: int, kind: str, strided: bool) -> dict:
@@ -196,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                     if (db, r["final_sql"]) in seen:
                         continue
                     seen.add((db, r["final_sql"]))
-                    dt = bare_seconds(conns, db, r["final_sql"])
+                    dt = bare_exec(conns, db, r["final_sql"], TIMEOUT_S)[0]
                     bare_total += dt
                     if dt * 1e3 > args.slow_ms:
                         bare_slow += dt

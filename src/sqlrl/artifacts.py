@@ -82,15 +82,11 @@ def read_json(path: str | os.PathLike) -> Any:
 
 
 def append_jsonl(path: str | os.PathLike, record: Any) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(dumps(record, indent=None) + "\n")
-        f.flush()
+    append_jsonl_many(path, (record,))
 
 
 def append_jsonl_many(path: str | os.PathLike, records: Iterable[Any]) -> None:
-    """`append_jsonl` for several records, in one write."""
+    """Append one JSON line per record, in one write."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = "".join(dumps(r, indent=None) + "\n" for r in records)
