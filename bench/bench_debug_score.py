@@ -22,7 +22,7 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from sqlrl.debugtasks import ReferenceStates, debug_demo_root, load_debug_tasks, run_episode_offline
+from sqlrl.tasks.debugging import ReferenceStates, debug_demo_root, load_debug_tasks, run_episode_offline
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,7 +59,7 @@ def _load(args):
         tok = transformers.AutoTokenizer.from_pretrained(args.path)
         name = args.path
     else:
-        from sqlrl.models import load_model
+        from sqlrl.generation.models import load_model
 
         try:
             loaded = load_model(args.model, device=args.device, dtype=args.dtype)
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group()
     src.add_argument(
-        "--model", default="qwen2.5-coder-0.5b-instruct", help="name for sqlrl.models.load_model"
+        "--model", default="qwen2.5-coder-0.5b-instruct", help="name for sqlrl.generation.models.load_model"
     )
     src.add_argument("--path", help="local Hugging Face model folder")
     src.add_argument("--tiny", action="store_true", help="tiny random Qwen2 (smoke test)")
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
 
-    from sqlrl import fastgen, staticgen
+    from sqlrl.generation import fastgen, staticgen
 
     model, tok, name = _load(args)
     n_needed = max(args.n_prompts, args.group_prompts)

@@ -47,7 +47,7 @@ import time
 from contextlib import redirect_stdout
 from pathlib import Path
 
-from sqlrl.pool import CopyPerRollout, ReplicaPool
+from sqlrl.sql.replicas import CopyPerRollout, ReplicaPool
 
 DEFAULT_DBS = ["sakila_1", "college_2", "chinook_1", "hospital_1", "sports_competition"]
 

@@ -78,10 +78,10 @@ from pathlib import Path
 import sqlglot
 from sqlglot import exp
 
-from sqlrl.data import PrivateTask, PublicTask
-from sqlrl.goldcache import GoldCache
-from sqlrl.reward import Evaluator, execution_match, gold_shape, remove_distinct
-from sqlrl.sandbox import Sandbox
+from sqlrl.reward.match import Evaluator, execution_match, gold_shape, remove_distinct
+from sqlrl.sql.sandbox import Sandbox
+from sqlrl.tasks.data import PrivateTask, PublicTask
+from sqlrl.tasks.goldcache import GoldCache
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLLOUTS = "results/2026-11-29-spider-0.5b-single-turn/arms/*/train/rollouts.jsonl.gz"
@@ -210,7 +210,7 @@ def hardened_exec(hard: dict, db_path: str, sql: str | None) -> tuple[float, boo
     connection with authorizer, setlimits, progress-handler deadline, capped fetch), but in this process:
     no IPC, no scoring, no process-level memory limits. `hard` holds the worker state: {"conns",
     "cfg", "deadline"}; each database is opened untimed on first use, as `bare_exec` does."""
-    from sqlrl.sandbox import SQLResult, _precheck, _run_one
+    from sqlrl.sql.sandbox import SQLResult, _precheck, _run_one
 
     conns, cfg, deadline = hard["conns"], hard["cfg"], hard["deadline"]
     if db_path not in conns:
@@ -456,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         floor_conns: dict = {}
         from collections import OrderedDict
 
-        from sqlrl.sandbox import _Deadline
+        from sqlrl.sql.sandbox import _Deadline
 
         floor_hard = {"conns": OrderedDict(), "cfg": dict(sb._cfg), "deadline": _Deadline()}
 

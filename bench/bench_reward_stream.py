@@ -45,12 +45,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_reward import bare_exec, cpu_delta, cpu_snapshot, naive_score  # noqa: E402
-from sqlrl import sandbox as sandbox_mod  # noqa: E402
 from sqlrl.artifacts import read_jsonl  # noqa: E402
-from sqlrl.data import SpiderData  # noqa: E402
-from sqlrl.goldcache import GoldCache  # noqa: E402
-from sqlrl.reward import Evaluator, gold_shape  # noqa: E402
-from sqlrl.sandbox import Sandbox  # noqa: E402
+from sqlrl.reward.match import Evaluator, gold_shape  # noqa: E402
+from sqlrl.sql import sandbox as sandbox_mod  # noqa: E402
+from sqlrl.sql.sandbox import Sandbox  # noqa: E402
+from sqlrl.tasks.data import SpiderData  # noqa: E402
+from sqlrl.tasks.goldcache import GoldCache  # noqa: E402
 
 RUN = "results/2026-12-01-spider-0.5b-single-turn-seed3"
 TIMEOUT_S = 5.0  # the sandbox's default and the training config's agent.sql_timeout_s

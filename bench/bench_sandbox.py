@@ -21,7 +21,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from sqlrl.sandbox import Sandbox
+from sqlrl.sql.sandbox import Sandbox
 
 DEFAULT_SPIDER = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "spider")
 

@@ -1,4 +1,4 @@
-"""Build the stateful SQL-debugging task set (sqlrl.debugtasks) from Spider's training databases.
+"""Build the stateful SQL-debugging task set (sqlrl.tasks.debugging) from Spider's training databases.
 
     python bench/make_debug_tasks.py --spider ../shared/data/spider --out DIR [--seed 0] [--per-db N]
 
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from sqlrl.debugtasks import build_debug_tasks, debug_demo_root, save_debug_tasks
+from sqlrl.tasks.debugging import build_debug_tasks, debug_demo_root, save_debug_tasks
 
 DEMO_MAX_DB_BYTES = 24 * 1024
 DEMO_N_DBS = 4
@@ -26,8 +26,8 @@ DEMO_N_DBS = 4
 README = """# Debugging-task demo slice (embedded in sqlrl)
 
 A small slice of the stateful SQL-debugging tasks built by `bench/make_debug_tasks.py`
-(format: `sqlrl.debugtasks`, version {version}). Load with
-`sqlrl.debugtasks.load_debug_tasks(sqlrl.debugtasks.debug_demo_root() / "debug_tasks.jsonl")`.
+(format: `sqlrl.tasks.debugging`, version {version}). Load with
+`sqlrl.tasks.debugging.load_debug_tasks(sqlrl.tasks.debugging.debug_demo_root() / "debug_tasks.jsonl")`.
 
     debug_tasks.jsonl                   {n} tasks ({cats})
     database/<db_id>/<db_id>.sqlite     the databases they use, copied byte for byte
@@ -83,7 +83,7 @@ def write_demo(tasks, spider: Path, dest: Path, seed: int, per_db: int) -> dict:
     cats = {}
     for t in keep:
         cats[t.category] = cats.get(t.category, 0) + 1
-    from sqlrl.debugtasks import DEBUG_FORMAT_VERSION
+    from sqlrl.tasks.debugging import DEBUG_FORMAT_VERSION
 
     (dest / "README.md").write_text(
         README.format(

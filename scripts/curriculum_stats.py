@@ -4,7 +4,7 @@
 
 For each evaluated turn count: base -> sft, sft -> grpo-single, grpo-single -> grpo-multi and
 base -> grpo-multi on the tasks both scored (solved or not), with the exact McNemar test and a paired
-bootstrap CI of the difference in solved rate (10,000 resamples, seed 0), from `sqlrl.stats`.
+bootstrap CI of the difference in solved rate (10,000 resamples, seed 0), from `sqlrl.evidence.stats`.
 These are comparisons between stages of one run; a curriculum run has no No-update or validity-only
 control arm, so none of them is an evidence-gated learning claim.
 """
@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from sqlrl.stats import mcnemar_exact, paired_bootstrap
+from sqlrl.evidence.stats import mcnemar_exact, paired_bootstrap
 
 PAIRS = [("base", "sft"), ("sft", "grpo-single"), ("grpo-single", "grpo-multi"), ("base", "grpo-multi")]
 

@@ -87,7 +87,7 @@ case "$cmd" in
     # steps 1..${1:-8}, first with consecutive chunks (the code before), then strided; steps.jsonl of each
     # into $S/ab_<mode>; after `setup` (and `tree`, then run from $S/tree)
     for mode in consecutive strided; do
-      python3 -c "import sys, sqlrl.sandbox as s; s._STRIDED_CHUNKS = sys.argv[1] == 'strided'; from sqlrl.cli import main; sys.exit(main(sys.argv[2:]))" \
+      python3 -c "import sys, sqlrl.sql.sandbox as s; s._STRIDED_CHUNKS = sys.argv[1] == 'strided'; from sqlrl.cli import main; sys.exit(main(sys.argv[2:]))" \
         "$mode" train "$CONFIG" --out "$S/ab_$mode" --set "data.path=\"$S/spider\"" --set run.seed=3 \
         --set 'run.gen_engine="static"' --set "grpo.steps=${1:-8}" --set 'grpo.control="no-update"' \
         --set grpo.lr=0.0 --set "run.checkpoint_every=${1:-8}" > "$S/ab_$mode.log" 2>&1 || { tail -20 "$S/ab_$mode.log"; exit 1; }

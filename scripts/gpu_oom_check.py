@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("gpu_oom_check: needs a CUDA GPU", file=sys.stderr)
         return 2
-    from sqlrl.models import load_model
-    from sqlrl.policy import HFPolicy
+    from sqlrl.generation.models import load_model
+    from sqlrl.generation.policy import HFPolicy
 
     loaded = load_model(args.model, device="cuda", dtype="bfloat16")
     prompts = _prompts(loaded.tokenizer, args.n_prompts, args.prompt_tokens)
@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     ref = ref_policy.generate(prompts, **kw)
     t_ref = time.perf_counter() - t0
     del ref_policy
-    from sqlrl import staticgen
-    from sqlrl.trainer import free_memory
+    from sqlrl.generation import staticgen
+    from sqlrl.generation.device import free_memory
 
     staticgen.release(loaded.model)
     free_memory()

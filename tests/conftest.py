@@ -30,7 +30,7 @@ def shop_db(tmp_path: Path) -> str:
 
 @pytest.fixture()
 def shop_tasks(shop_db: str):
-    from sqlrl.data import PrivateTask, PublicTask, schema_text
+    from sqlrl.tasks.data import PrivateTask, PublicTask, schema_text
 
     schema = schema_text(shop_db)
     qs = [

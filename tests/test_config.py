@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from sqlrl import config as C
-from sqlrl.experiment import load_experiment
+from sqlrl.experiment.matrix import load_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,7 +74,7 @@ def test_shipped_configs_validate(name):
 
 
 def test_repo_configs_are_the_packaged_ones():
-    from sqlrl.experiment import packaged_config
+    from sqlrl.experiment.matrix import packaged_config
 
     assert (ROOT / "configs" / "quickstart.toml").read_text() == packaged_config(
         "quickstart.toml"
@@ -103,7 +103,7 @@ def test_the_1_5b_gpu_config_keeps_the_0_5b_recipe():
 
 @pytest.mark.parametrize("name", ["debug-curriculum.toml", "debug-curriculum-gpu.toml"])
 def test_shipped_curriculum_configs_validate(name):
-    from sqlrl.curriculum import load_curriculum
+    from sqlrl.training.curriculum import load_curriculum
 
     cfg, sft, cur = load_curriculum(ROOT / "configs" / name)
     assert [s.kind for s in cur.stages] == ["sft", "grpo", "grpo"] and sft.steps >= 1

@@ -3,4 +3,6 @@
 Importing this package is cheap: no torch, no transformers. Heavy modules import them lazily.
 """
 
-__version__ = "0.1.0"
+from sqlrl.version import __version__
+
+__all__ = ["__version__"]

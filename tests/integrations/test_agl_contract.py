@@ -29,7 +29,7 @@ def test_module_imports_without_agentlightning():
 
 @pytest.fixture
 def tasks(tmp_path):
-    from sqlrl.data import PrivateTask, PublicTask
+    from sqlrl.tasks.data import PrivateTask, PublicTask
 
     db = tmp_path / "shop.sqlite"
     con = sqlite3.connect(db)
@@ -136,7 +136,7 @@ def _run_one(agent, task, resources):
 
 def _agent(private, **kw):
     from sqlrl.config import AgentConfig
-    from sqlrl.testing import make_chat_tokenizer
+    from sqlrl.generation.scripted import make_chat_tokenizer
 
     return sqlrl_agl.SqlrlLitAgent(
         make_chat_tokenizer(),

@@ -30,7 +30,7 @@ def test_module_imports_without_verl():
     import sqlrl.integrations.verl as v
 
     assert v.AGENT_NAME == "sqlrl_agent"
-    assert callable(v.cli_main) and callable(v.build_verl_config)
+    assert callable(v.build_verl_config)
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -133,7 +133,7 @@ def test_unknown_verl_key_is_an_error_not_ignored(monkeypatch):
 def test_cli_writes_yaml_and_registry(tmp_path):
     import yaml
 
-    from sqlrl.integrations.verl import cli_main
+    from sqlrl.cli.verl_config import cli_main
 
     toml = tmp_path / "run.toml"
     toml.write_text("[grpo]\nprompts_per_step = 8\ngroup_size = 4\n[agent]\nturns = 2\n")
@@ -180,8 +180,8 @@ def _gold_verdict(db_path: str, sql: str) -> str | None:
 def test_write_dataset_rows_hold_no_gold_and_no_unscorable_task(tmp_path, monkeypatch):
     import pandas as pd
 
-    from sqlrl.data import SpiderData, embedded_root
     from sqlrl.integrations.verl import write_dataset
+    from sqlrl.tasks.data import SpiderData, embedded_root
 
     monkeypatch.setenv("SQLRL_GOLD_CACHE", str(tmp_path / "gc"))
     paths = write_dataset(_cfg(), tmp_path / "data", quiet=True)
@@ -230,8 +230,8 @@ def _spider_folder(root):
 def test_write_dataset_drops_unscorable_golds_and_reports_counts(tmp_path, monkeypatch, capsys):
     import pandas as pd
 
-    from sqlrl.data import SpiderData
     from sqlrl.integrations.verl import write_dataset
+    from sqlrl.tasks.data import SpiderData
 
     root = _spider_folder(tmp_path / "spider")
     monkeypatch.setenv("SQLRL_GOLD_CACHE", str(tmp_path / "gc"))
@@ -266,9 +266,8 @@ def test_write_dataset_drops_unscorable_golds_and_reports_counts(tmp_path, monke
 def test_write_dataset_honours_max_train_and_eval_tasks_like_the_native_trainer(tmp_path, monkeypatch):
     import pandas as pd
 
-    from sqlrl.data import SpiderData
-    from sqlrl.evaluate import select_tasks
     from sqlrl.integrations.verl import write_dataset
+    from sqlrl.tasks.data import SpiderData, select_tasks
 
     root = _spider_folder(tmp_path / "spider")
     monkeypatch.setenv("SQLRL_GOLD_CACHE", str(tmp_path / "gc"))
@@ -291,7 +290,7 @@ def test_write_dataset_honours_max_train_and_eval_tasks_like_the_native_trainer(
 
 @needs_verl
 def test_cli_write_data_refuses_a_split_without_scorable_gold(tmp_path, monkeypatch, capsys):
-    from sqlrl.integrations.verl import cli_main
+    from sqlrl.cli.verl_config import cli_main
 
     root = _spider_folder(tmp_path / "spider")
     spider = json.loads((root / "train_spider.json").read_text())
@@ -457,7 +456,7 @@ def test_the_driver_registers_the_estimator_by_loading_the_configured_manager(tm
     import subprocess
     import sys
 
-    from sqlrl.integrations.verl import cli_main
+    from sqlrl.cli.verl_config import cli_main
 
     toml = tmp_path / "run.toml"
     toml.write_text("[grpo]\nprompts_per_step = 8\ngroup_size = 4\n")
@@ -515,7 +514,7 @@ def _script(text: str, turn: int) -> str:
 
 class FakeServerManager:
     """veRL's server manager contract: `await generate(request_id, *, prompt_ids, sampling_params)` ->
-    TokenOutput. Scripted like `sqlrl.testing.ScriptedPolicy` (same replies, eos-terminated, -0.5 logprobs)."""
+    TokenOutput. Scripted like `sqlrl.generation.scripted.ScriptedPolicy` (same replies, eos-terminated, -0.5 logprobs)."""
 
     def __init__(self, tokenizer, script):
         self.tok = tokenizer
@@ -537,7 +536,7 @@ class FakeServerManager:
 
 @pytest.fixture()
 def sandbox():
-    from sqlrl.sandbox import Sandbox
+    from sqlrl.sql.sandbox import Sandbox
 
     with Sandbox(workers=1, timeout_s=5.0) as sb:
         yield sb
@@ -571,9 +570,9 @@ def _agent_loop(cfg, tokenizer, server, sandbox):
 @needs_verl
 @pytest.mark.parametrize("turns", [1, 4])
 def test_agent_loop_matches_run_agent_token_for_token(shop_tasks, sandbox, turns):
-    from sqlrl.agent import Budgets, run_agent
+    from sqlrl.agent.loop import Budgets, run_agent
+    from sqlrl.generation.scripted import ScriptedPolicy, make_chat_tokenizer
     from sqlrl.integrations.verl import AGENT_NAME, SqlrlAgentLoop, task_to_row
-    from sqlrl.testing import ScriptedPolicy, make_chat_tokenizer
 
     cfg = _cfg(
         agent={"turns": turns, "max_new_tokens": 64, "max_context_tokens": 2048}, grpo={"group_size": 2}
@@ -629,7 +628,7 @@ def test_agent_loop_matches_run_agent_token_for_token(shop_tasks, sandbox, turns
 
 @needs_verl
 def test_agent_loop_server_failure_is_raised_not_scored(shop_tasks, sandbox):
-    from sqlrl.testing import make_chat_tokenizer
+    from sqlrl.generation.scripted import make_chat_tokenizer
 
     class Broken(FakeServerManager):
         async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
@@ -652,8 +651,8 @@ def test_agent_loop_server_failure_is_raised_not_scored(shop_tasks, sandbox):
 
 @needs_verl
 def test_reward_function_scores_from_the_private_task_on_the_trainer_side(tmp_path, monkeypatch):
-    from sqlrl.data import SpiderData, embedded_root
     from sqlrl.integrations.verl import compute_score, task_to_row
+    from sqlrl.tasks.data import SpiderData, embedded_root
 
     monkeypatch.setenv("SQLRL_GOLD_CACHE", str(tmp_path / "gc"))
     monkeypatch.setenv("SQLRL_REWARD_WORKERS", "1")

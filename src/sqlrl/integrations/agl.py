@@ -9,8 +9,8 @@ One rollout (`SqlrlLitAgent.rollout`):
    data folder, split, task id; the gold SQL itself is never in the task);
 2. the LLM resource Agent Lightning hands out (``LLM`` or ``ProxyLLM``; for a proxy, the per-rollout
    URL ``get_base_url(rollout_id, attempt_id)``, so the proxy can attribute the calls) becomes a
-   `sqlrl.policy.OpenAIPolicy` (token-in/token-out ``/v1/completions``);
-3. `sqlrl.agent.run_agent` runs the trajectory (same prompts, budgets, stopping rules and SQL sandbox as
+   `sqlrl.generation.policy.OpenAIPolicy` (token-in/token-out ``/v1/completions``);
+3. `sqlrl.agent.loop.run_agent` runs the trajectory (same prompts, budgets, stopping rules and SQL sandbox as
    the single-machine trainer);
 4. after the trajectory ended, the gold is resolved (``private_lookup(ref)``, default: load it from the
    Spider-layout data folder) and sqlrl's `Evaluator` scores ``final_sql``; the reward value is
@@ -83,7 +83,7 @@ def task_to_agl(
 ) -> dict:
     """An Agent Lightning task (JSON-able dict) for a sqlrl task: the public fields plus a reference to
     the gold ({data, split, split_seed, val_fraction, task_id, kind}); the gold SQL is never copied."""
-    from sqlrl.data import PrivateTask, ensure_public
+    from sqlrl.tasks.data import PrivateTask, ensure_public
 
     public = ensure_public(task.public if isinstance(task, PrivateTask) else task)
     return {
@@ -100,7 +100,7 @@ def task_to_agl(
 
 
 def public_from_agl(task: dict):
-    from sqlrl.data import PublicTask
+    from sqlrl.tasks.data import PublicTask
 
     d = task["sqlrl_task"]
     return PublicTask(**{k: d[k] for k in PUBLIC_FIELDS})
@@ -112,7 +112,7 @@ _LOCK = threading.Lock()
 
 def load_private_task(ref: dict):
     """The PrivateTask (with the gold) named by a `task_to_agl` reference, from its Spider-layout folder."""
-    from sqlrl.data import SpiderData
+    from sqlrl.tasks.data import SpiderData
 
     if not ref.get("data") or not ref.get("split"):
         raise ValueError("task reference without data folder/split: pass private_lookup to SqlrlLitAgent")
@@ -130,10 +130,10 @@ def load_private_task(ref: dict):
 
 
 class SqlrlLitAgent(LitAgent):
-    """Agent Lightning ``LitAgent`` running `sqlrl.agent.run_agent` + sqlrl's `Evaluator`.
+    """Agent Lightning ``LitAgent`` running `sqlrl.agent.loop.run_agent` + sqlrl's `Evaluator`.
 
     ``tokenizer``: the policy model's tokenizer (prompts are token ids rendered with its chat template).
-    ``budgets``: `sqlrl.config.AgentConfig` (default: its defaults). ``sampling``: `sqlrl.agent.Sampling`
+    ``budgets``: `sqlrl.config.AgentConfig` (default: its defaults). ``sampling``: `sqlrl.agent.loop.Sampling`
     defaults (overridden by the LLM resource's sampling_parameters). ``llm_resource``: the resource name
     (default: the first LLM resource). ``sandbox`` / ``evaluator``: shared objects (default: built on
     first use and owned by this agent; `close()` closes them). ``private_lookup(ref) -> PrivateTask``:
@@ -155,7 +155,7 @@ class SqlrlLitAgent(LitAgent):
         trained_agents: str | None = None,
     ) -> None:
         super().__init__(trained_agents=trained_agents)
-        from sqlrl.agent import Sampling
+        from sqlrl.agent.loop import Sampling
         from sqlrl.config import AgentConfig
 
         self.tokenizer = tokenizer
@@ -176,7 +176,7 @@ class SqlrlLitAgent(LitAgent):
     def _get_sandbox(self):
         with self._init_lock:
             if self._sandbox is None:
-                from sqlrl.sandbox import Sandbox
+                from sqlrl.sql.sandbox import Sandbox
 
                 self._sandbox = Sandbox(workers=2, timeout_s=float(self.budgets.sql_timeout_s))
                 self._owned.append(self._sandbox)
@@ -185,9 +185,9 @@ class SqlrlLitAgent(LitAgent):
     def _get_evaluator(self, kind: str):
         with self._init_lock:
             if self._evaluator is None:
-                from sqlrl.goldcache import GoldCache
-                from sqlrl.reward import Evaluator
-                from sqlrl.sandbox import Sandbox
+                from sqlrl.reward.match import Evaluator
+                from sqlrl.sql.sandbox import Sandbox
+                from sqlrl.tasks.goldcache import GoldCache
 
                 sb = Sandbox(workers=2, timeout_s=5.0)
                 gc = GoldCache(self.gold_cache_dir)
@@ -215,7 +215,7 @@ class SqlrlLitAgent(LitAgent):
         raise KeyError(f"no LLM resource among {sorted(resources)}")
 
     def make_policy(self, llm: Any, rollout: Any):
-        from sqlrl.policy import OpenAIPolicy
+        from sqlrl.generation.policy import OpenAIPolicy
 
         if ProxyLLM is not None and isinstance(llm, ProxyLLM):
             attempt = getattr(rollout, "attempt", None)
@@ -243,7 +243,7 @@ class SqlrlLitAgent(LitAgent):
 
     # -- the rollout
     def rollout(self, task: dict, resources: dict, rollout: Any) -> float | None:
-        from sqlrl.agent import run_agent
+        from sqlrl.agent.loop import run_agent
 
         if isinstance(task, str):
             task = json.loads(task)
@@ -267,6 +267,6 @@ class SqlrlLitAgent(LitAgent):
 
 
 def default_data_root() -> str:
-    from sqlrl.data import embedded_root
+    from sqlrl.tasks.data import embedded_root
 
     return str(Path(embedded_root()))

@@ -10,7 +10,7 @@ Ray) runs the GRPO update, and sqlrl supplies three things:
    `omega_conf_to_dataclass` of the actor, rollout, model, algorithm and optimizer sections).
    `cli_main(argv)` is `sqlrl verl-config CONFIG.toml -o verl.yaml`; it also writes the agent-loop
    registry file (`<out>.agent_loops.yaml`) that the config points to.
-2. `SqlrlAgentLoop`: a veRL agent loop (registered as `sqlrl_agent`) that runs `sqlrl.agent.run_agent`
+2. `SqlrlAgentLoop`: a veRL agent loop (registered as `sqlrl_agent`) that runs `sqlrl.agent.loop.run_agent`
    itself, for one trajectory, with a policy adapter whose `generate` is one call of veRL's server
    manager `generate(request_id, prompt_ids=..., sampling_params=...)` per turn. So prompt ids,
    observation deltas, loss mask (observation tokens 0), budgets and stopping rules are *the same code*
@@ -54,7 +54,6 @@ Not guaranteed / known gaps:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import concurrent.futures
 import json
@@ -78,7 +77,6 @@ __all__ = [
     "MANAGER_CLASS",
     "VERL_VERSION",
     "build_verl_config",
-    "cli_main",
     "compute_score",
     "compute_sqlrl_grpo_advantage",
     "mask_excluded",
@@ -342,7 +340,7 @@ def build_verl_config(cfg, *, validate: bool = True, **kwargs) -> dict:
 
 def agent_loop_registry(cfg, *, sandbox_workers: int | None = None) -> list[dict]:
     """veRL agent-loop registry entries (`rollout.agent.agent_loop_config_path`): our loop and its budgets."""
-    from sqlrl.agent import Budgets
+    from sqlrl.agent.loop import Budgets
 
     return [
         {
@@ -380,8 +378,8 @@ def task_to_row(
 ) -> dict:
     """One veRL dataset row for a task. Accepts a PrivateTask but writes only its public part; the gold
     is referenced (folder, split and its settings, task id), never copied."""
-    from sqlrl.data import PrivateTask, ensure_public
-    from sqlrl.prompts import build_messages
+    from sqlrl.agent.prompts import build_messages
+    from sqlrl.tasks.data import PrivateTask, ensure_public
 
     public = ensure_public(task.public if isinstance(task, PrivateTask) else task)
     ref = {
@@ -409,20 +407,19 @@ def _gold_cache_dir() -> str:
 def write_dataset(cfg, out_dir: str | os.PathLike, *, quiet: bool = False) -> dict[str, str]:
     """Write train/validation parquet files for veRL from the run config's data section.
 
-    Every gold is audited first (`sqlrl.goldcache.audit_golds`, in the gold cache the reward workers use,
+    Every gold is audited first (`sqlrl.tasks.goldcache.audit_golds`, in the gold cache the reward workers use,
     `SQLRL_GOLD_CACHE`): a task whose gold errors, times out or returns no rows is left out of the files,
     so it never enters a veRL batch. `gold_audit.json` beside the files records, per split, how many tasks
     there were, how many were written and how many were excluded by reason; the same is printed unless
     `quiet`. A split left with no scorable task is a ValueError. Returns the paths (`train`,
     `validation`, `gold_audit`). `data.max_train_tasks` / `data.max_eval_tasks` then pick the same seeded
-    subset of the scorable tasks as sqlrl's own trainer (`sqlrl.evaluate.select_tasks`, seed `run.seed`).
+    subset of the scorable tasks as sqlrl's own trainer (`sqlrl.evaluation.runner.select_tasks`, seed `run.seed`).
     """
     import pandas as pd
 
     from sqlrl.artifacts import write_json_atomic
-    from sqlrl.data import SpiderData, embedded_root
-    from sqlrl.evaluate import select_tasks
-    from sqlrl.goldcache import GoldCache, audit_golds
+    from sqlrl.tasks.data import SpiderData, embedded_root, select_tasks
+    from sqlrl.tasks.goldcache import GoldCache, audit_golds
 
     d, a = cfg.data, cfg.agent
     root = str(embedded_root()) if d.path == "embedded" else str(Path(d.path).expanduser().resolve())
@@ -491,7 +488,7 @@ def _public_dict(public) -> dict:
 
 
 def _public_from_row(extra_info: Any):
-    from sqlrl.data import PublicTask
+    from sqlrl.tasks.data import PublicTask
 
     d = dict(extra_info["sqlrl_task"])
     return PublicTask(**{k: d[k] for k in ("task_id", "db_id", "question", "schema", "evidence", "db_path")})
@@ -508,7 +505,7 @@ _EXECUTOR: concurrent.futures.ThreadPoolExecutor | None = None
 
 def _shared_sandbox(workers: int, timeout_s: float):
     """One sandbox per process and settings (veRL instantiates an agent loop per trajectory)."""
-    from sqlrl.sandbox import Sandbox
+    from sqlrl.sql.sandbox import Sandbox
 
     key = (int(workers), float(timeout_s))
     with _SANDBOX_LOCK:
@@ -542,7 +539,7 @@ class ServerPolicy:
     identity = None
 
     def __init__(self, server_manager, tokenizer, sampling_params: dict, loop, request_id: str | None = None):
-        from sqlrl.prompts import _eos_ids
+        from sqlrl.agent.prompts import _eos_ids
 
         self.server = server_manager
         self.tokenizer = tokenizer
@@ -555,8 +552,8 @@ class ServerPolicy:
         self.error: BaseException | None = None
 
     def generate(self, prompts, *, max_new_tokens, temperature=0.0, top_p=1.0, seed=None):
-        from sqlrl.agent import PolicyInfraError
-        from sqlrl.policy import Generation
+        from sqlrl.agent.loop import PolicyInfraError
+        from sqlrl.generation.policy import Generation
 
         out = []
         for ids in prompts:
@@ -629,7 +626,7 @@ def _make_agent_loop_class():
         ):
             kwargs.pop("tools", None)  # veRL passes its tool list; sqlrl's only tool is the sandbox
             super().__init__(*args, **kwargs)
-            from sqlrl.agent import Budgets
+            from sqlrl.agent.loop import Budgets
 
             if budgets is None:
                 raise ValueError(
@@ -643,7 +640,7 @@ def _make_agent_loop_class():
             self.response_length = self.rollout_config.response_length
 
         async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
-            from sqlrl.agent import Sampling, run_agent
+            from sqlrl.agent.loop import Sampling, run_agent
 
             task = _public_from_row(kwargs["extra_info"])  # only the public task; the gold is not in the row
             loop = asyncio.get_running_loop()
@@ -693,7 +690,7 @@ _EVAL_LOCK = threading.Lock()
 
 
 def _private_task(ref: dict):
-    from sqlrl.data import SpiderData
+    from sqlrl.tasks.data import SpiderData
 
     kw = {"seed": int(ref.get("split_seed", 0)), "val_fraction": float(ref.get("val_fraction", 0.1))}
     key = f"{ref['data']}|{ref['split']}|{kw['seed']}|{kw['val_fraction']}"
@@ -706,9 +703,9 @@ def _private_task(ref: dict):
 
 
 def _evaluator(kind: str):
-    from sqlrl.goldcache import GoldCache
-    from sqlrl.reward import Evaluator
-    from sqlrl.sandbox import Sandbox
+    from sqlrl.reward.match import Evaluator
+    from sqlrl.sql.sandbox import Sandbox
+    from sqlrl.tasks.goldcache import GoldCache
 
     with _EVAL_LOCK:
         ev = _EVAL_STATE.get(f"evaluator:{kind}")
@@ -736,7 +733,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     gives it advantage 0, so it does not count as a wrong answer in the update. Its verdict metrics
     (`acc`, `sqlrl_executable`) are NaN: no verdict, rather than a wrong one.
     """
-    from sqlrl.prompts import Parser
+    from sqlrl.agent.prompts import Parser
 
     extra_info = dict(extra_info or {})
     ref = json.loads(ground_truth) if isinstance(ground_truth, str) else dict(ground_truth)
@@ -879,84 +876,3 @@ def _make_manager_class():
 
 # ---------------------------------------------------------------------------------------------------
 # CLI: sqlrl verl-config CONFIG.toml -o verl.yaml
-
-
-def cli_main(argv: list[str] | None = None) -> int:
-    """`sqlrl verl-config CONFIG.toml -o verl.yaml [--gpus-per-node 8 --nnodes 1 ...]`."""
-    p = argparse.ArgumentParser(
-        prog="sqlrl verl-config",
-        description="Map a sqlrl TOML run config to a veRL 0.8.0 GRPO config (validated by veRL itself).",
-    )
-    p.add_argument("config", help="sqlrl TOML run file")
-    p.add_argument("-o", "--out", required=True, help="output YAML (veRL config)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="sqlrl override")
-    p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--nnodes", type=int, default=1)
-    p.add_argument("--model-path", default=None, help="HF folder or hub id for veRL (default: model.name)")
-    p.add_argument("--train-files", default="data/sqlrl_verl/train.parquet")
-    p.add_argument("--val-files", default="data/sqlrl_verl/validation.parquet")
-    p.add_argument(
-        "--write-data", default=None, metavar="DIR", help="also write train/validation parquet here"
-    )
-    p.add_argument("--experiment-name", default="grpo")
-    p.add_argument("--checkpoint-dir", default=None, help="trainer.default_local_dir")
-    args = p.parse_args(argv)
-
-    from sqlrl import config as sqlrl_config
-
-    try:
-        cfg = sqlrl_config.load(args.config, args.set)
-    except sqlrl_config.ConfigError as e:
-        print(f"error: {e}")
-        return 2
-    try:
-        _require_verl()
-    except VerlUnavailable as e:
-        print(f"error: {e}")
-        return 2
-    import yaml
-
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    registry = write_agent_loop_registry(cfg, out.with_suffix(".agent_loops.yaml"))
-    train_files, val_files = args.train_files, args.val_files
-    if args.write_data:
-        try:
-            paths = write_dataset(cfg, args.write_data)
-        except ValueError as e:
-            print(f"error: {e}")
-            return 2
-        train_files, val_files = paths["train"], paths["validation"]
-        print(f"wrote {paths['train']}, {paths['validation']} and {paths['gold_audit']}")
-    try:
-        verl_cfg = _build_for_cli(cfg, args, registry, train_files, val_files)
-    except (AssertionError, ValueError) as e:  # veRL's own validation said no
-        print(f"error: veRL rejected the generated config: {e}")
-        return 2
-    header = (
-        f"# veRL {VERL_VERSION} GRPO config generated by `sqlrl verl-config` from {args.config}\n"
-        f"# sqlrl config hash: {cfg.config_hash()}\n"
-        f"# run: python -m verl.trainer.main_ppo --config-path {out.resolve().parent} "
-        f"--config-name {out.stem}\n"
-    )
-    out.write_text(header + yaml.safe_dump(verl_cfg, sort_keys=False), encoding="utf-8")
-    print(f"wrote {out} and {registry}")
-    return 0
-
-
-def _build_for_cli(cfg, args, registry, train_files, val_files) -> dict:
-    return build_verl_config(
-        cfg,
-        model_path=args.model_path,
-        train_files=train_files,
-        val_files=val_files,
-        n_gpus_per_node=args.gpus_per_node,
-        nnodes=args.nnodes,
-        agent_loop_config_path=str(registry.resolve()),
-        experiment_name=args.experiment_name,
-        default_local_dir=args.checkpoint_dir,
-    )
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(cli_main())

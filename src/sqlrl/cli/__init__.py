@@ -1,0 +1,121 @@
+"""The `sqlrl` command. Each subcommand lives in its own module and is imported only when run,
+so `sqlrl --help` never loads torch or transformers.
+
+Every subcommand handler is `cli_main(argv: list[str]) -> int` in its module; it parses its own
+arguments (so `sqlrl SUB --help` is exact) and returns the process exit code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "quickstart": (
+        "sqlrl.cli.experiment:cli_quickstart",
+        "run the main job: the quickstart experiment on the embedded demo data",
+    ),
+    "sql": ("sqlrl.cli.sql", "run one SQL statement in the hardened read-only sandbox"),
+    "reward": ("sqlrl.cli.reward", "score a predicted SQL against a gold SQL on a database"),
+    "data": ("sqlrl.cli.data", "inspect a Spider-layout folder: audit golds, show the split"),
+    "model": ("sqlrl.cli.model", "fetch, convert and cache a model; show its identity"),
+    "eval": ("sqlrl.cli.eval", "run the agent greedily over a split and score it"),
+    "audit": (
+        "sqlrl.cli.audit",
+        "audits: `audit weights` (tensor-level) and `audit leakage` (gold mutation)",
+    ),
+    "train": ("sqlrl.cli.train", "GRPO training from a TOML config (with --resume)"),
+    "sft": (
+        "sqlrl.cli.sft",
+        "supervised warm start on training references of debugging tasks (with --resume)",
+    ),
+    "curriculum": (
+        "sqlrl.cli.curriculum",
+        "staged curriculum on debugging tasks (sft -> single-turn -> multi-turn GRPO), resumable; eval by category",
+    ),
+    "experiment": (
+        "sqlrl.cli.experiment",
+        "run the equal-budget arm matrix (Base, GRPO, No-update, validity-only)",
+    ),
+    "report": ("sqlrl.cli.report", "apply the evidence gate to an experiment folder and write the report"),
+    "seeds": (
+        "sqlrl.cli.seeds",
+        "one experiment matrix run with several training seeds: checks, per-seed and across-seed comparisons",
+    ),
+    "export": (
+        "sqlrl.cli.export",
+        "export a checkpoint to Hugging Face format with its identity hash",
+    ),
+    "verl-config": (
+        "sqlrl.cli.verl_config",
+        "write veRL's GRPO config (validated by veRL's own code) from a sqlrl TOML run file",
+    ),
+}
+
+
+def _usage() -> str:
+    width = max(len(k) for k in COMMANDS)
+    lines = [
+        "usage: sqlrl COMMAND [ARGS...]",
+        "",
+        "Train Text-to-SQL agents with GRPO and prove, with checkable evidence, whether training helped.",
+        "",
+        "commands:",
+    ]
+    for name, (_, help_) in COMMANDS.items():
+        lines.append(f"  {name.ljust(width)}  {help_}")
+    lines += ["", "Run `sqlrl COMMAND --help` for a command's arguments."]
+    return "\n".join(lines)
+
+
+class _ConsoleHandler(logging.Handler):
+    """The CLI's output for the library's `logging` records: INFO to stdout, WARNING and above to
+    stderr, the message alone (as `print` wrote it). Streams are looked up at emit time, so pytest's
+    capture and redirections see them."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
+        stream.write(self.format(record) + "\n")
+        stream.flush()
+
+
+def console_logging(level: int = logging.INFO) -> None:
+    """Route the `sqlrl` loggers to the console (idempotent). A library user who wants silence does not
+    call this, or sets `logging.getLogger("sqlrl").setLevel(logging.WARNING)`."""
+    root = logging.getLogger("sqlrl")
+    if not any(isinstance(h, _ConsoleHandler) for h in root.handlers):
+        root.addHandler(_ConsoleHandler())
+    root.setLevel(level)
+    root.propagate = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    console_logging()
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from sqlrl.version import __version__
+
+        print(f"sqlrl {__version__}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"sqlrl: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    target = COMMANDS[name][0]
+    module_name, _, func_name = target.partition(":")
+    module = importlib.import_module(module_name)
+    handler = getattr(module, func_name or "cli_main")
+    try:
+        return int(handler(rest) or 0)
+    except KeyboardInterrupt:
+        print("sqlrl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from sqlrl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,166 @@
+"""`sqlrl eval`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sqlrl.agent.loop import Budgets
+from sqlrl.artifacts import (
+    git_commit,
+    machine_info,
+    sha256_file,
+)
+from sqlrl.evaluation.runner import load_endpoint_policy, run_eval
+from sqlrl.training.curriculum import run_debug_eval
+
+
+def add_runtime_args(p: argparse.ArgumentParser) -> None:
+    """Where and how the policy runs (shared by `sqlrl eval` and `sqlrl audit leakage`)."""
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--engine", default="auto", choices=["auto", "static", "fast", "hf"])
+
+
+def add_budget_args(p: argparse.ArgumentParser) -> None:
+    d = Budgets()
+    p.add_argument("--turns", type=int, default=d.turns, help="1 = single-turn; >= 2 = multi-turn")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--max-sql-executions", type=int, default=d.max_sql_executions)
+    p.add_argument("--max-schema-chars", type=int, default=d.max_schema_chars)
+    p.add_argument("--max-context-tokens", type=int, default=d.max_context_tokens)
+
+
+def budgets_from_args(a) -> Budgets:
+    return Budgets(
+        turns=a.turns,
+        max_new_tokens=a.max_new_tokens,
+        max_sql_executions=a.max_sql_executions,
+        max_schema_chars=a.max_schema_chars,
+        max_context_tokens=a.max_context_tokens,
+    )
+
+
+def cli_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="sqlrl eval", description="Run the agent greedily over a split and score it."
+    )
+    p.add_argument(
+        "--model", default="qwen2.5-coder-0.5b-instruct", help="built-in name, local path or hub id"
+    )
+    p.add_argument(
+        "--data", default="embedded", help="Spider-layout folder (default: the embedded demo subset)"
+    )
+    p.add_argument(
+        "--split", default="validation", help="json stem (e.g. dev) or train/validation (by database)"
+    )
+    p.add_argument(
+        "--limit", type=int, default=0, help="evaluate a seeded subset of this many tasks (0 = all)"
+    )
+    p.add_argument("--out", required=True, help="run folder to write")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--split-seed", type=int, default=0)
+    p.add_argument("--val-fraction", type=float, default=0.1)
+    add_runtime_args(p)
+    p.add_argument(
+        "--endpoint",
+        help="evaluate a served model: base URL of an OpenAI-compatible server (e.g. http://127.0.0.1:8000); "
+        "--model is then the served model name",
+    )
+    p.add_argument(
+        "--tokenizer", help="with --endpoint: where the chat template comes from (default: --model)"
+    )
+    add_budget_args(p)
+    p.add_argument(
+        "--kind",
+        default="text2sql",
+        choices=["text2sql", "debug"],
+        help="debug: SQL-debugging tasks (--data: embedded, a folder with debug_tasks.jsonl, or the .jsonl; "
+        "--split: the tasks' split field); results per category (query / management / personalization)",
+    )
+    a = p.parse_args(argv)
+    if a.kind == "debug":
+        from sqlrl.training.curriculum import debug_eval_cli
+
+        return debug_eval_cli(a, ["sqlrl", "eval", *argv])
+    try:
+        policy = load_endpoint_policy(a.endpoint, a.model, a.tokenizer) if a.endpoint else None
+        out = run_eval(
+            model=a.model,
+            data=a.data,
+            split=a.split,
+            out=a.out,
+            budgets=budgets_from_args(a),
+            limit=a.limit,
+            seed=a.seed,
+            split_seed=a.split_seed,
+            val_fraction=a.val_fraction,
+            device=a.device,
+            dtype=a.dtype,
+            engine=a.engine,
+            policy=policy,
+            command=["sqlrl", "eval", *argv],
+        )
+    except (ValueError, FileNotFoundError, RuntimeError) as e:  # ModelError, PolicyInfraError included
+        print(f"sqlrl eval: {e}", file=sys.stderr)
+        return 2
+    s = out.summary
+    em = s["execution_match"]
+    print(
+        f"n={s['n']} execution_match={em:.4f} executable_rate={s['executable_rate']:.4f} "
+        f"excluded={s['excluded']} -> {a.out}"
+        if em is not None
+        else f"no scorable tasks; excluded={s['excluded']}"
+    )
+    return 0
+
+
+def debug_eval_cli(a, command: list[str]) -> int:
+    """`sqlrl eval --kind debug ...`: greedy evaluation of debugging tasks, printed and saved by category."""
+    from sqlrl.agent.debugging import category_table_md
+    from sqlrl.evaluation.runner import budgets_from_args, load_endpoint_policy, load_policy
+    from sqlrl.generation.device import pick_device
+    from sqlrl.tasks.data import select_tasks
+    from sqlrl.tasks.debugging import load_debug_tasks, resolve_debug_file
+
+    try:
+        file = resolve_debug_file(a.data)
+        all_tasks = load_debug_tasks(file)
+        tasks = select_tasks([t for t in all_tasks if t.split == a.split], a.limit, a.seed)
+        if not tasks:
+            splits = sorted({t.split for t in all_tasks})
+            raise ValueError(
+                f"{file}: no tasks with split {a.split!r} (splits there: {splits}); pass --split, or use "
+                "`sqlrl curriculum`, which re-splits a file without evaluation tasks by database"
+            )
+        if a.endpoint:
+            policy = load_endpoint_policy(a.endpoint, a.model, a.tokenizer)
+        else:
+            policy = load_policy(a.model, device=a.device, dtype=a.dtype, engine=a.engine)
+        budgets = budgets_from_args(a)
+        prov = {
+            "command": command,
+            "git": git_commit(),
+            "machine": machine_info(),
+            "kind": "debug",
+            "model": {
+                "name": getattr(policy, "name", a.model),
+                "identity": getattr(policy, "identity", None),
+            },
+            "data": str(file),
+            "split": a.split,
+            "limit": a.limit,
+            "task_ids": [t.task_id for t in tasks],
+            "fingerprint": sha256_file(file),
+            "budgets": budgets.to_dict(),
+            "sampling": {"temperature": 0.0, "seed": a.seed},
+            "device": pick_device(a.device),
+        }
+        summ = run_debug_eval(tasks=tasks, policy=policy, budgets=budgets, out=Path(a.out), provenance=prov)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"sqlrl eval: {e}", file=sys.stderr)
+        return 2
+    print(category_table_md([(str(prov["model"]["name"]), summ["by_category"])]))
+    print(f"n={summ['n']} solved_rate={summ['solved_rate']} excluded={summ['excluded']} -> {a.out}")
+    return 0

@@ -1,0 +1,106 @@
+"""`sqlrl export`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from sqlrl.training.checkpoint import (
+    SIDECAR,
+    CheckpointError,
+    export_hf,
+    load_latest,
+    model_from_checkpoint,
+    open_checkpoint,
+)
+from sqlrl.training.fsdp_export import FSDPExportError, export_fsdp_checkpoint
+
+
+def cli_main(argv: list[str]) -> int:
+    """`sqlrl export CKPT -o HF_DIR [--base MODEL]`: a sqlrl checkpoint (or run folder) -> HF folder.
+    A veRL FSDP checkpoint (or veRL run folder) is handed to `integrations.fsdp_export` instead."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    if first is not None:
+        fsdp_cli = fsdp_main
+        from sqlrl.training.fsdp_export import is_fsdp_checkpoint
+
+        if is_fsdp_checkpoint(first):
+            return fsdp_cli(argv)
+    ap = argparse.ArgumentParser(
+        prog="sqlrl export",
+        description="Export a sqlrl checkpoint (a step_NNNNNN folder, or a run folder: its latest valid "
+        "checkpoint) to Hugging Face format with identity.json (weights hash).",
+    )
+    ap.add_argument("checkpoint", help="checkpoint folder (step_NNNNNN) or run folder")
+    ap.add_argument("-o", "--out", required=True, help="output Hugging Face folder")
+    ap.add_argument("--base", help="base model (needed for LoRA checkpoints; tokenizer source otherwise)")
+    ap.add_argument("--no-merge", action="store_true", help="LoRA: save the adapter only, do not merge")
+    ap.add_argument("--no-verify", action="store_true", help="skip sha256 verification of checkpoint files")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    path = Path(args.checkpoint)
+    try:
+        if (path / SIDECAR).is_file():
+            info = open_checkpoint(path, verify=not args.no_verify)
+        else:
+            info = load_latest(path, verify=not args.no_verify)
+            if info is None:
+                print(f"sqlrl export: no checkpoint in {path}", file=sys.stderr)
+                return 2
+        model, tokenizer = model_from_checkpoint(info, base=args.base)
+        if tokenizer is None:
+            print("sqlrl export: warning: no tokenizer (none in checkpoint, no --base)", file=sys.stderr)
+        identity = export_hf(
+            model,
+            tokenizer,
+            args.out,
+            merge_lora=not args.no_merge,
+            source_checkpoint=info.path.resolve(),
+            step=info.step,
+            source_weights_hash=info.weights_hash,
+        )
+    except CheckpointError as e:
+        print(f"sqlrl export: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 -- unloadable base / unreadable files: report, exit 2
+        print(f"sqlrl export: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"exported step {info.step} from {info.path} to {args.out}  weights_hash={identity['weights_hash']}"
+    )
+    return 0
+
+
+def fsdp_main(argv: list[str] | None = None) -> int:
+    """`sqlrl export FSDP_CKPT -o HF_DIR [--base-config DIR] [--dtype bfloat16]`."""
+    ap = argparse.ArgumentParser(
+        prog="sqlrl export",
+        description="Export a veRL FSDP checkpoint (actor folder, global_step_N folder, or run folder: the "
+        "latest step) to Hugging Face format with identity.json (weights hash).",
+    )
+    ap.add_argument("checkpoint", help="veRL checkpoint folder")
+    ap.add_argument("-o", "--out", required=True, help="output Hugging Face folder")
+    ap.add_argument(
+        "--base-config", "--base", dest="base_config", help="config/tokenizer source if not saved"
+    )
+    ap.add_argument("--dtype", help="cast the weights (e.g. bfloat16); default: keep the saved dtype")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    try:
+        identity = export_fsdp_checkpoint(
+            args.checkpoint, args.out, base_config=args.base_config, dtype=args.dtype
+        )
+    except FSDPExportError as e:
+        print(f"sqlrl export: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 -- unreadable files, bad config: report, exit 2
+        print(f"sqlrl export: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    f = identity["fsdp"]
+    print(
+        f"exported veRL FSDP{f['fsdp_version'] or ''} step {identity['step']} ({f['world_size']} shards) from "
+        f"{f['actor_dir']} to {args.out}  weights_hash={identity['weights_hash']}"
+    )
+    return 0

@@ -1,0 +1,41 @@
+"""`sqlrl report`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from sqlrl.evidence.gate import ExperimentError, evidence_gate
+from sqlrl.evidence.report import write_report
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="sqlrl report",
+        description="Apply the evidence gate to an experiment folder and write verdict.json, report.md, report.html. "
+        "Exit 0 if a claim is allowed, 1 if not (the report is still written), 2 for a bad folder.",
+    )
+    ap.add_argument("exp_dir", metavar="EXP_DIR", help="experiment folder (written by `sqlrl experiment`)")
+    ap.add_argument("--check", action="store_true", help="only print the verdict JSON; write nothing")
+    ap.add_argument("--out", metavar="DIR", default=None, help="where to write the report (default: EXP_DIR)")
+    ap.add_argument("--n-boot", type=int, default=10000, help="bootstrap resamples (default 10000)")
+    ap.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    args = ap.parse_args(argv)
+    try:
+        if args.check:
+            verdict = evidence_gate(args.exp_dir)
+            print(json.dumps(verdict.to_dict(), indent=2, ensure_ascii=False))
+            return 0 if verdict.claim_allowed else 1
+        paths = write_report(args.exp_dir, args.out, n_boot=args.n_boot, seed=args.seed)
+    except ExperimentError as e:
+        print(f"sqlrl report: {e}", file=sys.stderr)
+        return 2
+    verdict = json.loads(Path(paths["verdict"]).read_text(encoding="utf-8"))
+    print(f"verdict: {verdict['verdict'].upper()}")
+    for m in verdict["missing"]:
+        print(f"  missing: {m}")
+    for key in ("html", "markdown", "verdict"):
+        print(f"wrote {paths[key]}")
+    return 0 if verdict["claim_allowed"] else 1

@@ -1,0 +1,40 @@
+"""`sqlrl seeds`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sqlrl.evidence.gate import ExperimentError
+from sqlrl.evidence.seeds import summarize, write_summary
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="sqlrl seeds",
+        description="Summarise one experiment matrix run with several training seeds (run.seed): consistency "
+        "checks, each folder's evidence gate, per-seed and across-seed comparisons. Writes seeds.json, seeds.md and "
+        "seeds.html. "
+        "Exit 0 if a claim across seeds is allowed, 1 if not (the files are still written), 2 for bad folders.",
+    )
+    ap.add_argument(
+        "exp_dirs", nargs="+", metavar="EXP_DIR", help="experiment folders, one per training seed"
+    )
+    ap.add_argument(
+        "--out", metavar="DIR", required=True, help="folder for seeds.json, seeds.md and seeds.html"
+    )
+    ap.add_argument("--n-boot", type=int, default=10000, help="bootstrap resamples (default 10000)")
+    ap.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    args = ap.parse_args(argv)
+    try:
+        s = summarize(args.exp_dirs, n_boot=args.n_boot, seed=args.seed)
+    except ExperimentError as e:
+        print(f"sqlrl seeds: {e}", file=sys.stderr)
+        return 2
+    paths = write_summary(s, args.out)
+    print(f"verdict across seeds: {s['verdict'].upper()}")
+    for p in s["problems"]:
+        print(f"  {p}")
+    for path in paths.values():
+        print(f"wrote {path}")
+    return 0 if s["claim_allowed"] else 1

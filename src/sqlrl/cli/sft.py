@@ -1,0 +1,53 @@
+"""`sqlrl sft`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sqlrl.config import ConfigError
+from sqlrl.training.sft import train_sft
+
+
+def cli_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="sqlrl sft",
+        description="Supervised warm start on the reference solutions of training debugging tasks "
+        '([data] kind = "debug"; the [sft] table sets steps, batch size, learning rate).',
+    )
+    p.add_argument("config", help="TOML run file, e.g. configs/debug-curriculum.toml")
+    p.add_argument("--out", help="run folder (default runs/<config stem>-sft)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value (repeatable)",
+    )
+    a = p.parse_args(argv)
+    from sqlrl import config as C
+
+    try:
+        raw = C.read_raw(a.config, a.set)
+        sft = C.sft_from_dict(raw.pop("sft", {}), source=a.config)
+        for table in C.COMMAND_TABLES:
+            raw.pop(table, None)
+        cfg = C.from_dict(raw, source=a.config)
+        if cfg.agent.turns != 1:  # the warm start is single-turn whatever the file's RL turns are
+            cfg = cfg.replace(agent={"turns": 1})
+        out = a.resume or a.out or f"runs/{Path(a.config).stem}-sft"
+        res = train_sft(cfg, sft, out, resume=bool(a.resume), command=["sqlrl", "sft", *argv])
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"sqlrl sft: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"sft {res['steps']} steps -> {out}"
+        + (
+            f" (final: {res.get('final_identity')}, weights changed: {res.get('weights_changed')})"
+            if res.get("final")
+            else ""
+        )
+    )
+    return 0

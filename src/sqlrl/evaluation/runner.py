@@ -1,0 +1,248 @@
+"""`sqlrl eval`: run the agent greedily over a split, then score each finished trajectory.
+
+Order of events for every task: the gold audit decides whether the task is scorable (unscorable golds
+are excluded and counted, never scored and never shown to the policy); the agent runs on the public
+task only; after the trajectory has ended the evaluator receives it together with the private task
+and writes the reward into a separate field.
+
+Writes to the run folder: `run.json` (provenance), `trajectories.jsonl`, `results.jsonl`,
+`summary.json` (see docs/DESIGN.md "Run folders"). Guaranteed: every task of the split appears in
+`results.jsonl` exactly once, scored or excluded with its reason. Not guaranteed: identical numbers
+across machines in bf16 (see agent.py).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlrl.agent.loop import Budgets, Sampling, Trajectory, run_agent, score_trajectories
+from sqlrl.artifacts import git_commit, machine_info, write_json_atomic, write_jsonl
+from sqlrl.generation.device import pick_device
+from sqlrl.tasks.data import resolve_data_root, select_tasks
+
+EXECUTABLE_FAIL = {"no_sql", "exec_error", "timeout"}
+
+
+@dataclass
+class EvalOutput:
+    trajectories: list[Trajectory]
+    results: list[dict]
+    summary: dict
+
+
+def evaluate_tasks(
+    tasks: list,
+    policy,
+    sandbox,
+    gold_cache,
+    budgets: Budgets,
+    *,
+    sampling: Sampling = Sampling(temperature=0.0, seed=0),
+    kind: str = "execution",
+    progress: bool = True,
+    rollout_all: bool = False,
+) -> EvalOutput:
+    """Score `tasks` (PrivateTask). With `rollout_all`, the agent also runs on tasks whose gold is
+    unscorable (they are still excluded from scoring); the leakage audit uses this so that both of its
+    runs roll out exactly the same tasks whatever the golds are."""
+    from sqlrl.reward.match import Evaluator
+    from sqlrl.tasks.goldcache import audit_golds
+
+    t_start = time.perf_counter()
+    audit = audit_golds(tasks, gold_cache)
+    scorable = [t for t in tasks if audit.per_task.get(t.public.task_id) is None]
+    rolled = tasks if rollout_all else scorable
+    trajectories = run_agent(
+        [t.public for t in rolled], policy, sandbox, budgets, sampling, progress="eval" if progress else False
+    )
+    evaluator = Evaluator(sandbox, gold_cache, kind=kind)
+    scorable_ids = {t.public.task_id for t in scorable}
+    score_trajectories(
+        [tr for tr in trajectories if tr.task_id in scorable_ids],
+        {t.public.task_id: t for t in scorable},
+        evaluator,
+    )
+    by_id = {tr.task_id: tr for tr in trajectories}
+    results = []
+    for t in tasks:
+        tid = t.public.task_id
+        reason = audit.per_task.get(tid)
+        if reason is not None:
+            results.append(
+                {
+                    "task_id": tid,
+                    "db_id": t.public.db_id,
+                    "final_sql": None,
+                    "status": "gold_unscorable",
+                    "reason": reason,
+                    "correct": None,
+                    "reward": None,
+                    "test_suite_correct": None,
+                }
+            )
+            continue
+        tr = by_id[tid]
+        rw = tr.reward or {}
+        value = rw.get("value")
+        ts = (rw.get("parts") or {}).get("test_suite_match")
+        results.append(
+            {
+                "task_id": tid,
+                "db_id": t.public.db_id,
+                "final_sql": tr.final_sql,
+                "status": rw.get("status"),
+                "correct": None if value is None else bool(value >= 1.0) if kind == "execution" else None,
+                "reward": value,
+                "test_suite_correct": None if ts is None else bool(ts),
+                "turns": len(tr.turns),
+                "stop_reason": tr.stop_reason,
+                "exec_ms": rw.get("exec_ms"),
+            }
+        )
+    summary = summarize(results, trajectories, kind=kind)
+    summary["elapsed_s"] = round(time.perf_counter() - t_start, 3)
+    summary["budgets"] = budgets.to_dict()
+    summary["gold_audit"] = audit.to_dict() if hasattr(audit, "to_dict") else None
+    return EvalOutput(trajectories, results, summary)
+
+
+def summarize(results: list[dict], trajectories: list[Trajectory], kind: str = "execution") -> dict:
+    scored = [r for r in results if r["reward"] is not None]
+    excluded = Counter()
+    for r in results:
+        if r["reward"] is None:
+            excluded[r.get("reason") or r["status"]] += 1
+    status_counts = Counter(r["status"] for r in results)
+    per_db: dict[str, dict] = defaultdict(lambda: {"n": 0, "correct": 0})
+    for r in scored:
+        d = per_db[r["db_id"]]
+        d["n"] += 1
+        d["correct"] += int(bool(r["correct"]))
+    for d in per_db.values():
+        d["accuracy"] = d["correct"] / d["n"] if d["n"] else None
+    n = len(scored)
+    ts = [r["test_suite_correct"] for r in scored if r.get("test_suite_correct") is not None]
+    gen_tokens = sum(tr.generated_tokens for tr in trajectories)
+    gen_s = sum(tr.timings.get("gen_s", 0.0) for tr in trajectories)
+    return {
+        "n": n,
+        "n_tasks": len(results),
+        "kind": kind,
+        "execution_match": (sum(bool(r["correct"]) for r in scored) / n)
+        if n and kind == "execution"
+        else None,
+        "mean_reward": (sum(r["reward"] for r in scored) / n) if n else None,
+        "test_suite_match": (sum(ts) / len(ts)) if ts else None,
+        "executable_rate": (sum(r["status"] not in EXECUTABLE_FAIL for r in scored) / n) if n else None,
+        "excluded": dict(excluded),
+        "status_counts": dict(status_counts),
+        "per_db": dict(sorted(per_db.items())),
+        "mean_turns": (sum(len(tr.turns) for tr in trajectories) / len(trajectories))
+        if trajectories
+        else None,
+        "stop_reasons": dict(Counter(tr.stop_reason for tr in trajectories)),
+        "generated_tokens": gen_tokens,
+        "generation_s": round(gen_s, 3),
+    }
+
+
+def write_eval_run(out_dir: str | Path, output: EvalOutput, provenance: dict) -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_jsonl(out / "trajectories.jsonl", (tr.to_dict() for tr in output.trajectories))
+    write_jsonl(out / "results.jsonl", output.results)
+    summary = dict(output.summary)
+    for k in ("model", "fingerprint", "split", "machine"):
+        if k in provenance:
+            summary[k] = provenance[k]
+    write_json_atomic(out / "summary.json", summary)
+    write_json_atomic(out / "run.json", provenance)
+
+
+def load_policy(
+    model: str, *, device: str = "auto", dtype: str = "auto", engine: str = "auto", max_batch: int = 256
+):
+    from sqlrl.generation.models import load_model
+    from sqlrl.generation.policy import HFPolicy
+
+    device = pick_device(device)
+    if dtype == "auto":
+        dtype = "bfloat16" if device == "cuda" else "float32"
+    loaded = load_model(model, device=device, dtype=dtype)
+    return HFPolicy(loaded, engine=engine, max_batch=max_batch)
+
+
+def load_endpoint_policy(endpoint: str, model: str, tokenizer: str | None = None, api_key: str | None = None):
+    """An OpenAI-compatible server (e.g. vLLM) as the policy. The chat template comes from the
+    tokenizer of `tokenizer` (default: `model`, resolved like any sqlrl model name), so prompts are
+    token ids built exactly as for a local model."""
+    import os
+
+    from transformers import AutoTokenizer
+
+    from sqlrl.generation.models import resolve_model
+    from sqlrl.generation.policy import OpenAIPolicy
+
+    src = tokenizer or model
+    tok_src = src if os.path.isdir(src) else str(resolve_model(src))
+    tok = AutoTokenizer.from_pretrained(tok_src)
+    return OpenAIPolicy(endpoint, model, api_key=api_key or os.environ.get("OPENAI_API_KEY"), tokenizer=tok)
+
+
+def run_eval(
+    *,
+    model: str,
+    data: str,
+    split: str,
+    out: str | Path,
+    budgets: Budgets,
+    limit: int = 0,
+    seed: int = 0,
+    split_seed: int = 0,
+    val_fraction: float = 0.1,
+    device: str = "auto",
+    dtype: str = "auto",
+    engine: str = "auto",
+    policy=None,
+    sandbox_workers: int = 2,
+    command: list[str] | None = None,
+) -> EvalOutput:
+    from sqlrl.sql.sandbox import Sandbox
+    from sqlrl.tasks.data import SpiderData
+    from sqlrl.tasks.goldcache import GoldCache
+
+    root = resolve_data_root(data)
+    ds = SpiderData(root)
+    tasks = select_tasks(ds.load(split, seed=split_seed, val_fraction=val_fraction), limit, seed)
+    if not tasks:
+        raise ValueError(f"split {split!r} of {root} has no tasks")
+    if policy is None:
+        policy = load_policy(model, device=device, dtype=dtype, engine=engine)
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    with Sandbox(workers=sandbox_workers, timeout_s=budgets.sql_timeout_s) as sandbox:
+        gold_cache = GoldCache(Path(out) / ".goldcache")
+        output = evaluate_tasks(tasks, policy, sandbox, gold_cache, budgets)
+    prov = {
+        "command": command or sys.argv,
+        "git": git_commit(),
+        "machine": machine_info(),
+        "model": {"name": getattr(policy, "name", model), "identity": getattr(policy, "identity", None)},
+        "data": str(root),
+        "split": split,
+        "split_seed": split_seed,
+        "val_fraction": val_fraction,
+        "limit": limit,
+        "task_ids": [t.public.task_id for t in tasks],
+        "fingerprint": ds.fingerprint(split, seed=split_seed, val_fraction=val_fraction),
+        "budgets": budgets.to_dict(),
+        "sampling": {"temperature": 0.0, "seed": seed},
+        "engine": getattr(policy, "engine", engine),
+        "started": started,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    write_eval_run(out, output, prov)
+    return output

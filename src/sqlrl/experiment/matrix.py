@@ -1,0 +1,317 @@
+"""`sqlrl experiment CONFIG.toml`: the equal-budget arm matrix, and `sqlrl quickstart` (the main job).
+
+Arms, all with the same model, locked task ids, dataset fingerprint, prompts, turns, token and SQL
+budgets and the same number of steps, prompts and rollouts:
+- `base`: the model as loaded, no training;
+- `grpo`: GRPO with the execution-match reward;
+- `no_update`: the same loop with learning rate 0 (weights must stay bit-identical);
+- `validity`: GRPO with the validity-only reward (1 when the SQL executes).
+With `turns = [1, 3]` the matrix is run once per turn budget (arm names get a `_t3` suffix).
+
+Every arm is a normal run folder (train and/or eval) under `arms/<arm>/`; `experiment.json` links
+them. Then the weight audit (base vs GRPO vs No-update, reloaded identity), the leakage audit (gold
+mutation, on a slice of the evaluation tasks, per turn budget) and the report with the evidence gate.
+
+`--seeds 0,1,2` runs the whole matrix once per training seed (`run.seed`; the split stays
+`data.split_seed`) into `OUT/seed<k>/`, one after the other under one time budget, then writes
+`OUT/seeds.{json,md,html}` with `sqlrl seeds` (`seeds.py`: the across-seed verdict).
+
+The command is resumable: a finished arm (its `summary.json` exists) is skipped, an unfinished
+training run resumes from its last checkpoint. This is how long experiments fit into time-limited
+sessions. Guaranteed: arms with different budgets, tasks or fingerprints are refused, naming the
+difference. Not guaranteed: that a quickstart-sized experiment supports any claim; its report
+will usually say "no claim", which is the honest outcome at that size.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from sqlrl.artifacts import git_commit, machine_info, read_json, write_json_atomic
+from sqlrl.config import Config, ConfigError, from_dict
+from sqlrl.training.budget import Unfinished, check_time
+
+ARM_KINDS = ("base", "grpo", "no_update", "validity")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    name: str = "experiment"
+    """Name shown in the report."""
+    arms: tuple[str, ...] = ARM_KINDS
+    """Arms to run; base, grpo, no_update and validity are needed for a claim."""
+    turns: tuple[int, ...] = (1,)
+    """Turn budgets; the matrix runs once per value (1 = single-turn)."""
+    leakage_tasks: int = 16
+    """Evaluation tasks used by the gold-mutation leakage audit (per turn budget)."""
+    smoke: bool = False
+    """Mark the experiment as a smoke run: the gate will never turn it into a claim."""
+    extra: dict = field(default_factory=dict)
+    """Free-form notes copied into experiment.json."""
+
+
+def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tuple[Config, ExperimentConfig]:
+    from sqlrl.config import apply_override
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"experiment file {path} does not exist")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+    for ov in overrides or []:
+        apply_override(raw, ov)
+    exp_raw = raw.pop("experiment", {})
+    cfg = from_dict(raw, source=str(path))
+    known = set(ExperimentConfig.__dataclass_fields__)
+    for k in exp_raw:
+        if k not in known:
+            raise ConfigError(f"{path}: unknown key experiment.{k}; valid keys: {', '.join(sorted(known))}")
+    exp = ExperimentConfig(
+        name=str(exp_raw.get("name", path.stem)),
+        arms=tuple(exp_raw.get("arms", ARM_KINDS)),
+        turns=tuple(int(t) for t in exp_raw.get("turns", (cfg.agent.turns,))),
+        leakage_tasks=int(exp_raw.get("leakage_tasks", 16)),
+        smoke=bool(exp_raw.get("smoke", False)),
+        extra=dict(exp_raw.get("extra", {})),
+    )
+    for arm in exp.arms:
+        if arm not in ARM_KINDS:
+            raise ConfigError(
+                f"{path}: experiment.arms has unknown arm {arm!r}; arms are {', '.join(ARM_KINDS)}"
+            )
+    if any(t < 1 for t in exp.turns):
+        raise ConfigError(f"{path}: experiment.turns must be >= 1")
+    return cfg, exp
+
+
+def arm_config(cfg: Config, kind: str, turns: int) -> Config:
+    agent = {"turns": turns}
+    if kind == "no_update":
+        return cfg.replace(agent=agent, grpo={"control": "no-update", "lr": 0.0, "reward": "execution"})
+    if kind == "validity":
+        return cfg.replace(agent=agent, grpo={"control": "none", "reward": "validity"})
+    return cfg.replace(agent=agent, grpo={"control": "none", "reward": "execution"})
+
+
+def run_experiment(
+    cfg: Config,
+    exp: ExperimentConfig,
+    out_dir: str | Path,
+    *,
+    command: list[str] | None = None,
+    report: bool = True,
+    deadline: float | None = None,
+) -> dict:
+    from sqlrl.agent.loop import Budgets
+    from sqlrl.evaluation.runner import load_policy, run_eval
+    from sqlrl.evidence.leakage import leakage_audit
+    from sqlrl.evidence.weights import audit_weights
+    from sqlrl.generation.device import free_memory
+    from sqlrl.sql.sandbox import Sandbox
+    from sqlrl.tasks.data import SpiderData, resolve_data_root, select_tasks
+    from sqlrl.training.trainer import config_changes, train
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    root = resolve_data_root(cfg.data.path)
+    ds = SpiderData(root)
+    eval_tasks = select_tasks(
+        ds.load(cfg.data.eval_split, seed=cfg.data.split_seed, val_fraction=cfg.data.val_fraction),
+        cfg.data.max_eval_tasks,
+        cfg.data.split_seed,  # not run.seed: every training seed is evaluated on the same tasks
+    )
+    if not eval_tasks:
+        raise ConfigError(f"evaluation split {cfg.data.eval_split!r} of {root} is empty")
+    fingerprint = ds.fingerprint(
+        cfg.data.eval_split, seed=cfg.data.split_seed, val_fraction=cfg.data.val_fraction
+    )
+    exp_path = out / "experiment.json"
+    state = read_json(exp_path) if exp_path.exists() else {}
+    mine = json.loads(json.dumps(cfg.resolve()))
+    if state and state.get("config") != mine:
+        blocking, memory = config_changes(state.get("config") or {}, mine)
+        if blocking:
+            raise ConfigError(
+                f"{out} holds an experiment with a different config (differs in {blocking}); rerun with "
+                "the same config to resume, or use a new --out folder"
+            )
+        # memory-only settings (how an update is split into passes) may change on resume, e.g. after
+        # running out of GPU memory; each resumed arm records the change in its own run.json too. (None
+        # when the configs differ only by a setting added since, at its old behaviour: `ADDED_KEYS`.)
+        if memory:
+            print(f"[experiment] resuming with {memory}", file=sys.stderr)
+            state.setdefault("resume_changes", []).append(
+                {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": memory}
+            )
+    state.update(
+        {
+            "name": exp.name,
+            "config": cfg.resolve(),
+            "experiment": {
+                "arms": list(exp.arms),
+                "turns": list(exp.turns),
+                "leakage_tasks": exp.leakage_tasks,
+                "extra": exp.extra,
+            },
+            "smoke": exp.smoke,
+            "synthetic": False,
+            "data": str(root),
+            "split": cfg.data.eval_split,
+            "fingerprint": fingerprint,
+            "tasks": [t.public.task_id for t in eval_tasks],
+            "model": {"name": cfg.model.name},
+            "git": git_commit(),
+            "machine": machine_info(),
+            "command": command or sys.argv,
+        }
+    )
+    state.setdefault("arms", {})
+    state.setdefault("started", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    write_json_atomic(exp_path, state)
+
+    for turns in exp.turns:
+        suffix = "" if turns == 1 else f"_t{turns}"
+        for kind in exp.arms:
+            name = f"{kind}{suffix}"
+            arm_dir = out / "arms" / name
+            acfg = arm_config(cfg, kind, turns)
+            budgets = Budgets.from_config(acfg.agent)
+            entry = {
+                "kind": kind,
+                "turns": turns,
+                "budgets": budgets.to_dict(),
+                "train_run": None,
+                "eval_run": f"arms/{name}/eval",
+            }
+            model_for_eval = cfg.model.name
+            if kind != "base":
+                train_dir = arm_dir / "train"
+                entry["train_run"] = f"arms/{name}/train"
+                run_json = train_dir / "run.json"
+                finished = run_json.exists() and read_json(run_json).get("status") == "finished"
+                if not finished:
+                    check_time(deadline, 60, f"training arm {name}")
+                    resume = (train_dir / "config.json").exists()
+                    print(
+                        f"[experiment] training arm {name} ({'resume' if resume else 'new'})", file=sys.stderr
+                    )
+                    res = train(acfg, train_dir, resume=resume, command=command, deadline=deadline)
+                    free_memory()
+                    if not res["finished"]:
+                        raise Unfinished(f"arm {name} stopped at step {res['steps']} of {acfg.grpo.steps}")
+                model_for_eval = str(train_dir / "final")
+            if not (arm_dir / "eval" / "summary.json").exists():
+                check_time(deadline, 45, f"evaluating arm {name}")
+                print(f"[experiment] evaluating arm {name} on {len(eval_tasks)} tasks", file=sys.stderr)
+                policy = load_policy(
+                    model_for_eval,
+                    device=cfg.run.device,
+                    dtype=cfg.model.dtype,
+                    engine=cfg.run.gen_engine,
+                    max_batch=cfg.run.gen_max_batch,
+                )
+                run_eval(
+                    model=model_for_eval,
+                    data=str(root),
+                    split=cfg.data.eval_split,
+                    out=arm_dir / "eval",
+                    budgets=budgets,
+                    limit=cfg.data.max_eval_tasks,
+                    seed=cfg.data.split_seed,  # the eval subset, as above
+                    split_seed=cfg.data.split_seed,
+                    val_fraction=cfg.data.val_fraction,
+                    policy=policy,
+                    sandbox_workers=cfg.run.sandbox_workers,
+                    command=command,
+                )
+                del policy
+                free_memory()
+            state["arms"][name] = entry
+            write_json_atomic(exp_path, state)
+
+        # leakage audit for this turn budget, with the base model
+        leak_path = out / f"leakage{suffix}.json"
+        if not leak_path.exists():
+            budgets = Budgets.from_config(arm_config(cfg, "base", turns).agent)
+            policy = load_policy(
+                cfg.model.name,
+                device=cfg.run.device,
+                dtype=cfg.model.dtype,
+                engine=cfg.run.gen_engine,
+                max_batch=cfg.run.gen_max_batch,
+            )
+            with Sandbox(workers=cfg.run.sandbox_workers, timeout_s=budgets.sql_timeout_s) as sandbox:
+                res = leakage_audit(
+                    eval_tasks[: exp.leakage_tasks],
+                    policy,
+                    sandbox,
+                    budgets,
+                    work_dir=out / f".leakage{suffix}",
+                )
+            write_json_atomic(leak_path, res)
+            del policy
+            free_memory()
+
+    # combined leakage verdict
+    parts = {f"t{t}": read_json(out / f"leakage{'' if t == 1 else f'_t{t}'}.json") for t in exp.turns}
+    write_json_atomic(
+        out / "leakage.json",
+        {
+            "passed": all(p["passed"] for p in parts.values()),
+            "tasks": sum(p["tasks"] for p in parts.values()),
+            "first_difference": next(
+                (p["first_difference"] for p in parts.values() if p["first_difference"]), None
+            ),
+            "static_check": {"passed": all(p["static_check"]["passed"] for p in parts.values())},
+            "per_turn_budget": {k: {"passed": v["passed"], "tasks": v["tasks"]} for k, v in parts.items()},
+        },
+    )
+
+    # weight audit: base vs grpo vs no-update (single-turn arms, or the first turn budget)
+    suffix = "" if exp.turns[0] == 1 else f"_t{exp.turns[0]}"
+    if "grpo" in exp.arms:
+        base_path = load_model_path(cfg.model.name)
+        trained = out / "arms" / f"grpo{suffix}" / "train" / "final"
+        no_upd = out / "arms" / f"no_update{suffix}" / "train" / "final"
+        expect = (
+            read_json(trained / "identity.json").get("weights_hash")
+            if (trained / "identity.json").exists()
+            else None
+        )
+        wa = audit_weights(
+            str(base_path),
+            str(trained),
+            str(no_upd) if no_upd.exists() else None,
+            reloaded=str(trained),
+            expect_hash=expect,
+        )
+        write_json_atomic(out / "weights_audit.json", wa)
+    state["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    write_json_atomic(exp_path, state)
+    result = {"out": str(out)}
+    if report:
+        from sqlrl.evidence.report import write_report
+
+        result["report"] = write_report(out)
+    return result
+
+
+def load_model_path(name: str) -> Path:
+    from sqlrl.generation.models import resolve_model
+
+    return Path(resolve_model(name))
+
+
+QUICKSTART = "quickstart.toml"
+
+
+def packaged_config(name: str) -> Path:
+    return Path(str(resources.files("sqlrl") / "configs" / name))

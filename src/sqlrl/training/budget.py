@@ -1,0 +1,21 @@
+"""training.budget."""
+
+from __future__ import annotations
+
+import time
+
+
+class Unfinished(Exception):
+    """The time budget ran out; rerunning the same command resumes where this one stopped."""
+
+
+def check_time(deadline: float | None, need_s: float, what: str) -> None:
+    if deadline is not None and time.monotonic() + need_s > deadline:
+        raise Unfinished(f"not enough time left for {what}")
+
+
+def out_of_time(deadline: float | None, last_step_s: float) -> bool:
+    """The time-budget rule of the training loops (`train`, `sft.train_sft`): stop before a step when
+    the next one would probably end less than 30 s before `deadline` (a `time.monotonic()` value),
+    judged from the last step's duration (1.5x); never before a step has been measured."""
+    return deadline is not None and last_step_s > 0 and time.monotonic() + 1.5 * last_step_s + 30 > deadline

@@ -1,0 +1,445 @@
+"""`sqlrl sft CONFIG.toml`: supervised warm start on the reference solutions of training debug tasks.
+
+Each example is one training-split debugging task (`data.kind = "debug"`): the prompt is exactly the
+single-turn prompt the agent builds (`debugagent.build_debug_messages`, rendered with the model's chat
+template by `prompts.ChatFormat`), the target is the reference solution written as the agent's
+single-turn answer (one ```sql block per solution entry) followed by the chat template's end-of-turn
+token. With `sft.submit_turns` = T >= 2 every reference appears a second time after the multi-turn
+prompt for T turns, answered "SUBMIT" + the same blocks (the agent's submit_solution). Cross-entropy
+is taken on the target tokens only (prompt and padding are masked), averaged over all target tokens
+of an optimizer step.
+
+Guarantees:
+- Only training references are used: every task must carry `data.train_split`, `data.train_split` must
+  differ from `data.eval_split`, and no task may sit on a database that has evaluation tasks
+  (`check_training_references`; a violation is a `ValueError` before any model is loaded). The
+  validation references (private gold data) never reach the optimizer.
+- Every target round-trips: decoding its token ids and parsing them with `parse_debug_action` (the
+  single-turn parser, or the multi-turn one for the SUBMIT format, which must also read
+  submit_solution) gives back the reference submission; examples that do not, or that exceed the
+  agent's budgets (`max_new_tokens` for the answer, `max_context_tokens` in all), are dropped and
+  counted in run.json (never silently truncated).
+- Run folder as `sqlrl train`: config.json (resolved run config + [sft]), run.json (provenance, base and
+  final weights identity, whether the weights moved), steps.jsonl (loss per step), split.json,
+  checkpoints/ through `checkpoint.save_checkpoint` (atomic, sha256 sidecars, manifest), final/ (HF export
+  with identity.json). `--resume` continues after a kill from the last complete checkpoint.
+
+Not guaranteed: that imitation of references helps the RL stages; a short CPU run proves nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import random
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from sqlrl.artifacts import (
+    append_jsonl,
+    git_commit,
+    machine_info,
+    read_json,
+    read_jsonl,
+    sha256_file,
+    write_json_atomic,
+    write_jsonl,
+)
+from sqlrl.config import Config, ConfigError, SFTConfig
+
+
+def expected_submission(task) -> tuple[str, ...]:
+    """The submission `parse_debug_action` must read from the SFT target of `task`."""
+    sol = [s.strip() for s in task.solution_sql if s and s.strip()]
+    if task.category == "query":
+        return tuple(s.rstrip(";").strip() for s in sol[-1:])
+    return tuple(sol)
+
+
+def sft_target_text(task) -> str:
+    """The reference solution as the single-turn agent's answer: one ```sql block per solution entry."""
+    return "\n\n".join(f"```sql\n{s}\n```" for s in expected_submission(task))
+
+
+def check_training_references(tasks, all_tasks, *, train_split: str, eval_split: str) -> None:
+    """Refuse any reference that is not from the training split (the evaluation golds are private)."""
+    if train_split == eval_split:
+        raise ValueError(
+            f"data.train_split = data.eval_split = {train_split!r}: the warm start would learn the "
+            "references it is evaluated on; use different splits"
+        )
+    bad = [t.task_id for t in tasks if t.split != train_split]
+    if bad:
+        raise ValueError(
+            f"supervised warm start refused {len(bad)} task(s) outside the training split {train_split!r} "
+            f"(e.g. {bad[:3]}): reference solutions of other splits are private evaluation data"
+        )
+    eval_dbs = {t.public.db_id for t in all_tasks if t.split == eval_split}
+    shared = sorted({t.public.db_id for t in tasks} & eval_dbs)
+    if shared:
+        raise ValueError(
+            f"supervised warm start refused: databases {shared[:5]} hold both training tasks and "
+            f"{eval_split!r} tasks; the split must be by database"
+        )
+
+
+def _completion_tail(chat, messages: list[dict], target: str) -> str:
+    """What the chat template puts after the assistant's text up to and including its end-of-turn token."""
+    prompt = chat.render(messages, add_generation_prompt=True)
+    full = chat.render(messages + [{"role": "assistant", "content": target}], add_generation_prompt=False)
+    if not full.startswith(prompt) or target not in full[len(prompt) :]:
+        raise ValueError(
+            "the chat template does not render an assistant answer as prompt + answer; the SFT target "
+            "cannot be aligned with what the agent generates"
+        )
+    rest = full[len(prompt) :]
+    after = rest[rest.index(target) + len(target) :]
+    best = None
+    for eos in chat._eos_texts:
+        if eos and eos in after:
+            i = after.index(eos) + len(eos)
+            best = i if best is None else min(best, i)
+    return after[:best] if best is not None else ""
+
+
+def build_sft_examples(tasks, tokenizer, budgets, submit_turns: int = 0) -> tuple[list[dict], dict]:
+    """Tokenized examples {task_id, category, format, prompt_ids, target_ids} and the drop counts by
+    reason. Format "single": the single-turn prompt and answer. With `submit_turns` >= 2, also format
+    "submit": the multi-turn prompt for that many turns, answered with SUBMIT and the same sql blocks
+    (its drop reasons are prefixed "submit:"); both must parse back to the reference submission."""
+    from sqlrl.agent.debugging import ACTION_SUBMIT, build_debug_messages, parse_debug_action
+    from sqlrl.agent.prompts import ChatFormat
+
+    if budgets.turns != 1:
+        raise ConfigError(
+            f"agent.turns = {budgets.turns}: the warm start trains the single-turn answer format; "
+            "set agent.turns = 1 (e.g. --set agent.turns=1) and sft.submit_turns for the multi-turn one"
+        )
+    formats = [("single", budgets, "")]
+    if submit_turns:
+        if budgets.max_sql_executions < 1:
+            raise ConfigError("sft.submit_turns needs agent.max_sql_executions >= 1 (the multi-turn prompt)")
+        formats.append(("submit", dataclasses.replace(budgets, turns=submit_turns), "SUBMIT\n"))
+    chat = ChatFormat(tokenizer)
+    examples, dropped = [], Counter()
+    for fmt, b, prefix in formats:
+        why = "" if fmt == "single" else f"{fmt}:"
+        for t in tasks:
+            messages = build_debug_messages(t.public, b)
+            target = sft_target_text(t)
+            if not target:
+                dropped[why + "no_reference"] += 1
+                continue
+            target = prefix + target
+            prompt_ids = chat.prompt_ids(messages)
+            tail = _completion_tail(chat, messages, target)
+            target_ids = chat.encode(target) + (chat.encode(tail) if tail else [tokenizer.eos_token_id])
+            text = tokenizer.decode(target_ids, skip_special_tokens=True)
+            act = parse_debug_action(text, multi_turn=b.turns > 1, category=t.category)
+            if act.kind != ACTION_SUBMIT or act.submission != expected_submission(t):
+                dropped[why + "format_roundtrip"] += 1
+                continue
+            if len(target_ids) > b.max_new_tokens:
+                dropped[why + "answer_over_max_new_tokens"] += 1
+                continue
+            if len(prompt_ids) + len(target_ids) > b.max_context_tokens:
+                dropped[why + "over_max_context_tokens"] += 1
+                continue
+            examples.append(
+                {
+                    "task_id": t.task_id,
+                    "category": t.category,
+                    "format": fmt,
+                    "prompt_ids": prompt_ids,
+                    "target_ids": target_ids,
+                }
+            )
+    return examples, dict(dropped)
+
+
+def collate(examples: list[dict], pad_id: int, device):
+    """Right-padded input ids, attention mask and labels (-100 on prompt and padding)."""
+    import torch
+
+    T = max(len(e["prompt_ids"]) + len(e["target_ids"]) for e in examples)
+    B = len(examples)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, T), dtype=torch.long)
+    labels = torch.full((B, T), -100, dtype=torch.long)
+    for b, e in enumerate(examples):
+        seq = e["prompt_ids"] + e["target_ids"]
+        n, p = len(seq), len(e["prompt_ids"])
+        ids[b, :n] = torch.tensor(seq)
+        attn[b, :n] = 1
+        labels[b, p:n] = torch.tensor(e["target_ids"])
+    return ids.to(device), attn.to(device), labels.to(device)
+
+
+def answer_loss_sum(model, ids, attn, labels, autocast_dtype=None):
+    """(sum of token cross-entropies over answer tokens, number of answer tokens, correct argmax tokens)."""
+    import torch
+    import torch.nn.functional as F
+
+    from sqlrl.training.trainer import train_attention_context
+
+    ctx = (
+        torch.autocast("cuda", dtype=autocast_dtype)
+        if autocast_dtype is not None
+        else contextlib.nullcontext()
+    )
+    # the trainer's kernel rule (no cuDNN SDPA on CUDA): the GPU SFT stage of 2026-11-29 had non-finite
+    # gradients in 2 of 40 steps without it (results/2026-11-29-debug-curriculum-gpu-partial)
+    with ctx, train_attention_context(ids.device.type):
+        logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits
+    logits = logits[:, :-1, :].float()
+    tgt = labels[:, 1:]
+    mask = tgt != -100
+    loss = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=-100, reduction="sum"
+    )
+    with torch.no_grad():
+        correct = int(((logits.argmax(-1) == tgt) & mask).sum().item())
+    return loss, int(mask.sum().item()), correct
+
+
+def resolved(cfg: Config, sft: SFTConfig) -> dict:
+    return {**cfg.resolve(), "sft": dataclasses.asdict(sft)}
+
+
+def config_hash(cfg: Config, sft: SFTConfig) -> str:
+    import hashlib
+
+    blob = json.dumps(resolved(cfg, sft), sort_keys=True).encode()
+    return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+def load_sft_tasks(cfg: Config):
+    """(training tasks used, all tasks of the file, the file): `data.max_train_tasks` chosen as DebugEnv does."""
+    from sqlrl.tasks.data import select_tasks
+    from sqlrl.tasks.debugging import load_debug_tasks, resolve_debug_file
+
+    if cfg.data.kind != "debug":
+        raise ConfigError(
+            f"data.kind = {cfg.data.kind!r}: the supervised warm start trains on debugging-task references; "
+            'set [data] kind = "debug"'
+        )
+    file = resolve_debug_file(cfg.data.path)
+    all_tasks = load_debug_tasks(file)
+    train = [t for t in all_tasks if t.split == cfg.data.train_split]
+    if not train:
+        splits = sorted({t.split for t in all_tasks})
+        raise ValueError(f"{file}: no tasks with split {cfg.data.train_split!r}; splits there: {splits}")
+    return select_tasks(train, cfg.data.max_train_tasks, cfg.run.seed), all_tasks, file
+
+
+def train_sft(
+    cfg: Config,
+    sft: SFTConfig,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    policy_factory=None,
+    progress: bool = True,
+    command: list[str] | None = None,
+    stop_after: int | None = None,
+    deadline: float | None = None,
+) -> dict:
+    """Run the warm start into `out_dir`. `policy_factory() -> (model, tokenizer, name, identity)` replaces
+    model loading (tests). `deadline` (a `time.monotonic()` value) stops cleanly, with a checkpoint,
+    before a step that would probably end after it (the trainer's rule). Returns {steps, finished, final,
+    final_identity, base_identity, weights_changed}."""
+    import torch
+
+    from sqlrl.agent.loop import Budgets
+    from sqlrl.generation.device import device_and_dtypes as _device_and_dtypes
+    from sqlrl.training.budget import out_of_time
+    from sqlrl.training.checkpoint import (
+        capture_rng,
+        export_hf,
+        load_latest,
+        restore_checkpoint,
+        restore_rng,
+        save_checkpoint,
+    )
+    from sqlrl.training.trainer import TaskSampler, check_run_folder, load_trainable
+
+    out = Path(out_dir)
+    mine = json.loads(json.dumps(resolved(cfg, sft)))
+    check_run_folder(out, mine, resume, "sft")
+
+    budgets = Budgets.from_config(cfg.agent)
+    tasks, all_tasks, file = load_sft_tasks(cfg)
+    check_training_references(
+        tasks, all_tasks, train_split=cfg.data.train_split, eval_split=cfg.data.eval_split
+    )
+    out.mkdir(parents=True, exist_ok=True)
+
+    seed = cfg.run.seed
+    random.seed(seed)
+    torch.manual_seed(seed)
+    device, gen_dtype = _device_and_dtypes(cfg)
+    model, tokenizer, base_name, base_identity = load_trainable(cfg, device, gen_dtype, policy_factory)
+
+    examples, dropped = build_sft_examples(tasks, tokenizer, budgets, sft.submit_turns)
+    if not examples:
+        raise ValueError(f"no usable SFT examples among {len(tasks)} training tasks (dropped: {dropped})")
+    sampler = TaskSampler(len(examples), seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=sft.lr, weight_decay=sft.weight_decay)
+    warm = max(0, sft.warmup_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
+    )
+
+    start_step, prev_s = 0, 0.0
+    if resume:
+        with contextlib.suppress(Exception):
+            prev_s = float(read_json(out / "run.json").get("train_seconds") or 0.0)
+        info = load_latest(out)
+        if info is not None:
+            side = restore_checkpoint(info, model, optimizer, scheduler)
+            sampler.load_state_dict(side["data_cursor"])
+            restore_rng(side["rng"])
+            start_step = int(side["step"])
+        if (out / "steps.jsonl").exists():
+            write_jsonl(
+                out / "steps.jsonl", [r for r in read_jsonl(out / "steps.jsonl") if r["step"] <= start_step]
+            )
+    else:
+        write_json_atomic(out / "config.json", mine)
+        write_json_atomic(
+            out / "split.json",
+            {
+                "train_split": cfg.data.train_split,
+                "eval_split": cfg.data.eval_split,
+                "tasks_file": str(file),
+                "train_fingerprint": sha256_file(file),
+                "train_tasks": len(tasks),
+                "task_ids": [t.task_id for t in tasks],
+                "train_db_ids": sorted({t.public.db_id for t in tasks}),
+                "eval_db_ids": sorted({t.public.db_id for t in all_tasks if t.split == cfg.data.eval_split}),
+            },
+        )
+    run_info = {
+        "kind": "sft",
+        "command": command or sys.argv,
+        "git": git_commit(),
+        "machine": machine_info(),
+        "device": device,
+        "model": {"name": base_name, "base_identity": base_identity},
+        "config_hash": config_hash(cfg, sft),
+        "data": str(file),
+        "data_kind": "debug",
+        "train_tasks": len(tasks),
+        "examples": len(examples),
+        "examples_per_category": dict(Counter(e["category"] for e in examples)),
+        "examples_per_format": dict(Counter(e["format"] for e in examples)),
+        "dropped": dropped,
+        "budgets": budgets.to_dict(),
+        "resumed_from_step": start_step if resume else None,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "status": "running",
+    }
+    write_json_atomic(out / "run.json", run_info)
+
+    autocast = torch.bfloat16 if device == "cuda" else None
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    def checkpoint(at: int) -> None:
+        save_checkpoint(
+            out,
+            at,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            rng_state=capture_rng(),
+            data_cursor=sampler.state_dict(),
+            config_hash=config_hash(cfg, sft),
+            keep_last=cfg.run.keep_checkpoints,
+        )
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=sft.steps, initial=start_step, desc="sft", unit="step")
+    t_train0 = time.perf_counter()
+    last, done, last_step_s = start_step, 0, 0.0
+    for step in range(start_step + 1, sft.steps + 1):
+        if out_of_time(deadline, last_step_s):
+            if last > start_step and last % cfg.run.checkpoint_every != 0:
+                checkpoint(last)
+            print(f"sqlrl sft: stopping before step {step} to meet the time budget", file=sys.stderr)
+            break
+        t0 = time.perf_counter()
+        batch = [examples[i] for i in sampler.next(sft.batch_size)]
+        n_tok = sum(len(e["target_ids"]) for e in batch)
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum, correct, counted = 0.0, 0, 0
+        for k in range(0, len(batch), sft.micro_batch):
+            ids, attn, labels = collate(batch[k : k + sft.micro_batch], pad_id, device)
+            loss, ntok, corr = answer_loss_sum(model, ids, attn, labels, autocast)
+            (loss / n_tok).backward()
+            loss_sum += float(loss.item())
+            correct += corr
+            counted += ntok
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, sft.max_grad_norm).item())
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            print(f"sqlrl sft: step {step}: non-finite gradient norm; update skipped", file=sys.stderr)
+        else:
+            optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        metrics = {
+            "step": step,
+            "loss": loss_sum / counted if counted else None,
+            "token_accuracy": correct / counted if counted else None,
+            "answer_tokens": counted,
+            "n_examples": len(batch),
+            "task_ids": [e["task_id"] for e in batch],
+            "grad_norm": grad_norm if not skipped else None,
+            "skipped_nonfinite": skipped,
+            "lr": scheduler.get_last_lr()[0],
+            "time_step_s": round(time.perf_counter() - t0, 3),
+        }
+        append_jsonl(out / "steps.jsonl", metrics)
+        if bar is not None:
+            bar.set_postfix(loss=f"{metrics['loss']:.4f}", gn=f"{grad_norm:.3g}")
+            bar.update(1)
+        if step % cfg.run.checkpoint_every == 0 or step == sft.steps:
+            checkpoint(step)
+        last, done, last_step_s = step, done + 1, time.perf_counter() - t0
+        if stop_after is not None and done >= stop_after:
+            break
+    if bar is not None:
+        bar.close()
+    finished = last >= sft.steps
+    result: dict = {"steps": last, "finished": finished, "base_identity": base_identity}
+    if finished:
+        ident = export_hf(model, tokenizer, out / "final", merge_lora=True, step=last)
+        result.update(
+            final=str(out / "final"),
+            final_identity=ident.get("weights_hash"),
+            weights_changed=ident.get("weights_hash") != base_identity,
+        )
+        if cfg.run.prune_checkpoints_at_end:
+            from sqlrl.training.trainer import _prune_checkpoints
+
+            _prune_checkpoints(out)
+    total_s = prev_s + time.perf_counter() - t_train0
+    run_info.update(
+        {
+            "status": "finished" if finished else "stopped",
+            "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "train_seconds": round(total_s, 2),
+            **result,
+        }
+    )
+    write_json_atomic(out / "run.json", run_info)
+    return result

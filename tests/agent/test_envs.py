@@ -1,0 +1,64 @@
+"""Training environments: the Text-to-SQL env scores with the strict reward only (no test-suite metric)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+from sqlrl import config as C
+
+
+def test_text2sql_env_training_reward_skips_the_test_suite_metric(tmp_path):
+    from sqlrl.agent.envs import make_env
+
+    cfg = C.from_dict(
+        {"data": {"path": "embedded", "max_train_tasks": 4}, "run": {"sandbox_workers": 1, "loggers": []}}
+    )
+    env = make_env(cfg, tmp_path)
+    with env:
+        assert env.evaluator.test_suite is False and env.evaluator.kind == "execution"
+        task = env.tasks[0]
+        # the gold itself, and the gold with DISTINCT added: the strict reward needs one execution each;
+        # the test-suite metric would have run a DISTINCT-free variant of the second as well
+        wrapped = f"SELECT DISTINCT * FROM ({task.gold_sql})"
+        trajs = [
+            NS(task_id=task.public.task_id, final_sql=sql, done=True, infra_error=None, reward=None)
+            for sql in (task.gold_sql, wrapped)
+        ]
+        before = env.evaluator.memo_stats()["executions"]
+        accs = env.score(trajs)
+        assert env.evaluator.memo_stats()["executions"] - before == 2
+    assert accs[0] == 1.0 and trajs[0].reward["status"] == "match"
+    for tr in trajs:
+        assert "test_suite_match" not in tr.reward["parts"]
+        assert tr.reward["exec_ms"] is not None and tr.reward["exec_ms"] >= 0  # recorded in sql.jsonl
+
+
+def test_validity_env_reads_accuracy_from_its_own_scoring(tmp_path):
+    """The validity arm logs execution accuracy from the status of its one scoring pass (no second
+    evaluator executing every prediction again), equal to what the execution reward gives."""
+    from sqlrl.agent.envs import make_env
+    from sqlrl.reward.match import Evaluator
+
+    cfg = C.from_dict(
+        {
+            "data": {"path": "embedded", "max_train_tasks": 4},
+            "grpo": {"reward": "validity"},
+            "run": {"sandbox_workers": 1, "loggers": []},
+        }
+    )
+    env = make_env(cfg, tmp_path)
+    with env:
+        task = env.tasks[0]
+        sqls = [task.gold_sql, "SELECT 12345", "SELEC nonsense", None]
+        trajs = [
+            NS(task_id=task.public.task_id, final_sql=sql, done=True, infra_error=None, reward=None)
+            for sql in sqls
+        ]
+        before = env.evaluator.memo_stats()["executions"]
+        accs = env.score(trajs)
+        assert env.evaluator.memo_stats()["executions"] - before == 3  # one per SQL (None runs nothing)
+        strict = Evaluator(env.sandbox, env.gold_cache, "execution", test_suite=False)
+        want = [r.value for r in strict.score_many([(sql, task) for sql in sqls])]
+    assert [tr.reward["value"] for tr in trajs] == [1.0, 1.0, 0.0, 0.0]  # validity: executes
+    assert accs == want == [1.0, 0.0, 0.0, 0.0]
+    assert [tr.reward["parts"]["execution_match"] for tr in trajs] == want

@@ -1,0 +1,205 @@
+"""`sqlrl eval` pieces and the gold-mutation leakage audit, with a scripted policy on real SQLite."""
+
+from __future__ import annotations
+
+import pytest
+
+from sqlrl.agent.loop import Budgets
+from sqlrl.evaluation.runner import evaluate_tasks
+from sqlrl.evidence.leakage import compare_runs, leakage_audit, mutate_golds, static_check
+from sqlrl.generation.scripted import ScriptedPolicy
+from sqlrl.sql.sandbox import Sandbox
+from sqlrl.tasks.data import PrivateTask, select_tasks
+from sqlrl.tasks.goldcache import GoldCache
+
+ANSWERS = {
+    "How many customers are there?": "SELECT count(*) FROM customer",
+    "List customer names in London.": "SELECT name FROM customer WHERE city = 'Paris'",  # wrong
+    "What is the total order amount?": "SELECT sum(amont) FROM orders",  # error
+}
+
+
+def answer(text, turn):
+    for q, sql in ANSWERS.items():
+        if q in text:
+            return f"```sql\n{sql}\n```"
+    return "?"
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(workers=1, timeout_s=2.0) as sb:
+        yield sb
+
+
+def test_eval_scores_after_the_trajectory_and_summarizes(shop_tasks, sandbox, tmp_path):
+    unscorable = PrivateTask(
+        shop_tasks[0].public.__class__(
+            "shop/00099",
+            "shop",
+            "Which customers are from Mars?",
+            shop_tasks[0].public.schema,
+            "",
+            shop_tasks[0].public.db_path,
+        ),
+        "SELECT name FROM customer WHERE city = 'Mars'",
+    )
+    tasks = shop_tasks + [unscorable]
+    policy = ScriptedPolicy(answer)
+    out = evaluate_tasks(tasks, policy, sandbox, GoldCache(tmp_path / "gc"), Budgets(), progress=False)
+    by = {r["task_id"]: r for r in out.results}
+    assert by["shop/00000"]["status"] == "match" and by["shop/00000"]["correct"] is True
+    assert by["shop/00001"]["status"] == "mismatch" and by["shop/00001"]["correct"] is False
+    assert by["shop/00002"]["status"] == "exec_error" and by["shop/00002"]["correct"] is False
+    assert by["shop/00099"]["status"] == "gold_unscorable" and by["shop/00099"]["correct"] is None
+    # the unscorable task never reached the policy
+    assert len(out.trajectories) == 3 and all("Mars" not in tr.prompt_text for tr in out.trajectories)
+    s = out.summary
+    assert s["n"] == 3 and s["n_tasks"] == 4
+    assert s["execution_match"] == pytest.approx(1 / 3) and s["executable_rate"] == pytest.approx(2 / 3)
+    assert s["excluded"] == {"gold_empty": 1}
+    assert s["status_counts"] == {"match": 1, "mismatch": 1, "exec_error": 1, "gold_unscorable": 1}
+    assert s["per_db"]["shop"] == {"n": 3, "correct": 1, "accuracy": pytest.approx(1 / 3)}
+    assert all(tr.reward is not None for tr in out.trajectories)
+
+
+def test_select_tasks_is_seeded_and_order_preserving():
+    items = list(range(100))
+    a = select_tasks(items, 10, seed=1)
+    assert a == sorted(a) and a == select_tasks(items, 10, seed=1) and a != select_tasks(items, 10, seed=2)
+    assert select_tasks(items, 0, seed=1) == items
+
+
+def test_leakage_audit_passes_for_an_honest_agent(shop_tasks, sandbox, tmp_path):
+    for turns in (1, 3):
+        res = leakage_audit(
+            shop_tasks, ScriptedPolicy(answer), sandbox, Budgets(turns=turns), work_dir=tmp_path / str(turns)
+        )
+        assert res["passed"], res
+        assert res["golds_mutated"] == 3 and res["first_difference"] is None and res["static_check"]["passed"]
+
+
+def test_leakage_audit_catches_a_leaky_agent(shop_tasks, sandbox, tmp_path, monkeypatch):
+    """Wire the gold into the prompt (a bug we must catch): the audit fails and names task and field."""
+    import sqlrl.agent.loop as agent_mod
+
+    golds = {}
+    real_build = agent_mod.build_messages
+
+    def leaky_build(task, **kw):
+        msgs = real_build(task, **kw)
+        msgs[-1]["content"] += "\n-- hint: " + golds.get(task.task_id, "")
+        return msgs
+
+    monkeypatch.setattr(agent_mod, "build_messages", leaky_build)
+    import sqlrl.evaluation.runner as ev
+
+    real_eval = ev.evaluate_tasks
+
+    def spying_eval(tasks, *a, **kw):
+        golds.clear()
+        golds.update({t.public.task_id: t.gold_sql for t in tasks})
+        return real_eval(tasks, *a, **kw)
+
+    monkeypatch.setattr(ev, "evaluate_tasks", spying_eval)
+    res = leakage_audit(shop_tasks, ScriptedPolicy(answer), sandbox, Budgets(), work_dir=tmp_path)
+    assert not res["passed"]
+    assert (
+        res["first_difference"]["task_id"] == "shop/00000"
+        and res["first_difference"]["field"] == "prompt_ids"
+    )
+    assert not res["static_check"]["passed"]
+
+
+def test_mutated_golds_differ_and_stay_valid(shop_tasks):
+    m = mutate_golds(shop_tasks)
+    assert all(a.gold_sql != b.gold_sql for a, b in zip(shop_tasks, m))
+    assert all(a.public is b.public for a, b in zip(shop_tasks, m))
+
+
+def test_compare_and_static_check_name_the_difference(shop_tasks, sandbox):
+    from sqlrl.agent.loop import run_agent
+
+    p = [t.public for t in shop_tasks]
+    a = run_agent(p, ScriptedPolicy(answer), sandbox, Budgets())
+    b = run_agent(p, ScriptedPolicy(lambda t, k: "```sql\nSELECT 1\n```"), sandbox, Budgets())
+    d = compare_runs(a, b)
+    assert d["task_id"] == "shop/00000" and d["field"] == "token_ids"
+    assert compare_runs(a, a) is None
+    assert static_check(a, ["SELECT name FROM customer WHERE city = 'London'"])["passed"]
+
+
+def test_eval_against_an_openai_compatible_endpoint(tmp_path):
+    """`sqlrl eval --endpoint`: a served model (fake server on 127.0.0.1) through the same agent and evaluator."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from sqlrl.cli.eval import cli_main
+    from sqlrl.generation.scripted import make_chat_tokenizer
+
+    tok = make_chat_tokenizer()
+    tok_dir = tmp_path / "tok"
+    tok.save_pretrained(tok_dir)
+    reply = "```sql\nSELECT count(*) FROM Staff\n```"
+    reply_ids = tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    seen = []
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            choices = [
+                {
+                    "index": i,
+                    "text": reply,
+                    "finish_reason": "stop",
+                    "token_ids": reply_ids,
+                    "logprobs": {
+                        "token_logprobs": [-0.1] * len(reply_ids),
+                        "tokens": [f"token_id:{t}" for t in reply_ids],
+                    },
+                }
+                for i, _ in enumerate(body["prompt"])
+            ]
+            data = json.dumps({"choices": choices}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    th = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    th.start()
+    try:
+        out = tmp_path / "run"
+        rc = cli_main(
+            [
+                "--endpoint",
+                f"http://127.0.0.1:{srv.server_address[1]}",
+                "--model",
+                "served-model",
+                "--tokenizer",
+                str(tok_dir),
+                "--split",
+                "validation",
+                "--limit",
+                "3",
+                "--out",
+                str(out),
+            ]
+        )
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert rc == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["n_tasks"] == 3 and s["model"]["name"] == "served-model"
+    assert s["model"]["identity"].startswith("openai:")
+    assert seen and all(isinstance(p, list) and isinstance(p[0], int) for b in seen for p in b["prompt"])
+    res = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert {r["final_sql"] for r in res if r["status"] != "gold_unscorable"} == {"SELECT count(*) FROM Staff"}

@@ -1,0 +1,242 @@
+"""`sqlrl seeds`: one matrix run with several training seeds. Consistency checks that refuse, the per-seed
+and across-seed numbers recomputed by hand from results.jsonl, the CLI's files and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sqlrl.artifacts import read_json, read_jsonl, write_json_atomic, write_jsonl
+from sqlrl.evidence.seeds import summarize
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from make_experiment import make_experiment  # noqa: E402
+
+
+def seeded(root: Path, k: int, **config) -> Path:
+    """The synthetic matrix with outcome seed k and run.seed k in its resolved configuration (400 tasks,
+    so the fixture's GRPO arm is ahead of both controls with p < 0.01 in every seed)."""
+    d = make_experiment(root / f"seed{k}", synthetic=False, n_tasks=400, seed=k)
+    meta = read_json(d / "experiment.json")
+    meta["config"] = {"run": {"seed": k}, "data": {"path": f"/data/{k}"}, "grpo": {"lr": 2e-6}, **config}
+    meta["git"] = {"commit": "abc"}
+    write_json_atomic(d / "experiment.json", meta)
+    return d
+
+
+def acc(d: Path, arm: str) -> list[tuple[str, int]]:
+    rows = read_jsonl(d / "arms" / arm / "eval" / "results.jsonl")
+    return sorted((r["task_id"], int(r["correct"])) for r in rows if r["correct"] is not None)
+
+
+def test_consistent_seeds_allow_a_claim_and_numbers_match_a_hand_count(tmp_path):
+    dirs = [seeded(tmp_path, k) for k in range(3)]
+    s = summarize(dirs, n_boot=500)
+    assert s["claim_allowed"], s["problems"]
+    assert s["run_seeds"] == [0, 1, 2] and s["notes"] == []
+    diffs = []
+    for d, run in zip(dirs, s["runs"]):
+        g, b = dict(acc(d, "grpo")), dict(acc(d, "base"))
+        common = sorted(set(g) & set(b))
+        want = sum(g[t] for t in common) / len(common) - sum(b[t] for t in common) / len(common)
+        assert run["comparisons"]["base"]["diff"] == pytest.approx(want, abs=1e-12)
+        assert run["comparisons"]["base"]["n"] == len(common)
+        assert run["gate"] == "claim"
+        diffs.append(want)
+    a = s["across_seeds"]["base"]
+    assert a["mean_diff"] == pytest.approx(sum(diffs) / 3, abs=1e-12)
+    assert a["min_diff"] == pytest.approx(min(diffs)) and a["max_diff"] == pytest.approx(max(diffs))
+    # the hierarchical point estimate is over the tasks scored in every run of both arms
+    runs = [(dict(acc(d, "base")), dict(acc(d, "grpo"))) for d in dirs]
+    tasks = sorted(set.intersection(*(set(x) & set(y) for x, y in runs)))
+    want_h = sum(sum(y[t] for t in tasks) - sum(x[t] for t in tasks) for x, y in runs) / (3 * len(tasks))
+    h = a["hierarchical"]
+    assert h["diff"] == pytest.approx(want_h, abs=1e-12) and h["n"] == len(tasks)
+    assert h["ci_low"] < h["diff"] < h["ci_high"] and h["runs_a"] == h["runs_b"] == 3
+    # the fixture's base outcomes depend on its seed: base evaluations are not identical
+    assert s["base_evaluations_identical"] is False
+
+
+def test_identical_base_evaluations_are_recognised(tmp_path):
+    dirs = [seeded(tmp_path, k) for k in range(2)]
+    for name in ("results.jsonl", "trajectories.jsonl"):
+        src = dirs[0] / "arms" / "base" / "eval" / name
+        write_jsonl(dirs[1] / "arms" / "base" / "eval" / name, read_jsonl(src))
+    assert summarize(dirs, n_boot=200)["base_evaluations_identical"] is True
+
+
+@pytest.mark.parametrize(
+    "break_it, needle",
+    [
+        ("same_seed", "run.seed values are not all different"),
+        ("setting", "setting differs between folders: grpo.lr"),
+        ("fingerprint", "dataset fingerprints"),
+        ("tasks", "task lists differ"),
+        ("synthetic", "its evidence gate refused a claim"),
+        ("not_ahead", "GRPO is ahead of no_update with McNemar p < 0.01 in 1 of 2 seeds"),
+    ],
+)
+def test_inconsistent_or_weak_seeds_refuse_a_claim(tmp_path, break_it, needle):
+    a, b = seeded(tmp_path, 0), seeded(tmp_path, 1)
+    meta = read_json(b / "experiment.json")
+    if break_it == "same_seed":
+        meta["config"]["run"]["seed"] = 0
+    elif break_it == "setting":
+        meta["config"]["grpo"]["lr"] = 3e-6
+    elif break_it == "fingerprint":
+        meta["fingerprint"] = "0" * 64
+    elif break_it == "tasks":
+        meta["tasks"] = meta["tasks"][:-1]
+    elif break_it == "synthetic":
+        meta["synthetic"] = True
+    elif break_it == "not_ahead":  # seed 1's GRPO answers exactly as its No-update arm
+        for name in ("results.jsonl", "trajectories.jsonl"):
+            src = b / "arms" / "no_update" / "eval" / name
+            write_jsonl(b / "arms" / "grpo" / "eval" / name, read_jsonl(src))
+    write_json_atomic(b / "experiment.json", meta)
+    s = summarize([a, b], n_boot=200)
+    assert not s["claim_allowed"] and s["verdict"] == "no claim"
+    assert any(needle in p for p in s["problems"]), s["problems"]
+
+
+def test_one_folder_is_not_a_seed_comparison_and_new_settings_are_only_noted(tmp_path):
+    a = seeded(tmp_path, 0)
+    s = summarize([a], n_boot=200)
+    assert not s["claim_allowed"] and any("at least two" in p for p in s["problems"])
+    b = seeded(tmp_path, 1, sft={"steps": 5})  # a setting a newer sqlrl added: noted, not failed
+    meta = read_json(b / "experiment.json")
+    meta["git"] = {"commit": "def"}
+    write_json_atomic(b / "experiment.json", meta)
+    s = summarize([a, b], n_boot=200)
+    assert s["claim_allowed"], s["problems"]
+    assert s["settings_in_some_folders_only"] == ["sft.steps"]
+    assert any("2 code versions: abc, def" in n for n in s["notes"])
+
+
+def test_cli_writes_files_and_exit_codes(tmp_path):
+    dirs = [str(seeded(tmp_path, k)) for k in range(2)]
+    run = [
+        sys.executable,
+        "-m",
+        "sqlrl.cli",
+        "seeds",
+        *dirs,
+        "--out",
+        str(tmp_path / "out"),
+        "--n-boot",
+        "200",
+    ]
+    p = subprocess.run(run, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    s = json.loads((tmp_path / "out" / "seeds.json").read_text())
+    md = (tmp_path / "out" / "seeds.md").read_text()
+    assert s["verdict"] == "claim" and "Verdict across seeds: CLAIM" in md and "| no_update | 2 |" in md
+    p = subprocess.run(run[:4] + [dirs[0]] + run[6:], capture_output=True, text=True)
+    assert p.returncode == 1 and "at least two" in p.stdout
+    p = subprocess.run(run[:4] + [dirs[0], dirs[0]] + run[6:], capture_output=True, text=True)
+    assert p.returncode == 1 and "run.seed values are not all different: [0, 0]" in p.stdout
+    p = subprocess.run(run[:4] + [str(tmp_path / "nope"), dirs[0]] + run[6:], capture_output=True, text=True)
+    assert p.returncode == 2 and "no such folder" in p.stderr
+
+
+def _fake_run(calls, rc_at=None):
+    """Stands in for `experiment._run` (one matrix): records the call and writes the synthetic matrix for
+    the seed it was given, or returns `rc_at[seed]`."""
+
+    def run(config, out, overrides, report, command, time_budget=None):
+        seed = int(next(o for o in overrides if o.startswith("run.seed=")).split("=")[1])
+        calls.append((out, list(overrides), time_budget))
+        if rc_at and seed in rc_at:
+            return rc_at[seed]
+        d = make_experiment(out, synthetic=False, n_tasks=400, seed=seed)
+        meta = read_json(d / "experiment.json")
+        meta["config"] = {"run": {"seed": seed}, "grpo": {"lr": 2e-6}}
+        write_json_atomic(d / "experiment.json", meta)
+        return 0
+
+    return run
+
+
+def test_experiment_seeds_runs_each_seed_then_the_summary(tmp_path, monkeypatch, capsys):
+    import sqlrl.cli.experiment as ex
+
+    calls: list = []
+    monkeypatch.setattr(ex, "_run", _fake_run(calls))
+    out = tmp_path / "exp"
+    rc = ex.cli_main(
+        ["cfg.toml", "--out", str(out), "--seeds", "0,1,2", "--set", "grpo.lr=2e-6", "--time-budget", "900"]
+    )
+    assert rc == 0
+    assert [c[0] for c in calls] == [str(out / f"seed{k}") for k in range(3)]
+    assert all(c[1] == ["grpo.lr=2e-6", f"run.seed={k}"] for k, c in enumerate(calls))
+    assert all(c[2] is not None and 0 < c[2] <= 900 for c in calls)  # one budget shared by the seeds
+    s = json.loads((out / "seeds.json").read_text())
+    assert s["verdict"] == "claim" and s["run_seeds"] == [0, 1, 2]
+    assert "verdict across 3 seeds: claim" in capsys.readouterr().out
+    # a rerun skips the seeds whose matrix finished (experiment.json "finished") and redoes the summary
+    for k in (0, 2):
+        meta = read_json(out / f"seed{k}" / "experiment.json")
+        meta["finished"] = "2026-11-29T00:00:00+0000"
+        write_json_atomic(out / f"seed{k}" / "experiment.json", meta)
+    calls.clear()
+    assert ex.cli_main(["cfg.toml", "--out", str(out), "--seeds", "0,1,2"]) == 0
+    assert [c[0] for c in calls] == [str(out / "seed1")]
+
+
+def test_experiment_seeds_stops_at_the_budget_and_refuses_bad_input(tmp_path, monkeypatch):
+    import sqlrl.cli.experiment as ex
+
+    calls: list = []
+    monkeypatch.setattr(ex, "_run", _fake_run(calls, rc_at={1: 3}))
+    out = tmp_path / "exp"
+    assert ex.cli_main(["cfg.toml", "--out", str(out), "--seeds", "0,1,2"]) == 3  # seed 1 ran out of time
+    assert len(calls) == 2 and not (out / "seeds.json").exists()
+    for bad in (
+        ["--seeds", "0,x"],
+        ["--seeds", "1,1"],
+        ["--seeds", ","],
+        ["--seeds", "0,1", "--set", "run.seed=4"],
+    ):
+        calls.clear()
+        assert ex.cli_main(["cfg.toml", "--out", str(out), *bad]) == 2
+        assert calls == []
+
+
+def test_no_task_scored_in_every_run_refuses_without_crashing(tmp_path):
+    # each seed's GRPO arm scored a different half of the tasks: every per-seed comparison exists, but no
+    # task is scored in every run (found by running `sqlrl experiment --seeds` on the 4-task quickstart)
+    dirs = [seeded(tmp_path, k) for k in range(2)]
+    for k, d in enumerate(dirs):
+        f = d / "arms" / "grpo" / "eval" / "results.jsonl"
+        rows = list(read_jsonl(f))
+        for i, r in enumerate(rows):
+            if i % 2 == k:
+                r["correct"], r["status"] = None, "infra_error"
+        write_jsonl(f, rows)
+    s = summarize(dirs, n_boot=200)
+    assert not s["claim_allowed"]
+    assert s["across_seeds"]["no_update"] == {
+        "available": False,
+        "reason": "no task scored in every run of both arms",
+    }
+    assert any("no GRPO vs no_update comparison in every folder" in p for p in s["problems"])
+
+
+def test_html_summary_is_self_contained_and_escaped(tmp_path):
+    from sqlrl.evidence.seeds import write_summary
+
+    root = tmp_path / 'odd <b>"name"</b> & co'
+    dirs = [seeded(root, k) for k in range(2)]
+    paths = write_summary(summarize(dirs, n_boot=200), tmp_path / "out")
+    html = paths["html"].read_text()
+    assert html.startswith("<!doctype html>") and html.endswith("</html>")
+    assert "CLAIM ACROSS SEEDS" in html and html.count("<svg") == 1
+    # 3 controls x (2 seeds + the across-seed row) whiskers in the chart
+    assert html.count("grpo − ") >= 9
+    assert '<b>"name"</b>' not in html and "&lt;b&gt;" in html
+    assert "<script" not in html and "http://" not in html and "https://" not in html
+    assert paths["markdown"].read_text().startswith("# sqlrl seeds")

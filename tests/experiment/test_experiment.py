@@ -1,0 +1,120 @@
+"""The experiment matrix end to end on CPU with a tiny random model saved as a local Hugging Face folder.
+
+The model cannot write SQL, so every arm scores 0 and the gate must say "no claim"; the point is
+that every artifact the gate and the report need is produced, linked and consistent, and that a
+second invocation resumes (skips finished arms) instead of redoing them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from sqlrl import config as C
+from sqlrl.experiment.matrix import ExperimentConfig, run_experiment
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory) -> str:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from sqlrl.generation.scripted import make_chat_tokenizer
+
+    tok = make_chat_tokenizer()
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    model = Qwen2ForCausalLM(cfg).float()
+    out = tmp_path_factory.mktemp("tiny") / "tiny-qwen2"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)
+
+
+def test_matrix_end_to_end_and_resume(tiny_model_dir, tmp_path):
+    cfg = C.from_dict(
+        {
+            "model": {"name": tiny_model_dir},
+            "data": {"path": "embedded", "max_train_tasks": 6, "max_eval_tasks": 4},
+            "agent": {"max_new_tokens": 8, "max_schema_chars": 300, "max_context_tokens": 2048},
+            "grpo": {"steps": 1, "prompts_per_step": 2, "group_size": 2, "micro_batch": 4},
+            "run": {"device": "cpu", "loggers": [], "sandbox_workers": 1, "checkpoint_every": 1},
+        }
+    )
+    exp = ExperimentConfig(name="tiny", leakage_tasks=2, smoke=True)
+    out = tmp_path / "exp"
+    run_experiment(cfg, exp, out, report=True)
+    e = json.loads((out / "experiment.json").read_text())
+    assert set(e["arms"]) == {"base", "grpo", "no_update", "validity"} and e["finished"]
+    assert len(e["tasks"]) == 4 and e["fingerprint"]
+    for name, arm in e["arms"].items():
+        s = json.loads((out / arm["eval_run"] / "summary.json").read_text())
+        assert s["n_tasks"] == 4 and s["budgets"] == arm["budgets"] and s["fingerprint"] == e["fingerprint"]
+        assert (out / arm["eval_run"] / "trajectories.jsonl").stat().st_size > 0
+        if name != "base":
+            assert json.loads((out / arm["train_run"] / "run.json").read_text())["status"] == "finished"
+    # every arm evaluated the same locked tasks
+    ids = {
+        n: [
+            json.loads(x)["task_id"] for x in (out / a["eval_run"] / "results.jsonl").read_text().splitlines()
+        ]
+        for n, a in e["arms"].items()
+    }
+    assert len({tuple(v) for v in ids.values()}) == 1
+    leak = json.loads((out / "leakage.json").read_text())
+    assert leak["passed"] and leak["tasks"] == 2
+    wa = json.loads((out / "weights_audit.json").read_text())
+    assert wa["verdicts"]["no_update_identical"] is True and wa["verdicts"]["reloaded_identity"] is True
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert verdict["claim_allowed"] is False  # a smoke run never becomes a claim
+    assert any("smoke" in m for m in verdict["missing"])
+    html = (out / "report.html").read_text()
+    assert "no claim" in html.lower() and "validity" in html
+    # resumable: a second run finds every arm finished and does not train or evaluate again
+    t0 = time.perf_counter()
+    mtime = (out / "arms" / "grpo" / "eval" / "summary.json").stat().st_mtime
+    run_experiment(cfg, exp, out, report=False)
+    assert (out / "arms" / "grpo" / "eval" / "summary.json").stat().st_mtime == mtime
+    assert time.perf_counter() - t0 < 60
+    # a memory-only setting (how updates are split into passes) may change on resume: recorded, no retraining
+    mem = cfg.replace(grpo={"micro_batch_logit_tokens": 64})
+    run_experiment(mem, exp, out, report=False)
+    e = json.loads((out / "experiment.json").read_text())
+    assert e["resume_changes"][-1]["changes"] == ["grpo.micro_batch_logit_tokens: 0 -> 64"]
+    assert (out / "arms" / "grpo" / "eval" / "summary.json").stat().st_mtime == mtime
+    # anything else is refused, naming the setting
+    with pytest.raises(C.ConfigError, match=r"different config \(differs in \['grpo.lr'\]"):
+        run_experiment(mem.replace(grpo={"lr": 0.5}), exp, out, report=False)
+
+
+def test_experiment_refuses_a_changed_config(tiny_model_dir, tmp_path):
+    out = tmp_path / "exp"
+    out.mkdir()
+    (out / "experiment.json").write_text(json.dumps({"config": {"grpo": {"steps": 99}}}))
+    cfg = C.from_dict({"model": {"name": tiny_model_dir}, "run": {"device": "cpu"}})
+    with pytest.raises(C.ConfigError, match="different config"):
+        run_experiment(cfg, ExperimentConfig(), out)
+
+
+def test_unknown_arm_is_a_config_error(tmp_path):
+    from sqlrl.experiment.matrix import load_experiment
+
+    p = tmp_path / "e.toml"
+    p.write_text("[experiment]\narms = ['base', 'magic']\n")
+    with pytest.raises(C.ConfigError, match="unknown arm 'magic'"):
+        load_experiment(p)
+    assert Path(p).exists()
