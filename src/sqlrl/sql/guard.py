@@ -218,7 +218,7 @@ WRITE_ACTIONS = frozenset(
 
 
 def write_authorizer(on_write=None):
-    """The authorizer for policy SQL on a writable replica (also used by `debugtasks.apply_submission`
+    """The authorizer for policy SQL on a writable replica (also used by `sqlrl.tasks.debugging.apply_submission`
     for a submitted solution): reads, the write actions of `WRITE_ACTIONS` (calling `on_write()` when
     one is compiled), functions except `POOL_DENY_FUNCTIONS`, the read-only pragmas of
     `READ_ONLY_PRAGMAS`; everything else (ATTACH / DETACH, transactions and savepoints, other pragmas,

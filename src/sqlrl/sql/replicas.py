@@ -93,7 +93,7 @@ def _inside(child: str, parent: str) -> bool:
 
 
 class ReplicaPool:
-    """Writable per-trajectory replicas with lazy reset. See the module docstring.
+    """Writable per-trajectory replicas with lazy reset (see the module docstring).
 
     templates: {db_id: template path} or a list of paths (db_id = file stem).
     root_dir: where replica files live (created; must not be or lie inside a template's folder).
@@ -369,6 +369,10 @@ class ReplicaPool:
                 w.proc.join(5)
 
     def stats(self) -> dict:
+        """leases, resets, delta_resets, wal_resets, wal_bytes (size of the WAL files discarded = what
+        SQLite wrote into them), bytes_copied (bytes written into replicas by resets), bytes_read
+        (template + replica bytes read by resets; WAL resets: the header bytes checked),
+        dirty_releases, clean_releases, timeouts, worker_crashes, exhausted, active_leases, replicas."""
         with self._cond:
             s = dict(self._stats)
             s["active_leases"] = len(self._bindings)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import marshal
+import multiprocessing
 import os
 import queue
 import sqlite3
@@ -269,6 +270,7 @@ class _Locked:
 class WorkerPool:
     """`n` workers running `main`, an idle queue, the watchdog and its counters.
 
+    name: the processes' name, or a function of the worker index giving it.
     timeout_s / hard_timeout_s: the soft limit per statement and the parent's wall-clock limit; a call
     with another soft limit keeps the margin (`hard_limit`). `kills`: watchdog kills (timeouts);
     `crashes`: workers that died on their own.
@@ -277,8 +279,6 @@ class WorkerPool:
     def __init__(
         self, n: int, cfg: dict, main: Any, name: Any, timeout_s: float, hard_timeout_s: float
     ) -> None:
-        import multiprocessing
-
         self.ctx = multiprocessing.get_context("spawn")
         self.timeout_s, self.hard_timeout_s = timeout_s, hard_timeout_s
         self.closed = False
