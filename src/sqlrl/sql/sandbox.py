@@ -25,9 +25,7 @@ max_value_bytes=4 MiB, max_sql_chars=1_000_000, heap limit 512 MiB, RLIMIT_AS 2 
 
 from __future__ import annotations
 
-import marshal
 import os
-import time
 from collections import OrderedDict, deque
 from typing import Any
 
@@ -35,55 +33,28 @@ from sqlrl.sql.engine import Deadline, run_one
 from sqlrl.sql.guard import check_statement
 from sqlrl.sql.result import SQLResult, failure
 from sqlrl.sql.scoring import run_scored, score_batch
-from sqlrl.sql.workers import WorkerPool, close_at_exit, forget_at_exit, mark_ready
+from sqlrl.sql.workers import WorkerPool, close_at_exit, forget_at_exit, serve_batches
 
-_FLUSH_S = 0.02  # a worker sends buffered results at least this often (and at the end of a batch)
 _SCORE_CHUNKS_PER_WORKER = 4  # execute_scored: chunks per worker (load balance vs round trips)
 _SCORE_DEPTH = 2  # execute_scored: chunks in flight per worker (the next one waits in its pipe)
 _SCORE_MIN_CHUNK = 16  # execute_scored: fewer chunks per worker rather than chunks smaller than this
 
 
 def _worker_main(conn: Any, cfg: dict, progress: Any) -> None:
-    """Worker loop: receive a marshalled batch [(db_path, sql, timeout_s), ...] and answer with
-    marshalled lists of result tuples, in order; or a scoring batch (a tuple, see `sqlrl.sql.scoring.score_batch`).
-    Before item k starts, `progress` (shared memory) gets [start time (time.monotonic), k, statement
-    number within the item]: that is what the parent's watchdog reads."""
+    """Worker loop: statement batches (`workers.serve_batches`, each item run by `engine.run_one`) and
+    scoring batches (tuples, `scoring.score_batch`), sharing one connection cache."""
     conns: OrderedDict = OrderedDict()
     deadline = Deadline()
     refs: dict = {}  # reference payloads of scoring batches (e.g. cached gold results), by key
     scorers: dict = {}
-    mark_ready(progress)
-    monotonic = time.monotonic
-    while True:
-        try:
-            batch = marshal.loads(conn.recv_bytes())
-        except (EOFError, OSError):
-            return
-        if type(batch) is tuple:
-            if not score_batch(conn, cfg, conns, deadline, progress, refs, scorers, batch):
-                return
-            continue
-        buf: list = []
-        last = monotonic()
-        n = len(batch)
-        for k, (db_path, sql, timeout_s) in enumerate(batch):
-            progress[0] = monotonic()  # start first, index second: the parent reads them the other way
-            progress[1] = float(k)
-            buf.append(run_one(conns, cfg, deadline, db_path, sql, timeout_s))
-            now = monotonic()
-            if k == n - 1 or now - last >= _FLUSH_S:
-                try:
-                    data = marshal.dumps(buf)
-                except (ValueError, MemoryError) as e:  # cannot happen for SQLite values; be safe
-                    data = marshal.dumps(
-                        [("runtime_error", [], [], 0, r[4], f"unserialisable: {e}") for r in buf]
-                    )
-                try:
-                    conn.send_bytes(data)
-                except (EOFError, OSError):
-                    return
-                buf = []
-                last = now
+
+    def run(db_path: str, sql: str, timeout_s: float) -> tuple:
+        return run_one(conns, cfg, deadline, db_path, sql, timeout_s)
+
+    def other(batch: tuple) -> bool:
+        return score_batch(conn, cfg, conns, deadline, progress, refs, scorers, batch)
+
+    serve_batches(conn, progress, run, other)
 
 
 def _deal(todo: list, size: int) -> list[list]:

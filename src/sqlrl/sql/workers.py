@@ -7,10 +7,11 @@ hard wall-clock limit gets its worker killed and respawned (`timeout`), a worker
 respawned (`worker_crash`), and the next call works on a fresh worker.
 
 Covered:
-- `Worker.call`: one request, one reply, at most `hard_limit_s` after the worker is up; raises
-  `WorkerHung` / `WorkerDied` after respawning the worker (the replica pool).
-- `WorkerPool.run_batch`: a list of statements, answers streamed back in order, each statement
-  watched on its own; unanswered statements are re-run on the fresh worker (the sandbox).
+- `Worker.call` / `serve`: one request, one reply, at most `hard_limit_s` after the worker is up;
+  raises `WorkerHung` / `WorkerDied` after respawning the worker (the replica pool).
+- `WorkerPool.run_batch` / `serve_batches`: a list of statements, answers streamed back in order,
+  each statement watched on its own; unanswered statements are re-run on the fresh worker (the
+  sandbox).
 - `WorkerPool.watch` / `replace`: the same watchdog rules for the pipelined scoring driver.
 - A process starts with a bare `__main__` module in place (only inside `Process.start()`), so the
   caller's script is not re-imported and needs no `if __name__ == "__main__"` guard; it ignores
@@ -41,6 +42,7 @@ from sqlrl.sql.result import SQLResult, failure
 
 STARTING, IDLE = -2.0, -1.0  # progress[1] while the process starts up / before it takes a request
 STARTUP_LIMIT_S = 120.0
+_FLUSH_S = 0.02  # serve_batches sends buffered results at least this often (and at the end of a batch)
 _START_LOCK = threading.Lock()
 
 
@@ -236,6 +238,46 @@ def serve(conn: Any, progress: Any, handle: Any) -> None:
             conn.send_bytes(marshal.dumps(out))
         except (EOFError, OSError):
             return
+
+
+def serve_batches(conn: Any, progress: Any, run: Any, other: Any = None) -> None:
+    """Child side of `WorkerPool.run_batch`: receive a marshalled batch [(db_path, sql, timeout_s), ...]
+    and answer with marshalled lists of `run(db_path, sql, timeout_s)` result tuples, in order, sent
+    at least every `_FLUSH_S` and at the end of the batch. Before item k starts, `progress` gets
+    [start time (time.monotonic), k]: that is what the parent's watchdog reads. A batch that is a
+    tuple goes to `other(batch)` instead, which returns False when the pipe is gone."""
+    mark_ready(progress)
+    monotonic = time.monotonic
+    while True:
+        try:
+            batch = marshal.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        if type(batch) is tuple:
+            if not other(batch):
+                return
+            continue
+        buf: list = []
+        last = monotonic()
+        n = len(batch)
+        for k, (db_path, sql, timeout_s) in enumerate(batch):
+            progress[0] = monotonic()  # start first, index second: the parent reads them the other way
+            progress[1] = float(k)
+            buf.append(run(db_path, sql, timeout_s))
+            now = monotonic()
+            if k == n - 1 or now - last >= _FLUSH_S:
+                try:
+                    data = marshal.dumps(buf)
+                except (ValueError, MemoryError) as e:  # cannot happen for SQLite values; be safe
+                    data = marshal.dumps(
+                        [("runtime_error", [], [], 0, r[4], f"unserialisable: {e}") for r in buf]
+                    )
+                try:
+                    conn.send_bytes(data)
+                except (EOFError, OSError):
+                    return
+                buf = []
+                last = now
 
 
 def _send_buffer(conn: Any) -> int:
