@@ -202,3 +202,66 @@ def test_checker_refuses_a_sibling_package_of_the_same_stage():
 def test_unknown_package_is_named():
     with pytest.raises(KeyError, match="sqlrl.nowhere.x: in no stage"):
         stage_of("sqlrl.nowhere.x")
+
+
+def _top_level_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.If, ast.Try)):  # e.g. optional imports
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.Import, ast.ImportFrom)):
+                    names |= {(a.asname or a.name).split(".")[0] for a in sub.names}
+                elif isinstance(sub, (ast.FunctionDef, ast.ClassDef)):
+                    names.add(sub.name)
+                elif isinstance(sub, ast.Assign):
+                    names |= {n.id for t in sub.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def unresolved_imports(src: Path = SRC, roots: tuple[Path, ...] = (), package: str = "sqlrl") -> list[str]:
+    """`from sqlrl.x import name` where sqlrl.x defines no `name` and has no submodule `name` (imports
+    inside functions included: they fail only when the function runs)."""
+    files = {module_name(p, src): p for p in (src / package).rglob("*.py")}
+    bad = []
+    for path in [*files.values(), *(p for r in roots for p in r.rglob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.ImportFrom) and not node.level and node.module):
+                continue
+            if node.module.split(".")[0] != package:
+                continue
+            if node.module not in files:
+                bad.append(f"{path}:{node.lineno}: no module {node.module}")
+                continue
+            defined = _top_level_names(files[node.module])
+            lazy = "__getattr__" in defined
+            for a in node.names:
+                if a.name not in defined and f"{node.module}.{a.name}" not in files and not lazy:
+                    bad.append(f"{path}:{node.lineno}: {node.module} has no {a.name}")
+    return bad
+
+
+def test_every_sqlrl_import_resolves():
+    root = SRC.parent
+    assert unresolved_imports(roots=(root / "tests", root / "bench", root / "scripts")) == []
+
+
+def test_checker_finds_an_import_of_a_moved_name(tmp_path):
+    src = _write(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "def f():\n    pass\n",
+            "b.py": "def g():\n    from pkg.a import f, gone\n    from pkg.nowhere import x\n",
+        },
+    )
+    assert unresolved_imports(src, package="pkg") == [
+        f"{src / 'pkg' / 'b.py'}:2: pkg.a has no gone",
+        f"{src / 'pkg' / 'b.py'}:3: no module pkg.nowhere",
+    ]
