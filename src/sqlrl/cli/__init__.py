@@ -1,8 +1,5 @@
-"""The `sqlrl` command. Each subcommand lives in its own module and is imported only when run,
-so `sqlrl --help` never loads torch or transformers.
-
-Every subcommand handler is `cli_main(argv: list[str]) -> int` in its module; it parses its own
-arguments (so `sqlrl SUB --help` is exact) and returns the process exit code.
+"""The `sqlrl` command: one module per subcommand, imported only when run (`--help` loads no torch).
+Each module's `cli_main(argv) -> int` parses its own arguments and returns the exit code.
 """
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+"""`python -m sqlrl.cli`: the `sqlrl` command."""
+
 import sys
 
 from sqlrl.cli import main

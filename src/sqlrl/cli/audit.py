@@ -1,4 +1,4 @@
-"""`sqlrl audit`."""
+"""`sqlrl audit weights` (tensor-level weight audit) and `sqlrl audit leakage` (gold mutation)."""
 
 from __future__ import annotations
 
@@ -78,10 +78,13 @@ def cli_main(argv: list[str]) -> int:
 
 
 def leakage_main(argv: list[str]) -> int:
-    from sqlrl.evaluation.runner import add_budget_args, add_runtime_args, budgets_from_args, load_policy
+    from sqlrl.cli.eval import add_budget_args, add_runtime_args, budgets_from_args
+    from sqlrl.evaluation.runner import load_policy
     from sqlrl.tasks.data import resolve_data_root, select_tasks
 
-    p = argparse.ArgumentParser(prog="sqlrl audit leakage", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="sqlrl audit leakage", description="Gold-mutation leakage audit (`sqlrl audit leakage`)."
+    )
     p.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     p.add_argument("--data", default="embedded")
     p.add_argument("--split", default="validation")

@@ -1,4 +1,4 @@
-"""`sqlrl curriculum`."""
+"""`sqlrl curriculum`: the staged debugging curriculum, resumable, evaluated by category."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`sqlrl data`."""
+"""`sqlrl data audit` / `sqlrl data split`: inspect a Spider-layout folder."""
 
 from __future__ import annotations
 

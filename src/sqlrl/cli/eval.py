@@ -1,4 +1,4 @@
-"""`sqlrl eval`."""
+"""`sqlrl eval`: the agent greedily over a split, scored (Text-to-SQL or debugging tasks)."""
 
 from __future__ import annotations
 
@@ -81,8 +81,6 @@ def cli_main(argv: list[str]) -> int:
     )
     a = p.parse_args(argv)
     if a.kind == "debug":
-        from sqlrl.training.curriculum import debug_eval_cli
-
         return debug_eval_cli(a, ["sqlrl", "eval", *argv])
     try:
         policy = load_endpoint_policy(a.endpoint, a.model, a.tokenizer) if a.endpoint else None
@@ -119,7 +117,7 @@ def cli_main(argv: list[str]) -> int:
 def debug_eval_cli(a, command: list[str]) -> int:
     """`sqlrl eval --kind debug ...`: greedy evaluation of debugging tasks, printed and saved by category."""
     from sqlrl.agent.debugging import category_table_md
-    from sqlrl.evaluation.runner import budgets_from_args, load_endpoint_policy, load_policy
+    from sqlrl.evaluation.runner import load_policy
     from sqlrl.generation.device import pick_device
     from sqlrl.tasks.data import select_tasks
     from sqlrl.tasks.debugging import load_debug_tasks, resolve_debug_file

@@ -1,4 +1,4 @@
-"""`sqlrl experiment`."""
+"""`sqlrl experiment` (the equal-budget arm matrix, `--seeds`) and `sqlrl quickstart`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`sqlrl export`."""
+"""`sqlrl export`: a sqlrl or veRL FSDP checkpoint to a Hugging Face folder with its identity."""
 
 from __future__ import annotations
 

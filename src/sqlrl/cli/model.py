@@ -1,4 +1,4 @@
-"""`sqlrl model`."""
+"""`sqlrl model`: fetch, convert and cache a model; show its identity."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`sqlrl report`."""
+"""`sqlrl report`: the evidence gate over an experiment folder, then report.md / report.html."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`sqlrl reward`."""
+"""`sqlrl reward`: score one predicted SQL against a gold SQL on one database."""
 
 from __future__ import annotations
 

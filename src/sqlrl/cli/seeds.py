@@ -1,4 +1,4 @@
-"""`sqlrl seeds`."""
+"""`sqlrl seeds`: the across-seed verdict over experiment folders that differ only in run.seed."""
 
 from __future__ import annotations
 

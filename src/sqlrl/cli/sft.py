@@ -1,4 +1,4 @@
-"""`sqlrl sft`."""
+"""`sqlrl sft`: supervised warm start on training references of debugging tasks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`sqlrl sql`."""
+"""`sqlrl sql`: one statement in the read-only sandbox."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`sqlrl train`."""
+"""`sqlrl train`: GRPO from a TOML run file, in this process or on veRL (`--engine verl`)."""
 
 from __future__ import annotations
 

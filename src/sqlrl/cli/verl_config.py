@@ -1,4 +1,4 @@
-"""`sqlrl verl-config`."""
+"""`sqlrl verl-config`: veRL's GRPO config (validated by veRL) from a sqlrl TOML run file."""
 
 from __future__ import annotations
 
