@@ -39,10 +39,10 @@ _DROP_KEY = re.compile(
 _KEEP_KEY = re.compile(r"timeout|budget|max_|_limit|limit_", re.I)
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-_TQDM = re.compile(r"(\d+%\|)|(\|\s*\d+/\d+ \[)|(\[\d+:\d+(:\d+)?<)|(\d(it|step|sql|traj|B)/s\])|(s/(it|step|traj)\])")
-_ISO = re.compile(
-    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2}|\s?UTC)?"
+_TQDM = re.compile(
+    r"(\d+%\|)|(\|\s*\d+/\d+ \[)|(\[\d+:\d+(:\d+)?<)|(\d(it|step|sql|traj|B)/s\])|(s/(it|step|traj)\])"
 )
+_ISO = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2}|\s?UTC)?")
 _CLOCK = re.compile(r"\b\d{1,2}:\d{2}:\d{2}(\.\d+)?\b")
 _DUR = re.compile(
     r"(?<![\w.])[~≈]?\d+(\.\d+)?(e[+-]?\d+)?\s?(ms|s|sec|secs|seconds|min|mins|minutes|h|hours|GPU-minutes|GPU minutes)\b"
@@ -53,6 +53,7 @@ _PID = re.compile(r"\b(pid|PID)([ =:]+)\d+")
 _GIT40 = re.compile(r"(?<![0-9a-f:])[0-9a-f]{40}(?![0-9a-f])")
 _GITSHORT = re.compile(r"\b(code|commit|at|git)\s+[0-9a-f]{7,12}\b")
 _TMP = re.compile(r"/tmp/[A-Za-z0-9_.\-]+")
+_KV_TIME = re.compile(r"\b(elapsed\w*|time\w*|wall\w*|\w+_(?:s|ms|sec|seconds))(\s*[:=]?\s*)\d+(\.\d+)?\b")
 _MEM = re.compile(r"\b\d+(\.\d+)?\s?(KB|MB|GB|KiB|MiB|GiB)\b")
 
 SUBS: list[tuple[str, str]] = []
@@ -61,6 +62,7 @@ SUBS: list[tuple[str, str]] = []
 def norm_text(s: str) -> str:
     for path, token in SUBS:
         s = s.replace(path, token)
+    s = _KV_TIME.sub(r"\1\2<T>", s)
     s = _ISO.sub("<DATETIME>", s)
     s = _CLOCK.sub("<CLOCK>", s)
     s = _RATE.sub("<RATE>", s)
@@ -118,6 +120,26 @@ def stream_lines(raw: str) -> list[str]:
     return out
 
 
+def stream_block(raw: str) -> list[str]:
+    """stdout/stderr: a JSON document, or lines of which those that are JSON objects get normalised."""
+    try:
+        doc = json.loads(raw)
+        if isinstance(doc, (dict, list)):
+            return [json.dumps(norm_json(doc), sort_keys=True, indent=1, ensure_ascii=False)]
+    except json.JSONDecodeError:
+        pass
+    out = []
+    for line in stream_lines(raw):
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                out.append(dump_json(json.loads(line)))
+                continue
+            except json.JSONDecodeError:
+                pass
+        out.append(line)
+    return out
+
+
 def file_block(path: Path, rel: str) -> list[str]:
     lines = [f"--- file {rel}"]
     try:
@@ -126,7 +148,9 @@ def file_block(path: Path, rel: str) -> list[str]:
         return lines + [f"<binary {path.stat().st_size} bytes>"]
     if path.suffix == ".json":
         try:
-            return lines + [json.dumps(norm_json(json.loads(raw)), sort_keys=True, indent=1, ensure_ascii=False)]
+            return lines + [
+                json.dumps(norm_json(json.loads(raw)), sort_keys=True, indent=1, ensure_ascii=False)
+            ]
         except json.JSONDecodeError:
             pass
     if path.suffix == ".jsonl":
@@ -144,7 +168,7 @@ def main(argv: list[str]) -> int:
     out = Path(argv[0]).resolve()
     for a in argv[1:]:
         if a.startswith("--sub="):
-            a = a[len("--sub="):]
+            a = a[len("--sub=") :]
         if "=" in a:
             p, t = a.split("=", 1)
             if p:
@@ -163,9 +187,11 @@ def main(argv: list[str]) -> int:
             p = cmd_dir / stream
             if p.exists():
                 res.append(f"--- {stream}")
-                res += stream_lines(p.read_text(encoding="utf-8", errors="replace"))
+                res += stream_block(p.read_text(encoding="utf-8", errors="replace"))
         top = {"stdout", "stderr", "rc", *SKIP_FILES}
-        files = sorted(f for f in cmd_dir.rglob("*") if f.is_file() and not (f.parent == cmd_dir and f.name in top))
+        files = sorted(
+            f for f in cmd_dir.rglob("*") if f.is_file() and not (f.parent == cmd_dir and f.name in top)
+        )
         for f in files:
             rel = f.relative_to(cmd_dir)
             if any(part in SKIP_DIRS for part in rel.parts):
