@@ -78,7 +78,9 @@ from pathlib import Path
 import sqlglot
 from sqlglot import exp
 
-from sqlrl.reward.match import Evaluator, execution_match, gold_shape, remove_distinct
+from sqlrl.reward.evaluator import Evaluator
+from sqlrl.reward.match import execution_match
+from sqlrl.reward.shape import gold_shape, remove_distinct
 from sqlrl.sql.sandbox import Sandbox
 from sqlrl.tasks.data import PrivateTask, PublicTask
 from sqlrl.tasks.goldcache import GoldCache

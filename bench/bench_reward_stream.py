@@ -46,7 +46,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_reward import bare_exec, cpu_delta, cpu_snapshot, naive_score  # noqa: E402
 from sqlrl.artifacts import read_jsonl  # noqa: E402
-from sqlrl.reward.match import Evaluator, gold_shape  # noqa: E402
+from sqlrl.reward.evaluator import Evaluator  # noqa: E402
+from sqlrl.reward.shape import gold_shape  # noqa: E402
 from sqlrl.sql import sandbox as sandbox_mod  # noqa: E402
 from sqlrl.sql.sandbox import Sandbox  # noqa: E402
 from sqlrl.tasks.data import SpiderData  # noqa: E402
