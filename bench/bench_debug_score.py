@@ -22,7 +22,8 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from sqlrl.tasks.debugging import ReferenceStates, debug_demo_root, load_debug_tasks, run_episode_offline
+from sqlrl.tasks.debug_episode import ReferenceStates, run_episode_offline
+from sqlrl.tasks.debugging import debug_demo_root, load_debug_tasks
 
 
 def main(argv: list[str] | None = None) -> int:
