@@ -3,28 +3,22 @@
 Workload (same seeded sequence for every arm): rollouts spread over a few Spider databases of different
 sizes; `--write-frac` (default 20%) of them run one write among their 2-4 SELECTs, the others run the
 SELECTs only. `--write-kind delete` (default): DELETE one row of a non-empty table, a real change of at
-least one page. `--write-kind noop-update`: the write of the earlier results (`UPDATE t SET c = c` on
-one row): it dirties the replica for the pool's authorizer, but SQLite does not even mark a page dirty
-when the new cell equals the old one, so most such "writes" change no byte (measured: 8 of 100 wrote a
-WAL frame), which flatters any reset that is proportional to the changed pages. `--concurrency` threads run
-rollouts at once (lease -> statements -> release), like a batch of trajectories. Each arm gets a fresh
-pool (replicas are created lazily: the first copies are counted). Arms run alternately, `--repeats`
-times each (ABCD DCBA order) in one process; figures are summed over repeats.
+least one page. `--write-kind noop-update`: `UPDATE t SET c = c` on one row, which dirties the replica
+for the pool's authorizer while SQLite mostly writes no page (this flatters any reset proportional to
+the changed pages). `--concurrency` threads run rollouts at once (lease -> statements -> release). Each
+arm gets a fresh pool (the first, lazy copies are counted); arms run alternately, `--repeats` times
+each (ABCD DCBA order) in one process; figures are summed over repeats.
 
 Arms: copy_per_rollout (baseline), pool_wal_reset (default pool: WAL-mode replicas, a dirty one is reset
 by discarding its WAL), pool_delta_reset (`wal_reset=False`: rollback-mode replicas, in-place reset of
 the differing blocks), pool_full_copy_reset (`wal_reset=False, delta_reset=False`).
 
-I/O is measured two ways, the same way for every arm:
-- the pool's counters: bytes written into replicas by resets (`bytes_copied`), bytes read by resets
-  (`bytes_read`), and for the WAL arm also `wal_bytes` (what SQLite wrote into the discarded WAL files:
-  charged to the pool although the other arms' SQL writes the same pages into their replica files,
-  which their counters do not include);
-- /proc/<pid>/io of the parent process plus every worker process, from after the workers started to
-  before the pool closed: rchar / wchar (bytes through read/write syscalls: includes the SQL's own page
-  reads and the parent<->worker pipe traffic, common to all arms), read_bytes / write_bytes (storage
-  layer: page-cache misses and newly dirtied page-cache bytes) and cancelled_write_bytes (dirty bytes
-  dropped again by deleting / truncating a file before writeback).
+I/O, measured the same way for every arm: the pool's counters (`bytes_copied`, `bytes_read`, and for
+the WAL arm `wal_bytes`: what SQLite wrote into the discarded WAL files, which the other arms write
+into their replica files uncounted); and /proc/<pid>/io of the parent plus every worker, from after
+the workers started to before the pool closed: rchar / wchar (syscall bytes, incl. the SQL's own page
+reads and the pipe traffic common to all arms), read_bytes / write_bytes (storage layer) and
+cancelled_write_bytes (dirty bytes dropped by deleting / truncating a file before writeback).
 
     python bench/bench_pool.py [--rollouts 300] [--repeats 2] [--out x.json] [--text x.txt]
 """

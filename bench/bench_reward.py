@@ -303,9 +303,9 @@ class Bench:
 
 
 def _sandbox_deadline():
-    from sqlrl.sql.sandbox import _Deadline
+    from sqlrl.sql.engine import Deadline
 
-    return _Deadline()
+    return Deadline()
 
 
 def summarize(acc: dict, n_rounds: int) -> dict:

@@ -110,20 +110,22 @@ def bare_exec(
 
 
 def hardened_exec(hard: dict, db_path: str, sql: str | None) -> tuple[float, bool]:
-    """Seconds to run `sql` as a sandbox worker does (pre-check, then `_run_one`: the hardened read-only
+    """Seconds to run `sql` as a sandbox worker does (pre-check, then `run_one`: the hardened read-only
     connection with authorizer, setlimits, progress-handler deadline, capped fetch), but in this process:
     no IPC, no scoring, no process-level memory limits. `hard` holds the worker state: {"conns",
     "cfg", "deadline"}; each database is opened untimed on first use, as `bare_exec` does."""
-    from sqlrl.sql.sandbox import SQLResult, _precheck, _run_one
+    from sqlrl.sql.engine import run_one
+    from sqlrl.sql.guard import check_statement
+    from sqlrl.sql.result import SQLResult
 
     conns, cfg, deadline = hard["conns"], hard["cfg"], hard["deadline"]
     if db_path not in conns:
-        _run_one(conns, cfg, deadline, db_path, "SELECT * FROM sqlite_master", 5.0)
+        run_one(conns, cfg, deadline, db_path, "SELECT * FROM sqlite_master", 5.0)
     t0 = time.perf_counter()
-    pre = _precheck(sql or "", cfg["max_sql_chars"])
+    pre = check_statement(sql or "", cfg["max_sql_chars"])
     ok = False
     if not isinstance(pre, SQLResult):
-        ok = _run_one(conns, cfg, deadline, db_path, pre, 5.0)[0] == "ok"
+        ok = run_one(conns, cfg, deadline, db_path, pre, 5.0)[0] == "ok"
     return time.perf_counter() - t0, ok
 
 

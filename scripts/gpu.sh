@@ -81,23 +81,6 @@ case "$cmd" in
   oomcheck)
     # HFPolicy's out-of-memory retry on the real GPU (scripts/gpu_oom_check.py; extra args go to it)
     python3 scripts/gpu_oom_check.py --model "$MODEL" "$@" ;;
-  chunkab)
-    # the sandbox's chunking A/B on real training steps (2026-12-01): the No-update arm of the seed-3
-    # matrix (lr 0: every step samples from the same weights, so both runs score the same kind of SQL),
-    # steps 1..${1:-8}, first with consecutive chunks (the code before), then strided; steps.jsonl of each
-    # into $S/ab_<mode>; after `setup` (and `tree`, then run from $S/tree)
-    for mode in consecutive strided; do
-      python3 -c "import sys, sqlrl.sql.sandbox as s; s._STRIDED_CHUNKS = sys.argv[1] == 'strided'; from sqlrl.cli import main; sys.exit(main(sys.argv[2:]))" \
-        "$mode" train "$CONFIG" --out "$S/ab_$mode" --set "data.path=\"$S/spider\"" --set run.seed=3 \
-        --set 'run.gen_engine="static"' --set "grpo.steps=${1:-8}" --set 'grpo.control="no-update"' \
-        --set grpo.lr=0.0 --set "run.checkpoint_every=${1:-8}" > "$S/ab_$mode.log" 2>&1 || { tail -20 "$S/ab_$mode.log"; exit 1; }
-      python3 - "$S/ab_$mode/steps.jsonl" "$mode" <<'PY'
-import json, sys
-st = [json.loads(l) for l in open(sys.argv[1])]
-print(sys.argv[2], "step_s", [s["time_step_s"] for s in st], "score_s (step - rollout - update)",
-      [round(s["time_step_s"] - s["time_rollout_s"] - s["time_update_s"], 2) for s in st])
-PY
-    done ;;
   bench)
     python3 bench/bench_generate.py --model "$MODEL" --prompts-from "$S/spider" --split train_spider "$@" ;;
   engine)
@@ -195,5 +178,5 @@ PY
     tar czf "$dest/exp.tgz" -C "$S" --exclude='*.safetensors' --exclude='*.pt' --exclude='.goldcache' \
       --exclude='.gold_real' --exclude='.gold_mutated' --exclude='tokenizer.json' $dirs
     ls -la "$dest" ;;
-  *) echo "usage: gpu.sh preflight|stage NN|tree|setup|bench|chunkab [STEPS]|oomcheck|engine BENCH.json|experiment SECONDS|curriculum SECONDS|go DEST [SECONDS]|pack DIR [EXPDIRS]" >&2; exit 2 ;;
+  *) echo "usage: gpu.sh preflight|stage NN|tree|setup|bench|oomcheck|engine BENCH.json|experiment SECONDS|curriculum SECONDS|go DEST [SECONDS]|pack DIR [EXPDIRS]" >&2; exit 2 ;;
 esac

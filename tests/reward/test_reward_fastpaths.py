@@ -12,10 +12,12 @@ import pytest
 
 import sqlrl.reward.match as reward_mod
 import sqlrl.reward.reproducible as repro_mod
-import sqlrl.sql.sandbox as sandbox_mod
+import sqlrl.sql.guard as guard_mod
 from sqlrl.reward.match import execution_match, test_suite_result_eq
 from sqlrl.reward.shape import GoldShape, gold_shape
-from sqlrl.sql.sandbox import Sandbox, _Deadline, _fetch, _precheck
+from sqlrl.sql.engine import Deadline, fetch_rows
+from sqlrl.sql.guard import check_statement
+from sqlrl.sql.sandbox import Sandbox
 
 PRECHECK_CASES = [
     "SELECT 1",
@@ -48,10 +50,10 @@ PRECHECK_CASES = [
 
 @pytest.mark.parametrize("sql", PRECHECK_CASES)
 def test_precheck_shortcut_equals_scan(sql, monkeypatch):
-    fast = _precheck(sql, 1000)
+    fast = check_statement(sql, 1000)
     # the general path: the same function with the shortcut's condition always false
-    monkeypatch.setattr(sandbox_mod, "_precheck_fast_ok", lambda s: False)
-    slow = _precheck(sql, 1000)
+    monkeypatch.setattr(guard_mod, "_precheck_fast_ok", lambda s: False)
+    slow = check_statement(sql, 1000)
     if isinstance(fast, str):
         assert fast == slow
     else:
@@ -62,9 +64,9 @@ def test_precheck_shortcut_random_text(monkeypatch):
     rng = random.Random(1)
     alphabet = list("SELECT ab;'\"`[]-/*\n ") + ["DROP ", "EXPLAIN ", "select ", "--", "/*", "*/"]
     texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 20))) for _ in range(3000)]
-    fast = [_precheck(t, 1000) for t in texts]
-    monkeypatch.setattr(sandbox_mod, "_precheck_fast_ok", lambda s: False)
-    slow = [_precheck(t, 1000) for t in texts]
+    fast = [check_statement(t, 1000) for t in texts]
+    monkeypatch.setattr(guard_mod, "_precheck_fast_ok", lambda s: False)
+    slow = [check_statement(t, 1000) for t in texts]
     for t, a, b in zip(texts, fast, slow):
         if isinstance(a, str) or isinstance(b, str):
             assert a == b, t
@@ -94,10 +96,10 @@ def test_fetch_caps_hold(n_rows, max_rows, max_bytes):
     con = sqlite3.connect(":memory:")
     con.execute("CREATE TABLE t (a INTEGER, b TEXT)")
     con.executemany("INSERT INTO t VALUES (?, ?)", [(i, "x" * (i % 7)) for i in range(n_rows)])
-    dl = _Deadline()
+    dl = Deadline()
     dl.t = float("inf")
     cfg = {"max_rows": max_rows, "max_result_bytes": max_bytes}
-    status, rows, _ = _fetch(con.execute("SELECT a, b FROM t ORDER BY a"), cfg, dl)
+    status, rows, _ = fetch_rows(con.execute("SELECT a, b FROM t ORDER BY a"), cfg, dl)
     want = [(i, "x" * (i % 7)) for i in range(n_rows)]
     # reference: row by row under the same caps
     ref, nbytes, ref_status = [], 0, "ok"

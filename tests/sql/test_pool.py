@@ -11,7 +11,8 @@ import pytest
 from sqlrl.sql.replicas import CopyPerRollout, PoolExhausted, ReplicaPool, TemplateChanged, sha256_file
 
 
-def _make_template(path: str, n: int = 200) -> str:
+def make_template(path: str, n: int = 200) -> str:
+    """A template with `n` rows in `t`, an empty `marks` and a ~400 KiB `pad` table, read-only, at `path`."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     c = sqlite3.connect(path)
     c.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
@@ -27,7 +28,7 @@ def _make_template(path: str, n: int = 200) -> str:
 
 @pytest.fixture()
 def tpl(tmp_path):
-    return _make_template(str(tmp_path / "data" / "shop" / "shop.sqlite"))
+    return make_template(str(tmp_path / "data" / "shop" / "shop.sqlite"))
 
 
 def _schema(pool: ReplicaPool, tid: str) -> list:
@@ -38,7 +39,7 @@ def _schema(pool: ReplicaPool, tid: str) -> list:
 
 def test_isolation_and_same_binding(tpl, tmp_path):
     sha = sha256_file(tpl)
-    tpl2 = _make_template(str(tmp_path / "data" / "other" / "other.sqlite"), n=5)
+    tpl2 = make_template(str(tmp_path / "data" / "other" / "other.sqlite"), n=5)
     with ReplicaPool([tpl, tpl2], tmp_path / "pool", replicas_per_db=2, workers=2) as pool:
         a = pool.lease("A", "shop")
         b = pool.lease("B", "shop")
@@ -262,7 +263,7 @@ def test_denied_statements_leave_template_unchanged(tpl, tmp_path):
 def test_template_change_detected(tmp_path):
     """Delta / full resets read the template and refuse changed bytes. (WAL resets read no template
     bytes; see test_pool_wal.py::test_wal_reset_ignores_template_change_fallback_detects_it.)"""
-    tpl = _make_template(str(tmp_path / "data" / "db" / "db.sqlite"))
+    tpl = make_template(str(tmp_path / "data" / "db" / "db.sqlite"))
     with pytest.raises(ValueError, match="data folder"):
         ReplicaPool({"db": tpl}, tmp_path / "data" / "db" / "replicas")
     with ReplicaPool({"db": tpl}, tmp_path / "pool", replicas_per_db=1, workers=1, wal_reset=False) as pool:

@@ -9,15 +9,15 @@ import sqlite3
 import threading
 
 import pytest
-from test_pool import _make_template
-from test_pool_wal import _dump  # integrity check + iterdump through a read-only connection
+from test_pool import make_template
+from test_pool_wal import dump_db  # integrity check + iterdump through a read-only connection
 
 from sqlrl.sql.replicas import ReplicaPool, sha256_file
 
 
 @pytest.fixture()
 def tpl(tmp_path):
-    return _make_template(str(tmp_path / "data" / "shop" / "shop.sqlite"))
+    return make_template(str(tmp_path / "data" / "shop" / "shop.sqlite"))
 
 
 def _pool(tpl, tmp_path, **kw):
@@ -30,7 +30,7 @@ def _assert_clean(pool, tid, clean_dump):
     """Lease `tid`; its replica must be the clean image, see the template's content, and stay clean."""
     lease = pool.lease(tid, "shop")
     assert sha256_file(lease.path) == pool.replica_sha256["shop"], tid
-    assert _dump(lease.path) == clean_dump, tid
+    assert dump_db(lease.path) == clean_dump, tid
     assert pool.execute(tid, "SELECT count(*) FROM marks").rows == [(0,)]
     assert pool.execute(tid, "SELECT count(*) FROM sqlite_master").rows == [(3,)]
     return lease
@@ -67,7 +67,7 @@ DENIED = [
 
 
 def test_denied_checkpoint_and_journal_mode_sql(tpl, tmp_path):
-    clean = _dump(tpl)
+    clean = dump_db(tpl)
     with _pool(tpl, tmp_path) as pool:
         lease = pool.lease("a", "shop")
         assert pool.execute("a", "INSERT INTO marks VALUES ('a', 1)").status == "ok"
@@ -104,7 +104,7 @@ WRITES = [
 
 
 def test_policy_writes_and_triggers_do_not_survive(tpl, tmp_path):
-    clean = _dump(tpl)
+    clean = dump_db(tpl)
     with _pool(tpl, tmp_path, timeout_s=5.0, hard_timeout_s=10.0) as pool:
         for rnd in range(2):
             lease = _assert_clean(pool, f"w{rnd}", clean)
@@ -137,7 +137,7 @@ def test_policy_writes_and_triggers_do_not_survive(tpl, tmp_path):
 def test_clean_release_only_when_nothing_changed(tpl, tmp_path):
     """Reads keep the replica (and its worker connection) for the next trajectory: nothing of the
     previous one must be visible; a scorer write without crashed=True is still detected (non-empty WAL)."""
-    clean = _dump(tpl)
+    clean = dump_db(tpl)
     with _pool(tpl, tmp_path) as pool:
         lease = _assert_clean(pool, "r", clean)
         for sql in (
@@ -199,7 +199,7 @@ SCORER_ATTACKS = {
 def test_scorer_side_sql_cannot_write_main_file_unnoticed(tpl, tmp_path, name):
     """`apply_submission` runs the submitted SQL on `lease.path` with no authorizer. Whatever it manages to
     do, the next trajectory must get the clean image."""
-    clean = _dump(tpl)
+    clean = dump_db(tpl)
     with _pool(tpl, tmp_path) as pool:
         lease = _assert_clean(pool, "a", clean)
         assert pool.execute("a", "INSERT INTO marks VALUES ('a', 1)").status == "ok"
@@ -229,7 +229,7 @@ def test_unclosed_scorer_connection_across_release(tpl, tmp_path):
     forbidden). SQLite keeps one wal-index (-shm mapping) per database inode and process: the stale
     connection's mapping of the deleted -shm must not leak into the next trajectory's view, and the stale
     connection must not be able to checkpoint its old WAL into the next trajectory's main file."""
-    clean = _dump(tpl)
+    clean = dump_db(tpl)
     with _pool(tpl, tmp_path) as pool:
         lease = _assert_clean(pool, "a", clean)
         assert pool.execute("a", "INSERT INTO marks VALUES ('a', 1)").status == "ok"
@@ -265,7 +265,7 @@ def test_unclosed_scorer_connection_across_release(tpl, tmp_path):
 
 @pytest.mark.parametrize("how", ["rm_wal", "rm_shm", "replace_shm", "touch_main", "journal", "release_twice"])
 def test_file_tampering_between_release_and_reset(tpl, tmp_path, how):
-    clean = _dump(tpl)
+    clean = dump_db(tpl)
     with _pool(tpl, tmp_path) as pool:
         lease = _assert_clean(pool, "a", clean)
         assert pool.execute("a", "INSERT INTO marks VALUES ('a', 1)").status == "ok"
@@ -296,7 +296,7 @@ def test_file_tampering_between_release_and_reset(tpl, tmp_path, how):
 
 
 def test_concurrent_writers_one_template(tpl, tmp_path):
-    clean = _dump(tpl)
+    clean = dump_db(tpl)
     errors: list = []
     with _pool(tpl, tmp_path, replicas_per_db=4, workers=2, timeout_s=5.0, hard_timeout_s=10.0) as pool:
 

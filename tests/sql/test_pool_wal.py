@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from test_pool import _make_template  # the same 200-row shop template with a ~400 KiB pad table
+from test_pool import make_template  # the same 200-row shop template with a ~400 KiB pad table
 
 from sqlrl.sql.replicas import ReplicaPool, TemplateChanged, sha256_file
 
@@ -23,10 +23,10 @@ FOREVER_INSERT = (
 
 @pytest.fixture()
 def tpl(tmp_path):
-    return _make_template(str(tmp_path / "data" / "shop" / "shop.sqlite"))
+    return make_template(str(tmp_path / "data" / "shop" / "shop.sqlite"))
 
 
-def _dump(path: str) -> list[str]:
+def dump_db(path: str) -> list[str]:
     """Logical content through a read-only connection (the test process holds no other connection)."""
     c = sqlite3.connect("file:" + path + "?mode=ro", uri=True)
     try:
@@ -44,7 +44,7 @@ def test_many_leases_end_byte_identical(tpl, tmp_path):
     """Writes, DDL, a large write (spills past the page cache), an interrupted write, INSERT OR ROLLBACK
     and a killed worker: after each lease the next one starts on a replica whose main file is the clean
     image and whose content equals the template's."""
-    clean_dump = _dump(tpl)
+    clean_dump = dump_db(tpl)
     big = "CREATE TABLE big AS SELECT a.id, a.v, p.b FROM t AS a, pad AS p WHERE p.rowid <= 200"  # ~4.5 MB
     scenarios = {
         "dml": [
@@ -78,7 +78,7 @@ def test_many_leases_end_byte_identical(tpl, tmp_path):
             for name, stmts in scenarios.items():
                 tid = f"{name}-{rnd}"
                 lease = pool.lease(tid, "shop")
-                assert sha256_file(lease.path) == image and _dump(lease.path) == clean_dump, tid
+                assert sha256_file(lease.path) == image and dump_db(lease.path) == clean_dump, tid
                 for sql in stmts:
                     if sql == "KILL":
                         pool.kill_worker(tid)
@@ -105,7 +105,7 @@ def test_many_leases_end_byte_identical(tpl, tmp_path):
                 assert _wal_size(lease.path) > 0, tid
                 assert pool.release(tid) is True
         lease = pool.lease("final", "shop")
-        assert sha256_file(lease.path) == image and _dump(lease.path) == clean_dump
+        assert sha256_file(lease.path) == image and dump_db(lease.path) == clean_dump
         assert not os.path.exists(lease.path + "-journal")
         pool.release("final")
         s = pool.stats()
@@ -212,7 +212,7 @@ def test_watchdog_kill_mid_write(tpl, tmp_path):
         assert sha256_file(lease.path) == image
         assert pool.release("k") is True
         lease = pool.lease("n", "shop")
-        assert sha256_file(lease.path) == image and _dump(lease.path) == _dump(tpl)
+        assert sha256_file(lease.path) == image and dump_db(lease.path) == dump_db(tpl)
         pool.release("n")
         s = pool.stats()
         assert s["delta_resets"] == 1 and s["wal_resets"] == 0 and s["timeouts"] == 1
@@ -221,7 +221,7 @@ def test_watchdog_kill_mid_write(tpl, tmp_path):
 def test_wal_reset_ignores_template_change_fallback_detects_it(tmp_path):
     """A WAL reset reads no template bytes: replicas keep the content verified when they were copied. A
     fallback (delta / full) reset reads the template and refuses changed bytes, as before."""
-    tpl = _make_template(str(tmp_path / "data" / "db" / "db.sqlite"))
+    tpl = make_template(str(tmp_path / "data" / "db" / "db.sqlite"))
     with ReplicaPool({"db": tpl}, tmp_path / "pool", replicas_per_db=1, workers=1) as pool:
         pool.lease("a", "db")
         assert pool.execute("a", "INSERT INTO marks VALUES ('a', 1)").status == "ok"

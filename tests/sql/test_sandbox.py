@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from sqlrl.sql.sandbox import STATUSES, Sandbox, SQLResult, precheck, split_statements
+from sqlrl.sql.guard import precheck, split_statements
+from sqlrl.sql.result import STATUSES, SQLResult
+from sqlrl.sql.sandbox import Sandbox
 
 SPIDER_DB_DIR = Path("/work/shared/data/spider/database")
 TIMEOUT_S = 0.5
@@ -515,14 +517,21 @@ def test_sandbox_imports_only_stdlib():
 
     import sqlrl.sql.sandbox as mod
 
-    tree = ast.parse(Path(mod.__file__).read_text())
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
-    assert names - {"__future__"} <= set(sys.stdlib_module_names), names - set(sys.stdlib_module_names)
+    for path in sorted(Path(mod.__file__).parent.glob("*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module)
+        outside = {
+            n
+            for n in names
+            if n.split(".")[0] not in sys.stdlib_module_names
+            and n not in ("__future__", "sqlrl.artifacts")
+            and not n.startswith("sqlrl.sql.")
+        }
+        assert not outside, (path.name, outside)
     out = subprocess.run(
         [sys.executable, "-c", "import sys, sqlrl.sql.sandbox; print('torch' in sys.modules)"],
         capture_output=True,
@@ -532,10 +541,10 @@ def test_sandbox_imports_only_stdlib():
     assert out.stdout.strip() == "False"
 
 
-def test_deal_spreads_consecutive_items_over_chunks(monkeypatch):
+def test_deal_spreads_consecutive_items_over_chunks():
     """Both execute_many (multi-turn rollouts) and execute_scored (rewards) cut a call with `_deal`: a
     GRPO step of 32 tasks x 8 samples into 32 chunks of 8 (8 workers x 4) holds one sample of every task
-    per chunk, so the 8 samples of one task go to 8 chunks (before: one chunk, one worker)."""
+    per chunk, so the 8 samples of one task go to 8 chunks."""
     from sqlrl.sql import sandbox as S
 
     items = [(g, k) for g in range(32) for k in range(8)]
@@ -548,5 +557,3 @@ def test_deal_spreads_consecutive_items_over_chunks(monkeypatch):
         assert len({n for n, c in enumerate(chunks) for gg, _ in c if gg == g}) == 8
     odd = S._deal(list(range(10)), 4)  # 3 chunks of at most 4, each item once
     assert odd == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
-    monkeypatch.setattr(S, "_STRIDED_CHUNKS", False)
-    assert S._deal(items, 8)[0] == [(0, k) for k in range(8)]  # the code before: one task per chunk

@@ -80,7 +80,7 @@ from typing import Any
 
 from sqlrl.agent.loop import Budgets, Sampling, Trajectory, generate_turn
 from sqlrl.agent.prompts import ChatFormat, Parser, truncate_schema
-from sqlrl.sql.sandbox import split_statements
+from sqlrl.sql.guard import split_statements
 from sqlrl.tasks.debug_episode import ReferenceStates, run_episode_offline
 from sqlrl.tasks.debugging import DebugTaskPrivate, DebugTaskPublic, ensure_public_debug
 

@@ -143,7 +143,7 @@ def apply_submission(
     stmts = _as_list(sql)
     if not stmts:
         return "empty submission"
-    from sqlrl.sql.replicas import write_authorizer
+    from sqlrl.sql.guard import write_authorizer
 
     con = connect(str(state_db_path), timeout_s)
     try:
