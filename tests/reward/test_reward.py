@@ -21,7 +21,7 @@ HAVE_SANDBOX = importlib.util.find_spec("sqlrl.sql.sandbox") is not None
 
 # ------------------------------------------------------------------------------- execution_match
 # (name, gold_sql, gold_rows, pred_rows, expected). Columns are taken from the rows' width.
-# Expectations derived by hand from the rules in the reward.py docstring.
+# Expectations derived by hand from the rules in execution_match's docstring.
 NAB = [("A", 30), ("B", 30), ("C", 40)]
 CASES = [
     # --- multiset vs order
