@@ -51,8 +51,6 @@ _FAST_PATH = True  # execution_match's identical-rows shortcut and fast reject (
 
 STATUSES = ("no_sql", "exec_error", "timeout", "mismatch", "match", "gold_unscorable", "infra_error")
 
-# ------------------------------------------------------------------------------------------ results
-
 
 @dataclass(frozen=True)
 class Reward:
@@ -97,9 +95,6 @@ class MatchResult:
             "mode": self.mode,
             "tries": self.tries,
         }
-
-
-# ------------------------------------------------------------------------------------- comparisons
 
 
 try:
