@@ -1,4 +1,4 @@
-"""Scoring of debugging-task submissions: per-submission reference (before) vs one reference per task,
+"""Scoring of debugging-task submissions: a reference per submission vs one reference per task,
 serial and threaded, side by side in one run.
 
     python bench/bench_debug_score.py [--samples 8] [--rounds 3] [--threads 0]
@@ -6,7 +6,7 @@ serial and threaded, side by side in one run.
 The embedded demo tasks (24 tasks on 4 Spider databases), each task's reference solution submitted
 `--samples` times (a GRPO group). Three scorers on the same submissions, in turns within each round:
 - per-submission: `run_episode_offline(task, sql)` for each submission, one after another: a fresh
-  copy for the submission and another for its own reference end state (what the scorer did before);
+  copy for the submission and another for its own reference end state;
 - shared, serial: the same with one `ReferenceStates` for the round (each task's reference built once);
 - shared, threaded: `score_debug_trajectories`' way, the same calls in a thread pool (`--threads`,
   0 = its default: up to 8, one per CPU).
@@ -22,7 +22,8 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from sqlrl.tasks.debugging import ReferenceStates, debug_demo_root, load_debug_tasks, run_episode_offline
+from sqlrl.tasks.debug_episode import ReferenceStates, run_episode_offline
+from sqlrl.tasks.debugging import debug_demo_root, load_debug_tasks
 
 
 def main(argv: list[str] | None = None) -> int:

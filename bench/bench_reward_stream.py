@@ -7,26 +7,22 @@ Workload: `arms/<arm>/train/sql.jsonl.gz` of a committed experiment (default
 `results/2026-12-01-spider-0.5b-single-turn-seed3`: Qwen2.5-Coder-0.5B on Spider, 24 steps x 32 tasks x 8
 samples per arm at temperature 1, written by the trainer, `run.log_sql`): the final SQL of every
 training trajectory, in the order the trainer scored them, one scoring call per step (3 x 6,144 pairs).
-Unlike bench_reward.py's workloads this includes what real model SQL does to a scorer: duplicates
-inside a group, syntax errors, and a few predictions that run for seconds (correlated subqueries on
-the larger Spider databases) or until the 5 s statement limit.
+It includes duplicates inside a group, syntax errors, and a few predictions that run for seconds
+or until the 5 s statement limit.
 
 Scorers, on the same pairs:
 - ours, as the trainer scores: per arm one fresh `Sandbox(workers)` and one `Evaluator` (the arm's
   reward kind, `test_suite=False`), one `score_many` per step. Timed twice: with the sandbox's strided
-  chunks and with consecutive chunks (`sandbox._STRIDED_CHUNKS = False`, the code before 2026-12-01),
-  in alternating order per arm.
+  chunks and with consecutive chunks (`sandbox._STRIDED_CHUNKS = False`), alternating per arm.
 - naive: per pair open a read-only connection, run the gold, run the prediction, compare with the same
-  `execution_match`, close (bench_reward.naive_score), plus the statement deadline the sandbox applies
+  `execution_match`, close (reward_scorers.naive_score), plus the statement deadline the sandbox applies
   (5 s, a progress handler): without one a runaway prediction of the stream would never return.
-Floor (first, one process): each distinct prediction of a step executed bare on an already-open
-connection (no sandbox, no IPC, no scoring, the same deadline); "best ratio possible" = naive seconds /
-(bare seconds / workers), i.e. with zero overhead and a perfect split over the workers.
-"Slow" pairs are those whose prediction took more than `--slow-ms` bare: they are executed by any
-scorer and dominate the totals; the "fast part" (every other pair) is timed again on its own for ours
-and read from per-pair timings for the naive, to show the per-pair overhead apart from the tail.
-Also printed: the slowest step of each scorer (what a training step waits for) and verdict agreement
-(ours match == naive match wherever neither timed out).
+Floor (first, one process): each distinct prediction of a step executed bare on an open connection
+(no sandbox, IPC or scoring, the same deadline); "best ratio possible" = naive seconds / (bare
+seconds / workers). "Slow" pairs (prediction over `--slow-ms` bare) dominate the totals for any
+scorer; the "fast part" (every other pair) is timed again on its own for ours and read from per-pair
+timings for the naive. Also printed: each scorer's slowest step and the verdict agreement (ours
+match == naive match wherever neither timed out).
 """
 
 from __future__ import annotations
@@ -44,9 +40,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_reward import bare_exec, cpu_delta, cpu_snapshot, naive_score  # noqa: E402
+from reward_scorers import bare_exec, cpu_delta, cpu_snapshot, naive_score  # noqa: E402
 from sqlrl.artifacts import read_jsonl  # noqa: E402
-from sqlrl.reward.match import Evaluator, gold_shape  # noqa: E402
+from sqlrl.reward.evaluator import Evaluator  # noqa: E402
+from sqlrl.reward.shape import gold_shape  # noqa: E402
 from sqlrl.sql import sandbox as sandbox_mod  # noqa: E402
 from sqlrl.sql.sandbox import Sandbox  # noqa: E402
 from sqlrl.tasks.data import SpiderData  # noqa: E402
@@ -112,7 +109,7 @@ def time_naive(calls: list[list], tasks: dict) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "spider"))
     ap.add_argument(
@@ -125,8 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         "--slow-ms", type=float, default=50.0, help="bare execution time that makes a pair 'slow'"
     )
     ap.add_argument("--json", default=None, help="also write the figures to this file")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     run = Path(args.run)
     ds = SpiderData(args.data)
     tasks = {t.public.task_id: t for t in ds.load("train_spider")}
@@ -164,147 +164,16 @@ def main(argv: list[str] | None = None) -> int:
             gold_shape(g)
         totals: dict = defaultdict(float)
         for n_arm, arm in enumerate(arms):
-            calls = streams[arm]
-            pairs = [r for c in calls for r in c]
-            # floor and the slow pairs: each distinct prediction of a call, bare, once
-            conns: dict = {}
-            bare_total = bare_slow = 0.0
-            slow_keys: set = set()
-            for n_call, call in enumerate(calls):
-                seen = set()
-                for r in call:
-                    db = tasks[r["task_id"]].public.db_path
-                    if (db, r["final_sql"]) in seen:
-                        continue
-                    seen.add((db, r["final_sql"]))
-                    dt = bare_exec(conns, db, r["final_sql"], TIMEOUT_S)[0]
-                    bare_total += dt
-                    if dt * 1e3 > args.slow_ms:
-                        bare_slow += dt
-                        slow_keys.add((n_call, db, r["final_sql"]))
-            for c in conns.values():
-                c.close()
-            is_slow = [
-                (n_call, tasks[r["task_id"]].public.db_path, r["final_sql"]) in slow_keys
-                for n_call, call in enumerate(calls)
-                for r in call
-            ]
-            fast_calls = []
-            k = 0
-            for call in calls:
-                fast_calls.append([r for j, r in enumerate(call) if not is_slow[k + j]])
-                k += len(call)
-            # the timed runs, in alternating order per arm
-            order = ["naive", "strided", "consecutive"]
-            if n_arm % 2:
-                order.reverse()
-            got: dict = {}
-            for who in order:
-                if who == "naive":
-                    got[who] = time_naive(calls, tasks)
-                else:
-                    got[who] = time_ours(calls, tasks, gc, args.workers, kinds[arm], who == "strided")
-            got["fast"] = time_ours(fast_calls, tasks, gc, args.workers, kinds[arm], True)
-            naive = got["naive"]
-            naive_fast = sum(t for t, s in zip(naive["per_pair"], is_slow) if not s)
-            agree = total = 0
-            for rw, m in zip(got["strided"]["rewards"], naive["verdicts"]):
-                if m is None or rw.status in ("timeout", "infra_error", "gold_unscorable"):
-                    continue
-                total += 1
-                agree += (rw.status == "match") == bool(m)
-            same = sum(
-                a.to_dict() == b.to_dict()
-                for a, b in zip(got["strided"]["rewards"], got["consecutive"]["rewards"])
-            )
-            n = len(pairs)
-            n_fast = n - sum(is_slow)
-            res = {
-                "reward_kind": kinds[arm],
-                "calls": len(calls),
-                "pairs": n,
-                "slow_pairs": sum(is_slow),
-                "distinct_slow_predictions": len(slow_keys),
-                "naive_s": round(naive["total"], 3),
-                "ours_strided_s": round(got["strided"]["total"], 3),
-                "ours_consecutive_s": round(got["consecutive"]["total"], 3),
-                "ratio_strided": round(naive["total"] / got["strided"]["total"], 2),
-                "ratio_consecutive": round(naive["total"] / got["consecutive"]["total"], 2),
-                "slowest_call_s": {
-                    w: round(max(got[w]["per_call"]), 3) for w in ("naive", "strided", "consecutive")
-                },
-                "median_call_s": {
-                    w: round(statistics.median(got[w]["per_call"]), 4)
-                    for w in ("naive", "strided", "consecutive")
-                },
-                "bare_s": round(bare_total, 3),
-                "bare_slow_s": round(bare_slow, 3),
-                "best_ratio_possible": round(naive["total"] / (bare_total / args.workers), 2),
-                "fast_part": {
-                    "pairs": n_fast,
-                    "naive_s": round(naive_fast, 3),
-                    "ours_s": round(got["fast"]["total"], 3),
-                    "ratio": round(naive_fast / got["fast"]["total"], 2),
-                    "naive_us_per_pair": round(naive_fast / n_fast * 1e6, 1),
-                    "ours_us_per_pair": round(got["fast"]["total"] / n_fast * 1e6, 1),
-                    "ours_cpu_us_per_pair": {
-                        "parent": round(got["fast"]["cpu"][0] / n_fast * 1e6, 1),
-                        "workers": round(got["fast"]["cpu"][1] / n_fast * 1e6, 1),
-                    },
-                    "best_ratio_possible": round(
-                        naive_fast / max(1e-9, (bare_total - bare_slow) / args.workers), 2
-                    ),
-                },
-                "verdict_agreement_with_naive": f"{agree}/{total}",
-                "strided_equals_consecutive": f"{same}/{n}",
-            }
+            res, exact = measure_arm(args, gc, tasks, streams[arm], kinds[arm], n_arm)
             out["arms"][arm] = res
             for key in ("naive_s", "ours_strided_s", "ours_consecutive_s", "bare_s", "bare_slow_s"):
                 totals[key] += res[key]
-            totals["pairs"] += n
-            totals["fast_naive_s"] += naive_fast
-            totals["fast_ours_s"] += got["fast"]["total"]
-            totals["fast_pairs"] += n_fast
-            print(
-                f"{arm} ({kinds[arm]} reward): {n} pairs in {len(calls)} calls, {res['slow_pairs']} slow "
-                f"(> {args.slow_ms:g} ms bare: {len(slow_keys)} distinct predictions, {bare_slow:.1f} of "
-                f"{bare_total:.1f} s bare)\n"
-                f"  naive {naive['total']:.2f} s; ours strided {got['strided']['total']:.2f} s "
-                f"({res['ratio_strided']}x), consecutive {got['consecutive']['total']:.2f} s "
-                f"({res['ratio_consecutive']}x); best possible on {args.workers} workers "
-                f"{res['best_ratio_possible']}x\n"
-                f"  slowest call: naive {res['slowest_call_s']['naive']} s, strided "
-                f"{res['slowest_call_s']['strided']} s, consecutive {res['slowest_call_s']['consecutive']} s; "
-                f"median call {res['median_call_s']['naive']} / {res['median_call_s']['strided']} / "
-                f"{res['median_call_s']['consecutive']} s\n"
-                f"  fast part ({n_fast} pairs): naive {naive_fast:.2f} s ({res['fast_part']['naive_us_per_pair']} "
-                f"us/pair), ours {got['fast']['total']:.2f} s ({res['fast_part']['ours_us_per_pair']} us/pair; "
-                f"CPU parent {res['fast_part']['ours_cpu_us_per_pair']['parent']} + workers "
-                f"{res['fast_part']['ours_cpu_us_per_pair']['workers']} us/pair): "
-                f"{res['fast_part']['ratio']}x (best possible {res['fast_part']['best_ratio_possible']}x)\n"
-                f"  verdicts agree with naive {res['verdict_agreement_with_naive']}; rewards strided == "
-                f"consecutive {res['strided_equals_consecutive']}",
-                flush=True,
-            )
-    t = totals
-    out["total"] = {
-        "pairs": int(t["pairs"]),
-        "naive_s": round(t["naive_s"], 3),
-        "ours_strided_s": round(t["ours_strided_s"], 3),
-        "ours_consecutive_s": round(t["ours_consecutive_s"], 3),
-        "ratio_strided": round(t["naive_s"] / t["ours_strided_s"], 2),
-        "ratio_consecutive": round(t["naive_s"] / t["ours_consecutive_s"], 2),
-        "best_ratio_possible": round(t["naive_s"] / (t["bare_s"] / args.workers), 2),
-        "bare_slow_share": round(t["bare_slow_s"] / t["bare_s"], 3),
-        "fast_part": {
-            "pairs": int(t["fast_pairs"]),
-            "ratio": round(t["fast_naive_s"] / t["fast_ours_s"], 2),
-            "best_ratio_possible": round(
-                t["fast_naive_s"] / ((t["bare_s"] - t["bare_slow_s"]) / args.workers), 2
-            ),
-        },
-        "target_10x": "met" if t["naive_s"] / t["ours_strided_s"] >= 10 else "NOT met",
-    }
+            totals["pairs"] += res["pairs"]
+            totals["fast_naive_s"] += exact["naive_fast"]
+            totals["fast_ours_s"] += exact["fast"]
+            totals["fast_pairs"] += res["fast_part"]["pairs"]
+            print_arm(arm, res, exact, args)
+    out["total"] = summarize_total(totals, args.workers)
     o = out["total"]
     print(
         f"all arms: {o['pairs']} pairs; naive {o['naive_s']:.1f} s, ours {o['ours_strided_s']:.1f} s: "
@@ -317,6 +186,159 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0
+
+
+def bare_floor(calls: list[list], tasks: dict, slow_ms: float) -> tuple[float, float, set, list[bool]]:
+    """Each distinct prediction of a call executed bare, once: (bare seconds, of which in slow pairs,
+    the slow (call, database, SQL) keys, whether each pair of the stream is slow)."""
+    conns: dict = {}
+    bare_total = bare_slow = 0.0
+    slow_keys: set = set()
+    for n_call, call in enumerate(calls):
+        seen = set()
+        for r in call:
+            db = tasks[r["task_id"]].public.db_path
+            if (db, r["final_sql"]) in seen:
+                continue
+            seen.add((db, r["final_sql"]))
+            dt = bare_exec(conns, db, r["final_sql"], TIMEOUT_S)[0]
+            bare_total += dt
+            if dt * 1e3 > slow_ms:
+                bare_slow += dt
+                slow_keys.add((n_call, db, r["final_sql"]))
+    for c in conns.values():
+        c.close()
+    is_slow = [
+        (n_call, tasks[r["task_id"]].public.db_path, r["final_sql"]) in slow_keys
+        for n_call, call in enumerate(calls)
+        for r in call
+    ]
+    return bare_total, bare_slow, slow_keys, is_slow
+
+
+def measure_arm(args, gc, tasks: dict, calls: list[list], kind: str, n_arm: int) -> tuple[dict, dict]:
+    """One arm's stream through the floor, the naive and ours (strided, consecutive, fast part only):
+    its figures, and the unrounded times the printout and the totals use."""
+    pairs = [r for c in calls for r in c]
+    bare_total, bare_slow, slow_keys, is_slow = bare_floor(calls, tasks, args.slow_ms)
+    fast_calls = []
+    k = 0
+    for call in calls:
+        fast_calls.append([r for j, r in enumerate(call) if not is_slow[k + j]])
+        k += len(call)
+    # the timed runs, in alternating order per arm
+    order = ["naive", "strided", "consecutive"]
+    if n_arm % 2:
+        order.reverse()
+    got: dict = {}
+    for who in order:
+        if who == "naive":
+            got[who] = time_naive(calls, tasks)
+        else:
+            got[who] = time_ours(calls, tasks, gc, args.workers, kind, who == "strided")
+    got["fast"] = time_ours(fast_calls, tasks, gc, args.workers, kind, True)
+    naive = got["naive"]
+    naive_fast = sum(t for t, s in zip(naive["per_pair"], is_slow) if not s)
+    agree = total = 0
+    for rw, m in zip(got["strided"]["rewards"], naive["verdicts"]):
+        if m is None or rw.status in ("timeout", "infra_error", "gold_unscorable"):
+            continue
+        total += 1
+        agree += (rw.status == "match") == bool(m)
+    same = sum(
+        a.to_dict() == b.to_dict() for a, b in zip(got["strided"]["rewards"], got["consecutive"]["rewards"])
+    )
+    n = len(pairs)
+    n_fast = n - sum(is_slow)
+    res = {
+        "reward_kind": kind,
+        "calls": len(calls),
+        "pairs": n,
+        "slow_pairs": sum(is_slow),
+        "distinct_slow_predictions": len(slow_keys),
+        "naive_s": round(naive["total"], 3),
+        "ours_strided_s": round(got["strided"]["total"], 3),
+        "ours_consecutive_s": round(got["consecutive"]["total"], 3),
+        "ratio_strided": round(naive["total"] / got["strided"]["total"], 2),
+        "ratio_consecutive": round(naive["total"] / got["consecutive"]["total"], 2),
+        "slowest_call_s": {w: round(max(got[w]["per_call"]), 3) for w in ("naive", "strided", "consecutive")},
+        "median_call_s": {
+            w: round(statistics.median(got[w]["per_call"]), 4) for w in ("naive", "strided", "consecutive")
+        },
+        "bare_s": round(bare_total, 3),
+        "bare_slow_s": round(bare_slow, 3),
+        "best_ratio_possible": round(naive["total"] / (bare_total / args.workers), 2),
+        "fast_part": {
+            "pairs": n_fast,
+            "naive_s": round(naive_fast, 3),
+            "ours_s": round(got["fast"]["total"], 3),
+            "ratio": round(naive_fast / got["fast"]["total"], 2),
+            "naive_us_per_pair": round(naive_fast / n_fast * 1e6, 1),
+            "ours_us_per_pair": round(got["fast"]["total"] / n_fast * 1e6, 1),
+            "ours_cpu_us_per_pair": {
+                "parent": round(got["fast"]["cpu"][0] / n_fast * 1e6, 1),
+                "workers": round(got["fast"]["cpu"][1] / n_fast * 1e6, 1),
+            },
+            "best_ratio_possible": round(naive_fast / max(1e-9, (bare_total - bare_slow) / args.workers), 2),
+        },
+        "verdict_agreement_with_naive": f"{agree}/{total}",
+        "strided_equals_consecutive": f"{same}/{n}",
+    }
+    exact = {
+        "naive": naive["total"],
+        "strided": got["strided"]["total"],
+        "consecutive": got["consecutive"]["total"],
+        "naive_fast": naive_fast,
+        "fast": got["fast"]["total"],
+        "bare_total": bare_total,
+        "bare_slow": bare_slow,
+    }
+    return res, exact
+
+
+def print_arm(arm: str, res: dict, exact: dict, args) -> None:
+    n_fast = res["fast_part"]["pairs"]
+    fp = res["fast_part"]
+    print(
+        f"{arm} ({res['reward_kind']} reward): {res['pairs']} pairs in {res['calls']} calls, {res['slow_pairs']} slow "
+        f"(> {args.slow_ms:g} ms bare: {res['distinct_slow_predictions']} distinct predictions, "
+        f"{exact['bare_slow']:.1f} of {exact['bare_total']:.1f} s bare)\n"
+        f"  naive {exact['naive']:.2f} s; ours strided {exact['strided']:.2f} s "
+        f"({res['ratio_strided']}x), consecutive {exact['consecutive']:.2f} s "
+        f"({res['ratio_consecutive']}x); best possible on {args.workers} workers "
+        f"{res['best_ratio_possible']}x\n"
+        f"  slowest call: naive {res['slowest_call_s']['naive']} s, strided "
+        f"{res['slowest_call_s']['strided']} s, consecutive {res['slowest_call_s']['consecutive']} s; "
+        f"median call {res['median_call_s']['naive']} / {res['median_call_s']['strided']} / "
+        f"{res['median_call_s']['consecutive']} s\n"
+        f"  fast part ({n_fast} pairs): naive {exact['naive_fast']:.2f} s ({fp['naive_us_per_pair']} "
+        f"us/pair), ours {exact['fast']:.2f} s ({fp['ours_us_per_pair']} us/pair; "
+        f"CPU parent {fp['ours_cpu_us_per_pair']['parent']} + workers "
+        f"{fp['ours_cpu_us_per_pair']['workers']} us/pair): "
+        f"{fp['ratio']}x (best possible {fp['best_ratio_possible']}x)\n"
+        f"  verdicts agree with naive {res['verdict_agreement_with_naive']}; rewards strided == "
+        f"consecutive {res['strided_equals_consecutive']}",
+        flush=True,
+    )
+
+
+def summarize_total(t: dict, workers: int) -> dict:
+    return {
+        "pairs": int(t["pairs"]),
+        "naive_s": round(t["naive_s"], 3),
+        "ours_strided_s": round(t["ours_strided_s"], 3),
+        "ours_consecutive_s": round(t["ours_consecutive_s"], 3),
+        "ratio_strided": round(t["naive_s"] / t["ours_strided_s"], 2),
+        "ratio_consecutive": round(t["naive_s"] / t["ours_consecutive_s"], 2),
+        "best_ratio_possible": round(t["naive_s"] / (t["bare_s"] / workers), 2),
+        "bare_slow_share": round(t["bare_slow_s"] / t["bare_s"], 3),
+        "fast_part": {
+            "pairs": int(t["fast_pairs"]),
+            "ratio": round(t["fast_naive_s"] / t["fast_ours_s"], 2),
+            "best_ratio_possible": round(t["fast_naive_s"] / ((t["bare_s"] - t["bare_slow_s"]) / workers), 2),
+        },
+        "target_10x": "met" if t["naive_s"] / t["ours_strided_s"] >= 10 else "NOT met",
+    }
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from sqlrl.tasks.debugging import build_debug_tasks, debug_demo_root, save_debug_tasks
+from sqlrl.tasks.debug_build import build_debug_tasks
+from sqlrl.tasks.debugging import debug_demo_root, save_debug_tasks
 
 DEMO_MAX_DB_BYTES = 24 * 1024
 DEMO_N_DBS = 4

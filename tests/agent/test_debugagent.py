@@ -28,13 +28,8 @@ from sqlrl.agent.loop import Budgets, PolicyInfraError, Trajectory
 from sqlrl.agent.prompts import ChatFormat
 from sqlrl.generation.scripted import ScriptedPolicy
 from sqlrl.sql.replicas import ReplicaPool, sha256_file
-from sqlrl.tasks.debugging import (
-    DebugTaskPrivate,
-    DebugTaskPublic,
-    debug_demo_root,
-    load_debug_tasks,
-    validate_task,
-)
+from sqlrl.tasks.debug_episode import validate_task
+from sqlrl.tasks.debugging import DebugTaskPrivate, DebugTaskPublic, debug_demo_root, load_debug_tasks
 
 MULTI = Budgets(turns=4, max_new_tokens=200, max_sql_executions=3, max_context_tokens=30000)
 

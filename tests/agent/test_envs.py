@@ -37,7 +37,7 @@ def test_validity_env_reads_accuracy_from_its_own_scoring(tmp_path):
     """The validity arm logs execution accuracy from the status of its one scoring pass (no second
     evaluator executing every prediction again), equal to what the execution reward gives."""
     from sqlrl.agent.envs import make_env
-    from sqlrl.reward.match import Evaluator
+    from sqlrl.reward.evaluator import Evaluator
 
     cfg = C.from_dict(
         {

@@ -1,4 +1,4 @@
-"""Tests for sqlrl.reward.match: table-driven execution-match rules, Evaluator status mapping, CLI."""
+"""Tests for sqlrl.reward (match, shape, evaluator): table-driven execution-match rules, Evaluator status mapping, CLI."""
 
 from __future__ import annotations
 
@@ -13,22 +13,15 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from sqlrl.reward.match import (
-    Evaluator,
-    GoldShape,
-    Reward,
-    execution_match,
-    gold_shape,
-    remove_distinct,
-    test_suite_result_eq,
-    validity_reward,
-)
+from sqlrl.reward.evaluator import Evaluator
+from sqlrl.reward.match import Reward, execution_match, test_suite_result_eq, validity_reward
+from sqlrl.reward.shape import GoldShape, gold_shape, remove_distinct
 
 HAVE_SANDBOX = importlib.util.find_spec("sqlrl.sql.sandbox") is not None
 
 # ------------------------------------------------------------------------------- execution_match
 # (name, gold_sql, gold_rows, pred_rows, expected). Columns are taken from the rows' width.
-# Expectations derived by hand from the rules in the reward.py docstring.
+# Expectations derived by hand from the rules in execution_match's docstring.
 NAB = [("A", 30), ("B", 30), ("C", 40)]
 CASES = [
     # --- multiset vs order
@@ -307,7 +300,7 @@ def _spider_sql() -> list[str]:
 def test_remove_distinct_fast_path_equals_the_tokenizer():
     """The regex fast path either declines (None) or gives exactly the tokenizer's answer: on every
     Spider SQL (with DISTINCT inserted and case-varied), on edge cases, and on random text."""
-    from sqlrl.reward.match import _remove_distinct_fast, _remove_distinct_tokens
+    from sqlrl.reward.shape import _remove_distinct_fast, _remove_distinct_tokens
 
     rng = random.Random(0)
     texts = [

@@ -11,8 +11,10 @@ import sqlite3
 import pytest
 
 import sqlrl.reward.match as reward_mod
+import sqlrl.reward.reproducible as repro_mod
 import sqlrl.sql.guard as guard_mod
-from sqlrl.reward.match import GoldShape, execution_match, gold_shape, test_suite_result_eq
+from sqlrl.reward.match import execution_match, test_suite_result_eq
+from sqlrl.reward.shape import GoldShape, gold_shape
 from sqlrl.sql.engine import Deadline, fetch_rows
 from sqlrl.sql.guard import check_statement
 from sqlrl.sql.sandbox import Sandbox
@@ -219,7 +221,7 @@ def test_fast_reject_cases():
     ],
 )
 def test_transient_shortcut(msg):
-    assert reward_mod._transient(msg) == bool(reward_mod._TRANSIENT_ERROR.search(msg))
+    assert repro_mod._transient(msg) == bool(repro_mod._TRANSIENT_ERROR.search(msg))
 
 
 def test_scored_stat_per_chunk_still_sees_a_replaced_file(tmp_path):
@@ -239,7 +241,7 @@ def test_scored_stat_per_chunk_still_sees_a_replaced_file(tmp_path):
             refs = {v: (1, (["a"], [(v,)] * v, shape))}
             items = [(str(path), "SELECT a FROM t", (v,), None)] * 3
             got = sb.execute_scored(
-                items, refs, "sqlrl.reward.match:_score_in_worker", {"kind": "execution", "ts": False}
+                items, refs, "sqlrl.reward.scoring:score_in_worker", {"kind": "execution", "ts": False}
             )
             assert [g[1] for g in got] == ["match"] * 3
 
@@ -333,8 +335,8 @@ def _nondet_texts() -> list[str]:
 
 
 def _nondet_general(sql: str) -> bool:
-    text = reward_mod._QUOTES.sub(" ", sql)
-    return not (reward_mod._NONDET_WORDS.search(text) or reward_mod._NONDET_CALL.search(text))
+    text = repro_mod._QUOTES.sub(" ", sql)
+    return not (repro_mod._NONDET_WORDS.search(text) or repro_mod._NONDET_CALL.search(text))
 
 
 def test_is_deterministic_shortcut_equals_the_re_i_search(monkeypatch):
@@ -343,23 +345,23 @@ def test_is_deterministic_shortcut_equals_the_re_i_search(monkeypatch):
     `is_deterministic_sql` is the general search itself."""
     texts = _nondet_texts()
     want = [_nondet_general(t) for t in texts]
-    reward_mod.is_deterministic_sql.cache_clear()
-    got = [reward_mod.is_deterministic_sql(t) for t in texts]
+    repro_mod.is_deterministic_sql.cache_clear()
+    got = [repro_mod.is_deterministic_sql(t) for t in texts]
     assert got == want
     assert True in want and False in want and sum(not w for w in want) > 1000
-    monkeypatch.setattr(reward_mod, "_ASCII_SHORTCUT", False)
-    reward_mod.is_deterministic_sql.cache_clear()
-    assert [reward_mod.is_deterministic_sql(t) for t in texts] == want
-    reward_mod.is_deterministic_sql.cache_clear()
+    monkeypatch.setattr(repro_mod, "_ASCII_SHORTCUT", False)
+    repro_mod.is_deterministic_sql.cache_clear()
+    assert [repro_mod.is_deterministic_sql(t) for t in texts] == want
+    repro_mod.is_deterministic_sql.cache_clear()
 
 
 def test_is_deterministic_shortcut_test_catches_a_missing_hint(monkeypatch):
     """The cases above can fail: with one hint word missing from the pre-check ('now'), the shortcut
     calls some non-deterministic SQL deterministic, and the comparison sees it."""
     texts = _nondet_texts()
-    monkeypatch.setattr(reward_mod, "_NONDET_HINTS", tuple(h for h in reward_mod._NONDET_HINTS if h != "now"))
-    reward_mod.is_deterministic_sql.cache_clear()
+    monkeypatch.setattr(repro_mod, "_NONDET_HINTS", tuple(h for h in repro_mod._NONDET_HINTS if h != "now"))
+    repro_mod.is_deterministic_sql.cache_clear()
     try:
-        assert any(reward_mod.is_deterministic_sql(t) != _nondet_general(t) for t in texts)
+        assert any(repro_mod.is_deterministic_sql(t) != _nondet_general(t) for t in texts)
     finally:
-        reward_mod.is_deterministic_sql.cache_clear()
+        repro_mod.is_deterministic_sql.cache_clear()

@@ -11,7 +11,11 @@ from dataclasses import dataclass, field
 import pytest
 
 import sqlrl.reward.match as reward_mod
-from sqlrl.reward.match import Evaluator, execution_match, gold_shape, is_deterministic_sql
+import sqlrl.reward.shape as shape_mod
+from sqlrl.reward.evaluator import Evaluator
+from sqlrl.reward.match import execution_match
+from sqlrl.reward.reproducible import is_deterministic_sql
+from sqlrl.reward.shape import gold_shape
 from sqlrl.sql.sandbox import Sandbox
 from sqlrl.tasks.data import PrivateTask, PublicTask
 from sqlrl.tasks.goldcache import GoldCache
@@ -290,7 +294,6 @@ def test_nothing_is_kept_between_calls(dbs, gc):
     for _ in range(3):
         ev.score("SELECT name FROM singer", t)
     assert sb.calls == ["SELECT name FROM singer"] * 3
-    ev.clear_memo()  # API kept, nothing to clear
     off = Evaluator(sb, gc, memo_entries=0)
     off.score_many([("SELECT name FROM singer", t)] * 2)
     assert len(sb.calls) == 5 and off.memo_stats()["duplicate_hits"] == 0
@@ -361,12 +364,12 @@ def test_evaluator_fast_paths_change_no_reward(dbs, tmp_path, monkeypatch):
     with Sandbox(workers=2) as sb, GoldCache(tmp_path / "gc") as gc:
         fast = [r.to_dict() for r in Evaluator(sb, gc, memo_entries=0).score_many(pairs)]
         monkeypatch.setattr(reward_mod, "_FAST_PATH", False)
-        monkeypatch.setattr(reward_mod, "_remove_distinct_fast", lambda sql: None)
-        reward_mod.remove_distinct.cache_clear()
+        monkeypatch.setattr(shape_mod, "_remove_distinct_fast", lambda sql: None)
+        shape_mod.remove_distinct.cache_clear()
         try:
             slow = [r.to_dict() for r in Evaluator(ParentSide(sb), gc, memo_entries=0).score_many(pairs)]
         finally:
-            reward_mod.remove_distinct.cache_clear()
+            shape_mod.remove_distinct.cache_clear()
     assert slow == fast
     assert sum(r["parts"].get("test_suite_match") == 1.0 for r in fast) >= len(dbs) * len(GOLDS)
 

@@ -1,4 +1,4 @@
-"""Scoring inside the sandbox workers (`Sandbox.execute_scored` + `reward._score_in_worker`): the same
+"""Scoring inside the sandbox workers (`Sandbox.execute_scored` + `reward.scoring.score_in_worker`): the same
 Reward (value, status, parts) as the parent-side path on a table of cases; a statement hung or a
 worker killed in the middle of a chunk affects only its own pair; the gold comes only from the gold
 cache and is never executed in a worker."""
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-import sqlrl.reward.match as reward_mod
-from sqlrl.reward.match import Evaluator
+import sqlrl.reward.evaluator as reward_mod
+from sqlrl.reward.evaluator import Evaluator
 from sqlrl.sql.sandbox import Sandbox, SQLResult
 from sqlrl.tasks.data import PrivateTask, PublicTask
 from sqlrl.tasks.goldcache import GoldCache

@@ -16,20 +16,19 @@ from pathlib import Path
 
 import pytest
 
+from sqlrl.tasks import debug_build as dbuild
+from sqlrl.tasks import debug_episode as de
+from sqlrl.tasks import debug_mutate as dm
 from sqlrl.tasks import debugging as dt
+from sqlrl.tasks.debug_build import build_debug_tasks
+from sqlrl.tasks.debug_episode import apply_submission, prepare_state, run_tests, score_debug, validate_task
+from sqlrl.tasks.debug_mutate import mutate_query
 from sqlrl.tasks.debugging import (
     DebugTaskPrivate,
     DebugTaskPublic,
-    apply_submission,
-    build_debug_tasks,
     ensure_public_debug,
     load_debug_tasks,
-    mutate_query,
-    prepare_state,
-    run_tests,
     save_debug_tasks,
-    score_debug,
-    validate_task,
 )
 
 SPIDER = Path(__file__).resolve().parents[3] / "shared" / "data" / "spider"
@@ -137,11 +136,11 @@ def test_jsonl_roundtrip_and_version(tmp_path, tiny_db):
 
 def test_scoring_statuses(tmp_path, tiny_db):
     task = _manual_task(tiny_db)
-    assert dt.run_episode_offline(task, list(task.solution_sql))["status"] == "solved"
-    bug = dt.run_episode_offline(task, task.public.buggy_sql)
+    assert de.run_episode_offline(task, list(task.solution_sql))["status"] == "solved"
+    bug = de.run_episode_offline(task, task.public.buggy_sql)
     assert bug["status"] == "partial" and 0 < bug["value"] < 1 and bug["total"] == 3
-    assert dt.run_episode_offline(task, "UPDATE nope SET b = 1")["status"] == "exec_error"
-    assert dt.run_episode_offline(task, "   ")["status"] == "no_sql"
+    assert de.run_episode_offline(task, "UPDATE nope SET b = 1")["status"] == "exec_error"
+    assert de.run_episode_offline(task, "   ")["status"] == "no_sql"
     assert score_debug(task, None, final_sql=None)["status"] == "no_sql"
     infra = score_debug(task, str(tmp_path / "missing.sqlite"))
     assert infra["status"] == "infra_error" and infra["value"] is None
@@ -163,9 +162,9 @@ def test_reference_states_build_once_per_task_and_match_a_fresh_reference(tmp_pa
 
     task = _manual_task(tiny_db)
     subs = [list(task.solution_sql), task.public.buggy_sql, "UPDATE nope SET b = 1", "  "]
-    fresh = [dt.run_episode_offline(task, s) for s in subs]  # each builds its own reference
-    with dt.ReferenceStates() as refs:
-        shared = [dt.run_episode_offline(task, s, references=refs) for s in subs]
+    fresh = [de.run_episode_offline(task, s) for s in subs]  # each builds its own reference
+    with de.ReferenceStates() as refs:
+        shared = [de.run_episode_offline(task, s, references=refs) for s in subs]
         assert refs.builds == 1  # no_sql and exec_error never needed it; the other two shared one
         folder = Path(refs.get(task)).parent
         assert folder.is_dir()
@@ -182,10 +181,10 @@ def test_reference_states_build_once_per_task_and_match_a_fresh_reference(tmp_pa
             public=dataclasses.replace(task.public, task_id="t/broken"),
             solution_sql=("UPDATE nope SET x = 1",),
         )
-        outs = [dt.run_episode_offline(broken, list(task.solution_sql), references=refs) for _ in range(3)]
+        outs = [de.run_episode_offline(broken, list(task.solution_sql), references=refs) for _ in range(3)]
         assert [o["status"] for o in outs] == ["infra_error"] * 3 and refs.builds == 2
         assert "reference solution failed" in outs[0]["message"]
-        assert dt.run_episode_offline(broken, "  ", references=refs)["status"] == "no_sql"
+        assert de.run_episode_offline(broken, "  ", references=refs)["status"] == "no_sql"
     assert shared == fresh
     assert [r["status"] for r in shared] == ["solved", "partial", "exec_error", "no_sql"]
     assert not folder.exists()  # removed on leaving the with block
@@ -229,7 +228,7 @@ def test_a_submission_runs_under_the_replica_authorizer(tmp_path, tiny_db, attac
     assert con.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
     con.close()
     # the same connection rules do not get in the way of a real solution
-    assert dt.run_episode_offline(task, list(task.solution_sql))["status"] == "solved"
+    assert de.run_episode_offline(task, list(task.solution_sql))["status"] == "solved"
 
 
 def test_validation_drops_buggy_that_passes(tiny_db):
@@ -246,16 +245,16 @@ def test_query_task_protocol_on_spider(tmp_path):
     db = str(SPIDER / "database" / "voter_2" / "voter_2.sqlite")
     gold = "SELECT count(*) FROM student WHERE age > 18"
     pub = DebugTaskPublic("q/0", "voter_2", "query", "d", "s", "SELECT count(*) FROM student", [], db)
-    task = DebugTaskPrivate(pub, [gold], dt.query_test_cases(1, False), ["DROP TABLE IF EXISTS __submitted"])
+    task = DebugTaskPrivate(pub, [gold], de.query_test_cases(1, False), ["DROP TABLE IF EXISTS __submitted"])
     assert validate_task(task) is None
     # an equivalent rewrite passes; a wrong column count fails the shape test
     assert (
-        dt.run_episode_offline(task, "SELECT count(1) FROM student WHERE NOT age <= 18")["status"] == "solved"
+        de.run_episode_offline(task, "SELECT count(1) FROM student WHERE NOT age <= 18")["status"] == "solved"
     )
-    r = dt.run_episode_offline(task, "SELECT count(*), 1 FROM student WHERE age > 18")
+    r = de.run_episode_offline(task, "SELECT count(*), 1 FROM student WHERE age > 18")
     assert r["status"] == "failed"
-    assert dt.run_episode_offline(task, "DELETE FROM student")["status"] == "exec_error"
-    assert dt.run_episode_offline(task, "SELECT nope FROM student")["status"] == "exec_error"
+    assert de.run_episode_offline(task, "DELETE FROM student")["status"] == "exec_error"
+    assert de.run_episode_offline(task, "SELECT nope FROM student")["status"] == "exec_error"
 
 
 # ------------------------------------------------------------------------------------- mutation
@@ -266,7 +265,7 @@ def test_mutations_parse_and_differ():
     import sqlglot
 
     db = str(SPIDER / "database" / "manufactory_1" / "manufactory_1.sqlite")
-    cols = dt._table_columns(db)
+    cols = dbuild._table_columns(db)
     golds = [
         "SELECT name FROM products WHERE price > 200 ORDER BY price DESC LIMIT 3",
         "SELECT avg(price), max(price) FROM products",
@@ -277,7 +276,7 @@ def test_mutations_parse_and_differ():
     kinds_seen = set()
     for gold in golds:
         base = sqlglot.parse_one(gold, read="sqlite").sql(dialect="sqlite")
-        for kind in dt.MUTATION_KINDS:
+        for kind in dm.MUTATION_KINDS:
             m = mutate_query(gold, cols, random.Random(1), kinds=(kind,))
             if m is None:
                 continue
@@ -286,7 +285,7 @@ def test_mutations_parse_and_differ():
             sqlglot.parse_one(buggy, read="sqlite")
             assert buggy != base
             kinds_seen.add(k)
-    assert kinds_seen == set(dt.MUTATION_KINDS)
+    assert kinds_seen == set(dm.MUTATION_KINDS)
     assert mutate_query("not sql at all ((", cols, random.Random(0)) is None
 
 

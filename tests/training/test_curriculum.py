@@ -18,7 +18,8 @@ from sqlrl import config as C
 from sqlrl.agent.debugging import category_table, parse_debug_action
 from sqlrl.agent.loop import Budgets
 from sqlrl.generation.scripted import ScriptedPolicy, make_chat_tokenizer
-from sqlrl.tasks.debugging import debug_demo_root, load_debug_tasks, run_episode_offline
+from sqlrl.tasks.debug_episode import run_episode_offline
+from sqlrl.tasks.debugging import debug_demo_root, load_debug_tasks
 from sqlrl.training.sft import (
     build_sft_examples,
     check_training_references,

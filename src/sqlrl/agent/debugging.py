@@ -81,13 +81,8 @@ from typing import Any
 from sqlrl.agent.loop import Budgets, Sampling, Trajectory, generate_turn
 from sqlrl.agent.prompts import ChatFormat, Parser, truncate_schema
 from sqlrl.sql.guard import split_statements
-from sqlrl.tasks.debugging import (
-    DebugTaskPrivate,
-    DebugTaskPublic,
-    ReferenceStates,
-    ensure_public_debug,
-    run_episode_offline,
-)
+from sqlrl.tasks.debug_episode import ReferenceStates, run_episode_offline
+from sqlrl.tasks.debugging import DebugTaskPrivate, DebugTaskPublic, ensure_public_debug
 
 __all__ = [
     "ACTION_EXECUTE",

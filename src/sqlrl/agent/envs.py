@@ -61,7 +61,7 @@ class Text2SQLEnv:
         }
 
     def __enter__(self) -> Text2SQLEnv:
-        from sqlrl.reward.match import Evaluator
+        from sqlrl.reward.evaluator import Evaluator
         from sqlrl.sql.sandbox import Sandbox
 
         cfg = self.cfg

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from sqlrl.reward.match import Evaluator
+from sqlrl.reward.evaluator import Evaluator
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -49,7 +49,7 @@ def evaluate_tasks(
     """Score `tasks` (PrivateTask). With `rollout_all`, the agent also runs on tasks whose gold is
     unscorable (they are still excluded from scoring); the leakage audit uses this so that both of its
     runs roll out exactly the same tasks whatever the golds are."""
-    from sqlrl.reward.match import Evaluator
+    from sqlrl.reward.evaluator import Evaluator
     from sqlrl.tasks.goldcache import audit_golds
 
     t_start = time.perf_counter()

@@ -185,7 +185,7 @@ class SqlrlLitAgent(LitAgent):
     def _get_evaluator(self, kind: str):
         with self._init_lock:
             if self._evaluator is None:
-                from sqlrl.reward.match import Evaluator
+                from sqlrl.reward.evaluator import Evaluator
                 from sqlrl.sql.sandbox import Sandbox
                 from sqlrl.tasks.goldcache import GoldCache
 

@@ -703,7 +703,7 @@ def _private_task(ref: dict):
 
 
 def _evaluator(kind: str):
-    from sqlrl.reward.match import Evaluator
+    from sqlrl.reward.evaluator import Evaluator
     from sqlrl.sql.sandbox import Sandbox
     from sqlrl.tasks.goldcache import GoldCache
 

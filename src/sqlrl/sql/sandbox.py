@@ -111,7 +111,7 @@ class Sandbox:
         max_connections: int = 256,
         progress_ops: int = 10_000,
         chunk_size: int = 32,
-        preload: tuple[str, ...] = ("sqlrl.reward.match",),
+        preload: tuple[str, ...] = ("sqlrl.reward.scoring",),
         ref_budget: int = 2_000_000,
     ) -> None:
         if workers < 1:

@@ -1,35 +1,26 @@
 """Reading Spider-layout folders: tasks, the by-database split, fingerprints, schema text.
 
-Standard library only (no torch, no numpy): `sqlrl data ...` and every import of this module stay fast.
+Standard library only. Layout (the official Spider 1.0 one, so a full download works unchanged):
+`ROOT/<split>.json` (list of {"db_id", "question", "query", ...}), `ROOT/tables.json` (must exist;
+its content is not needed), `ROOT/database/<db_id>/<db_id>.sqlite`.
 
-Layout read (the official Spider 1.0 layout, so a user's full download works unchanged)::
+What is covered:
+- `PublicTask` is everything the policy may see and holds no gold SQL (no field, back reference or
+  cache keyed to it). `PrivateTask` wraps it plus the gold and is *not* a subclass, so
+  `isinstance(private, PublicTask)` is False; `ensure_public` is the run-time check.
+- task ids are `"<file stem>/<index in that file, 5 digits>"` (e.g. `"train_spider/00042"`), the same
+  whether the task is loaded as `train_spider`, `train` or `validation`;
+- `train` / `validation` split the training file (`train_spider.json`, else `train.json`) by
+  database (`split_by_database`): deterministic for (db ids, seed, val_fraction), independent of
+  example order, no database on both sides;
+- `fingerprint` changes when any example of the split (or their order) or any byte of a database
+  file they use changes; data errors are `DataError` (a ValueError) saying what, where and how to fix.
 
-    ROOT/<split>.json                      list of {"db_id", "question", "query", ...}; extra fields ignored
-    ROOT/tables.json                       must exist (official layout); its content is not needed here
-    ROOT/database/<db_id>/<db_id>.sqlite   one SQLite file per database
-
-Guaranteed:
-- `PublicTask` is everything the policy may see and holds no gold SQL: not as a field, not through a
-  back reference, not through a cache keyed to it. `PrivateTask` wraps a `PublicTask` plus the gold and
-  is *not* a subclass of it, so `isinstance(private, PublicTask)` is False. `ensure_public` is the
-  run-time check the rollout uses.
-- Task ids are `"<file stem>/<index in that file, 5 digits>"`, e.g. `"train_spider/00042"`. They depend
-  only on the source file, so a task keeps its id whether loaded as `train_spider`, `train` or
-  `validation`.
-- `train` / `validation` split the training file (`train_spider.json` if present, else `train.json`)
-  by database with `split_by_database`: deterministic for a given (set of db ids, seed, val_fraction),
-  independent of example order, and no database is on both sides.
-- `fingerprint` changes when any example of the split (db_id, question, query, or their order)
-  changes or when any byte of a database file those examples use changes.
-- Errors about the data are `DataError` (a `ValueError`) whose message says what is wrong, where,
-  and how to fix it.
-
-Not guaranteed:
-- That the gold SQL executes or returns rows: that is `sqlrl.tasks.goldcache.audit_golds`' job.
-- That `tables.json` agrees with the SQLite files: schema text is rendered from the SQLite file
-  itself (`sqlite_master`), which is what the SQL actually runs against.
-- File hashes are cached in-process per (path, mtime_ns, size); a file rewritten in place with the
-  same size and the same mtime_ns within one process would not be re-hashed.
+What is not:
+- that the gold SQL executes or returns rows (`sqlrl.tasks.goldcache.audit_golds` checks that);
+- that `tables.json` agrees with the SQLite files: schema text comes from the file's `sqlite_master`;
+- file hashes are cached per (path, mtime_ns, size) in-process: a same-size rewrite within the same
+  mtime_ns would not be re-hashed.
 """
 
 from __future__ import annotations

@@ -1,40 +1,34 @@
 """Execute each gold SQL once, cache the result, and say which golds cannot be scored and why.
 
-`GoldCache.get(db_path, sql)` runs the gold through the sandbox (`sqlrl.sql.sandbox.Sandbox`, or any
-injected object with the same `execute(db_path, sql, timeout_s=None)` method) with a generous
-timeout (60 s by default) and caches the `GoldResult` under (sha256 of the database file, sha256 of
-the exact SQL text). An in-memory dict sits in front of an optional on-disk cache.
+`GoldCache.get(db_path, sql)` runs the gold through the sandbox (or any object with the same
+`execute(db_path, sql, timeout_s=None)`) with a generous timeout (60 s by default) and caches the
+`GoldResult` under (sha256 of the database file, sha256 of the exact SQL text), in memory and
+optionally in one SQLite file, `gold_cache.v1.sqlite`, in `cache_dir`. Statuses: `ok` (at least one
+row), `empty`, `timeout`, `error` (anything else the sandbox reports); `scorable` is ok with rows.
 
-Guaranteed:
-- A gold is executed at most once per (database bytes, SQL text) per cache, except that a cached
-  `timeout` is only trusted when it was measured with a timeout at least as long as the current one,
-  and infrastructure failures (`worker_crash`) are retried and never cached.
-- The on-disk cache is one SQLite file, `gold_cache.v1.sqlite`, in `cache_dir`. Every write is a
-  SQLite transaction, so a killed process leaves either the old or the new entry, never half of one.
-  Each entry also stores the sha256 of its payload; an entry whose checksum does not match is
-  ignored (and re-executed), and a file that SQLite cannot open or that fails `PRAGMA quick_check`
-  is moved aside to `*.corrupt-<time>` with a warning. Nothing corrupt is silently trusted.
-- Values round-trip exactly: int, str, None as JSON; floats via `repr` (so -0.0, inf, nan and every
-  bit of the mantissa survive); bytes as hex. Rows come back as tuples.
-- The cache never lives inside a database's folder (`database/<db_id>/` or `database/`): `get`
-  refuses with a ValueError, so a policy that can read its database folder cannot read the golds.
+What is covered:
+- a gold runs at most once per (database bytes, SQL text) per cache; a cached `timeout` is trusted
+  only if measured with a timeout at least as long as the current one; `worker_crash` is retried,
+  never cached;
+- every disk write is one SQLite transaction; each entry stores its payload's sha256, and an entry
+  failing it is re-executed; a file SQLite cannot open or that fails `PRAGMA quick_check` is moved
+  aside to `*.corrupt-<time>` with a warning: nothing corrupt is silently trusted;
+- values round-trip exactly (floats via `repr`, bytes as hex); rows come back as tuples;
+- `get` refuses (ValueError) a cache inside a database's folder, so the policy cannot read golds.
 
-Status of a `GoldResult`: `ok` (executed, at least one row), `empty` (executed, no rows), `timeout`,
-`error` (anything else the sandbox reports: syntax or runtime error, forbidden statement, row or
-size limits). `scorable` is `status == "ok" and row_count > 0`.
-
-Not guaranteed:
-- The SQL text is hashed exactly as given: whitespace changes are a different key.
-- An `error` caused by a sandbox limit (too many rows, too large) depends on the sandbox settings of
-  the run that cached it; the default sandbox here is built with generous limits for that reason.
-- Concurrent writers on one cache file are serialized by SQLite locking (busy timeout 30 s); on
-  network file systems without working locks, use one cache folder per process.
+What is not:
+- the SQL text is hashed exactly as given: whitespace changes are a different key;
+- an `error` from a sandbox limit (rows, size) depends on the settings of the run that cached it
+  (the default sandbox here has generous limits for that reason);
+- concurrent writers are serialized by SQLite locking (busy timeout 30 s); on network file systems
+  without working locks, use one cache folder per process.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import sqlite3
 import sys
@@ -47,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from sqlrl.tasks.data import PrivateTask, file_sha256
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "GoldAudit",
@@ -290,7 +286,7 @@ class GoldCache:
                 os.replace(p, Path(str(bad) + suffix))
         msg = f"gold cache {path} is unreadable ({why}); moved it to {bad} and starting an empty cache"
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
-        print(f"sqlrl: warning: {msg}", file=sys.stderr)
+        log.warning(f"sqlrl: warning: {msg}")
 
     def _disk_get(self, key: tuple[str, str]) -> tuple[GoldResult, float] | None:
         if self._db is None:
