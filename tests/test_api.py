@@ -14,7 +14,7 @@ import pytest
 
 import sqlrl
 from sqlrl.reward.custom import CustomReward
-from sqlrl.reward.match import Evaluator
+from sqlrl.reward.evaluator import Evaluator
 from sqlrl.sql.sandbox import Sandbox, SQLResult
 from sqlrl.tasks.data import PrivateTask
 from sqlrl.tasks.goldcache import GoldCache, GoldResult

@@ -231,7 +231,9 @@ def unresolved_imports(src: Path = SRC, roots: tuple[Path, ...] = (), package: s
     files = {module_name(p, src): p for p in (src / package).rglob("*.py")}
     bad = []
     for path in [*files.values(), *(p for r in roots for p in r.rglob("*.py"))]:
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        bad += _unresolved_attributes(tree, path, files)
+        for node in ast.walk(tree):
             if not (isinstance(node, ast.ImportFrom) and not node.level and node.module):
                 continue
             if node.module.split(".")[0] != package:
@@ -247,6 +249,41 @@ def unresolved_imports(src: Path = SRC, roots: tuple[Path, ...] = (), package: s
     return bad
 
 
+def _unresolved_attributes(tree: ast.AST, path: Path, files: dict[str, Path]) -> list[str]:
+    """`X.name` where X is a module alias (`from sqlrl.a import b as X`, `import sqlrl.a.b as X`) and
+    module sqlrl.a.b defines no `name`."""
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                if f"{node.module}.{a.name}" in files:
+                    aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname and a.name in files:
+                    aliases[a.asname] = a.name
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            mod = aliases[node.value.id]
+            defined = _top_level_names(files[mod]) | {
+                "__file__",
+                "__name__",
+                "__path__",
+                "__spec__",
+                "__doc__",
+            }
+            if "__getattr__" in defined:  # a lazy module: ast cannot see all its attributes
+                continue
+            if (
+                isinstance(node.ctx, ast.Load)
+                and node.attr not in defined
+                and f"{mod}.{node.attr}" not in files
+            ):
+                bad.append(f"{path}:{node.lineno}: {mod} has no {node.attr}")
+    return bad
+
+
 def test_every_sqlrl_import_resolves():
     root = SRC.parent
     assert unresolved_imports(roots=(root / "tests", root / "bench", root / "scripts")) == []
@@ -258,10 +295,11 @@ def test_checker_finds_an_import_of_a_moved_name(tmp_path):
         {
             "__init__.py": "",
             "a.py": "def f():\n    pass\n",
-            "b.py": "def g():\n    from pkg.a import f, gone\n    from pkg.nowhere import x\n",
+            "b.py": "def g():\n    from pkg.a import f, gone\n    from pkg.nowhere import x\n    import pkg.a as A\n    A.f(), A.moved()\n",
         },
     )
     assert unresolved_imports(src, package="pkg") == [
+        f"{src / 'pkg' / 'b.py'}:5: pkg.a has no moved",
         f"{src / 'pkg' / 'b.py'}:2: pkg.a has no gone",
         f"{src / 'pkg' / 'b.py'}:3: no module pkg.nowhere",
     ]

@@ -39,7 +39,7 @@ _LAZY: dict[str, str] = {
     "PrivateTask": "sqlrl.tasks.data:PrivateTask",
     "GoldCache": "sqlrl.tasks.goldcache:GoldCache",
     "GoldResult": "sqlrl.tasks.goldcache:GoldResult",
-    "Evaluator": "sqlrl.reward.match:Evaluator",
+    "Evaluator": "sqlrl.reward.evaluator:Evaluator",
     "Reward": "sqlrl.reward.match:Reward",
     "execution_match": "sqlrl.reward.match:execution_match",
     "CustomReward": "sqlrl.reward.custom:CustomReward",

@@ -32,7 +32,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from sqlrl.reward.match import Reward, execution_match, gold_shape
+from sqlrl.reward.match import Reward, execution_match
+from sqlrl.reward.shape import gold_shape
 from sqlrl.sql.sandbox import SQLResult
 
 __all__ = ["CustomReward", "RewardFn"]
@@ -49,7 +50,7 @@ _NO_SQL = SQLResult("empty_sql", message="no SQL statement")  # what the sandbox
 
 
 class CustomReward:
-    """Scores (final_sql, PrivateTask) pairs with `fn`; the interface of `sqlrl.reward.match.Evaluator`
+    """Scores (final_sql, PrivateTask) pairs with `fn`; the interface of `sqlrl.reward.evaluator.Evaluator`
     that the trainer uses (`score`, `score_many`). `excluded` counts the excluded pairs by status."""
 
     def __init__(self, sandbox: Any, gold_cache: Any, fn: RewardFn):
