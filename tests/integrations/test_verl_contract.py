@@ -428,6 +428,8 @@ class _FakeAgentLoopWorker:
 
 @needs_verl
 def test_manager_masks_excluded_trajectories_and_they_add_nothing_to_the_update():
+    import pickle
+
     import torch
     from omegaconf import OmegaConf
     from verl import DataProto
@@ -443,6 +445,7 @@ def test_manager_masks_excluded_trajectories_and_they_add_nothing_to_the_update(
     rows += [("b", 1.0, 2, 0, None), ("b", 0.0, 3, 0, "sandbox worker crashed")]
     cls = v.SqlrlAgentLoopManager
     assert issubclass(cls, AgentLoopManager)
+    assert cls.__module__ == "sqlrl.integrations.verl" and pickle.loads(pickle.dumps(cls)) is cls
     manager = cls.__new__(cls)  # veRL's __init__ only stores config and handles; the workers are faked
     manager.agent_loop_workers = [_FakeAgentLoopWorker(rows)]
     prompts = DataProto.from_dict(tensors={"x": torch.zeros(len(rows), 1)})
