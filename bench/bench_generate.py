@@ -129,10 +129,7 @@ def _identity(a, b) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    import torch
-
-    cuda = torch.cuda.is_available()
+def _parse_args(argv: list[str] | None, cuda: bool):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group()
     src.add_argument(
@@ -168,11 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         help="prompts for the float32 greedy identity check (0: skip)",
     )
     ap.add_argument("--out", type=Path)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
-    from sqlrl.generation import fastgen, staticgen
 
-    model, tok, name = _load(args)
+def _prompts_and_ids(args, model, tok):
+    """(prompts, prompt_source, eos_ids, pad) for the runs."""
     n_needed = max(args.n_prompts, args.group_prompts)
     prompt_source = "synthetic"
     if args.prompts_from and tok is not None:
@@ -195,11 +192,21 @@ def main(argv: list[str] | None = None) -> int:
         pad = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
     else:
         eos_ids, pad = [1], 0
+    return prompts, prompt_source, eos_ids, pad
+
+
+def _engine_kwargs(args) -> tuple[dict, dict]:
+    fast_kw = dict(max_batch=args.max_batch, check_every=args.check_every, prefill_tokens=args.prefill_tokens)
+    return fast_kw, dict(fast_kw, max_batch=args.static_slots)
+
+
+def _run_engines(args, model, prompts, common: dict) -> tuple[dict, dict]:
+    """Warm-up, then runs (a)-(e); returns (runs: key -> stats dict, outputs: key -> results)."""
+    from sqlrl.generation import fastgen, staticgen
+
     greedy_prompts = prompts[: args.n_prompts]
     group = [p for p in prompts[: args.group_prompts] for _ in range(args.samples)]
-    common = dict(eos_token_ids=eos_ids, pad_token_id=pad)
-    fast_kw = dict(max_batch=args.max_batch, check_every=args.check_every, prefill_tokens=args.prefill_tokens)
-    static_kw = dict(fast_kw, max_batch=args.static_slots)
+    fast_kw, static_kw = _engine_kwargs(args)
     samp = dict(
         max_new_tokens=args.sample_max_new_tokens,
         temperature=args.temperature,
@@ -220,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     warmup_static_s = time.perf_counter() - t
 
     runs: dict[str, dict] = {}
+    outputs: dict[str, list] = {}
 
     def run(key: str, fn, *a, **kw):
         st = fastgen.GenStats()
@@ -227,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         out = fn(*a, stats=st, **kw)
         runs[key] = st.to_dict()
         runs[key]["extra"]["elapsed_s"] = time.perf_counter() - t0
+        outputs[key] = out
         return out
 
     def sample_stats(key: str, sampled) -> None:
@@ -241,9 +250,8 @@ def main(argv: list[str] | None = None) -> int:
             / max(1, args.group_prompts),
         )
 
-    ref = None
     if not args.skip_reference:
-        ref = run(
+        run(
             "a_reference_greedy",
             fastgen.generate_reference,
             model,
@@ -252,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             batch_size=args.batch_size,
             **common,
         )
-    fast = run(
+    run(
         "b_fast_greedy",
         fastgen.generate_fast,
         model,
@@ -261,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         **common,
         **fast_kw,
     )
-    static = run(
+    run(
         "c_static_greedy",
         staticgen.generate_static,
         model,
@@ -276,20 +284,80 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_fast_sampling:
         fs = run("e_fast_sampling", fastgen.generate_fast, model, group, **samp, **common, **fast_kw)
         sample_stats("e_fast_sampling", fs)
+    return runs, outputs
 
-    fp32 = None
-    if args.fp32_identity > 0 and not args.skip_reference:
-        # exact-identity check in float32 on a fixed prompt subset (bf16 argmax near-ties can flip)
-        m32 = model.float() if args.dtype == "float32" else __import__("copy").deepcopy(model).float()
-        sub = greedy_prompts[: args.fp32_identity]
-        r32 = fastgen.generate_reference(
-            m32, sub, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, **common
+
+def _fp32_identity(args, model, greedy_prompts, common: dict) -> dict | None:
+    """Exact-identity check in float32 on a fixed prompt subset (bf16 argmax near-ties can flip)."""
+    from sqlrl.generation import fastgen, staticgen
+
+    if not (args.fp32_identity > 0 and not args.skip_reference):
+        return None
+    fast_kw, static_kw = _engine_kwargs(args)
+    m32 = model.float() if args.dtype == "float32" else __import__("copy").deepcopy(model).float()
+    sub = greedy_prompts[: args.fp32_identity]
+    r32 = fastgen.generate_reference(
+        m32, sub, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, **common
+    )
+    s32 = staticgen.generate_static(m32, sub, max_new_tokens=args.max_new_tokens, **common, **static_kw)
+    f32 = fastgen.generate_fast(m32, sub, max_new_tokens=args.max_new_tokens, **common, **fast_kw)
+    fp32 = {"plain_vs_static": _identity(r32, s32), "plain_vs_fast": _identity(r32, f32)}
+    staticgen.release(m32)
+    del m32
+    return fp32
+
+
+def _print_report(args, result: dict, runs: dict, plens: list[int], fp32: dict | None) -> None:
+    """The human table and summary lines."""
+    name, prompt_source = result["model"], result["prompt_source"]
+    print(f"\nmodel={name} device={result['device_name']} dtype={args.dtype} prompts={prompt_source}")
+    print(f"prompt tokens min/mean/max = {min(plens)}/{sum(plens) / len(plens):.0f}/{max(plens)}")
+    print(f"{'run':<22}{'seqs':>6}{'gen tokens':>12}{'wall s':>10}{'tok/s':>11}{'peak GB':>9}")
+    for k, r in runs.items():
+        print(
+            f"{k:<22}{r['n_prompts']:>6}{r['tokens_generated']:>12}{r['wall_s']:>10.2f}"
+            f"{r['tokens_per_s']:>11.1f}{r['peak_memory_gb']:>9.2f}"
         )
-        s32 = staticgen.generate_static(m32, sub, max_new_tokens=args.max_new_tokens, **common, **static_kw)
-        f32 = fastgen.generate_fast(m32, sub, max_new_tokens=args.max_new_tokens, **common, **fast_kw)
-        fp32 = {"plain_vs_static": _identity(r32, s32), "plain_vs_fast": _identity(r32, f32)}
-        staticgen.release(m32)
-        del m32
+    if "greedy_identity" in result:
+        print(f"speedup fast/plain (greedy): {result['speedup_fast_over_plain_greedy']:.2f}x")
+        print(f"speedup static/plain (greedy): {result['speedup_static_over_plain_greedy']:.2f}x")
+        print(
+            "static GRPO sampling vs plain greedy tok/s: "
+            f"{result['speedup_static_sampling_over_plain_greedy']:.2f}x"
+        )
+        for key, label in (
+            ("greedy_identity", "a vs b (fast)"),
+            ("greedy_identity_static", "a vs c (static)"),
+        ):
+            gi = result[key]
+            print(
+                f"greedy token identity {label}, {args.dtype}: {gi['identical']}/{gi['n']} = "
+                f"{gi['identity_rate']:.3f} (mean common-prefix fraction {gi['mean_common_prefix_frac']:.3f})"
+            )
+    if fp32 is not None:
+        for k, gi in fp32.items():
+            print(
+                f"greedy token identity {k}, float32: {gi['identical']}/{gi['n']} = {gi['identity_rate']:.3f}"
+            )
+    met = result["static_sampling_tok_s"] >= 10000
+    print(
+        f"GRPO sampling ({args.group_prompts} x {args.samples}, T={args.temperature}): "
+        f"{result['static_sampling_tok_s']:.0f} tok/s; target 10,000: {'MET' if met else 'NOT met'}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    args = _parse_args(argv, torch.cuda.is_available())
+    model, tok, name = _load(args)
+    prompts, prompt_source, eos_ids, pad = _prompts_and_ids(args, model, tok)
+    greedy_prompts = prompts[: args.n_prompts]
+    common = dict(eos_token_ids=eos_ids, pad_token_id=pad)
+    runs, outputs = _run_engines(args, model, prompts, common)
+    ref = outputs.get("a_reference_greedy")
+    fast, static = outputs["b_fast_greedy"], outputs["c_static_greedy"]
+    fp32 = _fp32_identity(args, model, greedy_prompts, common)
 
     plens = [len(p) for p in greedy_prompts]
     result = {
@@ -318,40 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     result["target_sampling_tok_s"] = 10000
     result["static_sampling_tok_s"] = runs["d_static_sampling"]["tokens_per_s"]
 
-    print(f"\nmodel={name} device={result['device_name']} dtype={args.dtype} prompts={prompt_source}")
-    print(f"prompt tokens min/mean/max = {min(plens)}/{sum(plens) / len(plens):.0f}/{max(plens)}")
-    print(f"{'run':<22}{'seqs':>6}{'gen tokens':>12}{'wall s':>10}{'tok/s':>11}{'peak GB':>9}")
-    for k, r in runs.items():
-        print(
-            f"{k:<22}{r['n_prompts']:>6}{r['tokens_generated']:>12}{r['wall_s']:>10.2f}"
-            f"{r['tokens_per_s']:>11.1f}{r['peak_memory_gb']:>9.2f}"
-        )
-    if ref is not None:
-        print(f"speedup fast/plain (greedy): {result['speedup_fast_over_plain_greedy']:.2f}x")
-        print(f"speedup static/plain (greedy): {result['speedup_static_over_plain_greedy']:.2f}x")
-        print(
-            "static GRPO sampling vs plain greedy tok/s: "
-            f"{result['speedup_static_sampling_over_plain_greedy']:.2f}x"
-        )
-        for key, label in (
-            ("greedy_identity", "a vs b (fast)"),
-            ("greedy_identity_static", "a vs c (static)"),
-        ):
-            gi = result[key]
-            print(
-                f"greedy token identity {label}, {args.dtype}: {gi['identical']}/{gi['n']} = "
-                f"{gi['identity_rate']:.3f} (mean common-prefix fraction {gi['mean_common_prefix_frac']:.3f})"
-            )
-    if fp32 is not None:
-        for k, gi in fp32.items():
-            print(
-                f"greedy token identity {k}, float32: {gi['identical']}/{gi['n']} = {gi['identity_rate']:.3f}"
-            )
-    met = result["static_sampling_tok_s"] >= 10000
-    print(
-        f"GRPO sampling ({args.group_prompts} x {args.samples}, T={args.temperature}): "
-        f"{result['static_sampling_tok_s']:.0f} tok/s; target 10,000: {'MET' if met else 'NOT met'}"
-    )
+    _print_report(args, result, runs, plens, fp32)
     line = json.dumps(result, sort_keys=True)
     print(line)
     if args.out:

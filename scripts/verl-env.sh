@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv-verl: a SEPARATE virtual environment for the optional veRL integration
-# (src/sqlrl/integrations/verl.py). veRL 0.8.0 pins numpy<2, so it cannot share .venv (numpy 2.x).
+# (src/sqlrl/integrations/verl/). veRL 0.8.0 pins numpy<2, so it cannot share .venv (numpy 2.x).
 #
 #   scripts/verl-env.sh            # create / update .venv-verl (CPU torch, no vLLM)
 #   scripts/verl-env.sh --test     # ... then run the contract tests in it
@@ -31,5 +31,5 @@ end=$(date +%s)
 echo "verl-env: $VENV ready in $((end - start)) s, $(du -sh "$VENV" | cut -f1)"
 "$VENV/bin/python" -c "import verl, torch, numpy; print('verl', verl.__version__, 'torch', torch.__version__, 'numpy', numpy.__version__)"
 if [ "${1:-}" = "--test" ]; then
-  "$VENV/bin/python" -m pytest -q tests/integrations/test_verl_contract.py tests/integrations/test_fsdp_export.py tests/integrations/test_verl_launch.py -p no:cacheprovider
+  "$VENV/bin/python" -m pytest -q tests/integrations/test_verl_contract.py tests/training/test_fsdp_export.py tests/integrations/test_verl_launch.py -p no:cacheprovider
 fi

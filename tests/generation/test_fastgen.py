@@ -14,7 +14,7 @@ EOS = 2
 PAD = 0
 
 
-def _qwen2(seed: int = 0):
+def tiny_qwen2(seed: int = 0):
     torch.manual_seed(seed)
     cfg = transformers.Qwen2Config(
         vocab_size=VOCAB,
@@ -29,7 +29,7 @@ def _qwen2(seed: int = 0):
     return transformers.Qwen2ForCausalLM(cfg).float().eval()
 
 
-def _llama(seed: int = 1):
+def tiny_llama(seed: int = 1):
     torch.manual_seed(seed)
     cfg = transformers.LlamaConfig(
         vocab_size=VOCAB,
@@ -54,27 +54,27 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def qwen():
-    return _qwen2()
+    return tiny_qwen2()
 
 
 @pytest.fixture(scope="module")
 def llama():
-    return _llama()
+    return tiny_llama()
 
 
-def _prompts(n: int = 12, seed: int = 3, lo: int = 1, hi: int = 60) -> list[list[int]]:
+def random_prompts(n: int = 12, seed: int = 3, lo: int = 1, hi: int = 60) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(lo, hi, (n,), generator=g).tolist()
     return [torch.randint(3, VOCAB, (k,), generator=g).tolist() for k in lens]
 
 
-def _kw(**over):
+def gen_kwargs(**over):
     kw = dict(max_new_tokens=24, eos_token_ids=[EOS], pad_token_id=PAD)
     kw.update(over)
     return kw
 
 
-def _direct_logprobs(model, prompt, gen, temperature=1.0):
+def direct_logprobs(model, prompt, gen, temperature=1.0):
     ids = torch.tensor([prompt + gen])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0].float()
@@ -83,9 +83,9 @@ def _direct_logprobs(model, prompt, gen, temperature=1.0):
     return [float(lp[start + k, t]) for k, t in enumerate(gen)]
 
 
-def _greedy_eos(model, prompts):
+def greedy_eos(model, prompts):
     """An eos id that greedy decoding actually emits (mid-sequence) for some prompts."""
-    res = fastgen.generate_fast(model, prompts, **_kw(eos_token_ids=[VOCAB + 5]))
+    res = fastgen.generate_fast(model, prompts, **gen_kwargs(eos_token_ids=[VOCAB + 5]))
     counts: dict[int, int] = {}
     for toks, _, _ in res:
         for t in toks[2:12]:
@@ -97,9 +97,9 @@ def _greedy_eos(model, prompts):
 @pytest.mark.parametrize("max_batch,check_every", [(256, 8), (3, 1), (4, 5)])
 def test_greedy_identical_to_reference(arch, max_batch, check_every, request):
     model = request.getfixturevalue(arch)
-    prompts = _prompts(12)
-    eos = _greedy_eos(model, prompts)
-    kw = _kw(eos_token_ids=[eos, EOS])
+    prompts = random_prompts(12)
+    eos = greedy_eos(model, prompts)
+    kw = gen_kwargs(eos_token_ids=[eos, EOS])
     ref = fastgen.generate_reference(model, prompts, batch_size=5, **kw)
     fast = fastgen.generate_fast(model, prompts, max_batch=max_batch, check_every=check_every, **kw)
     assert [r[0] for r in fast] == [r[0] for r in ref]
@@ -110,9 +110,9 @@ def test_greedy_identical_to_reference(arch, max_batch, check_every, request):
 
 
 def test_eos_and_length(qwen):
-    prompts = _prompts(8, seed=5)
-    eos = _greedy_eos(qwen, prompts)
-    res = fastgen.generate_fast(qwen, prompts, **_kw(eos_token_ids=[eos]))
+    prompts = random_prompts(8, seed=5)
+    eos = greedy_eos(qwen, prompts)
+    res = fastgen.generate_fast(qwen, prompts, **gen_kwargs(eos_token_ids=[eos]))
     for toks, lps, reason in res:
         assert len(toks) == len(lps)
         if reason == "stop":
@@ -120,33 +120,39 @@ def test_eos_and_length(qwen):
         else:
             assert len(toks) == 24 and eos not in toks
     assert any(r[2] == "stop" for r in res)
-    one = fastgen.generate_fast(qwen, prompts, **_kw(max_new_tokens=1, eos_token_ids=[VOCAB + 5]))
+    one = fastgen.generate_fast(qwen, prompts, **gen_kwargs(max_new_tokens=1, eos_token_ids=[VOCAB + 5]))
     assert all(len(t) == 1 and r == "length" for t, _, r in one)
 
 
 @pytest.mark.parametrize("temperature,top_p", [(0.0, 1.0), (1.0, 1.0), (0.7, 0.9)])
 def test_logprobs_match_direct_forward(qwen, temperature, top_p):
-    prompts = _prompts(6, seed=7)
+    prompts = random_prompts(6, seed=7)
     res = fastgen.generate_fast(
-        qwen, prompts, seed=11, temperature=temperature, top_p=top_p, max_batch=4, **_kw(max_new_tokens=12)
+        qwen,
+        prompts,
+        seed=11,
+        temperature=temperature,
+        top_p=top_p,
+        max_batch=4,
+        **gen_kwargs(max_new_tokens=12),
     )
     for p, (toks, lps, _) in zip(prompts, res):
-        direct = _direct_logprobs(qwen, p, toks, temperature if temperature > 0 else 1.0)
+        direct = direct_logprobs(qwen, p, toks, temperature if temperature > 0 else 1.0)
         assert lps == pytest.approx(direct, abs=1e-4)
 
 
 def test_reference_logprobs_match_direct_forward(llama):
-    prompts = _prompts(4, seed=8)
-    res = fastgen.generate_reference(llama, prompts, batch_size=3, **_kw(max_new_tokens=10))
+    prompts = random_prompts(4, seed=8)
+    res = fastgen.generate_reference(llama, prompts, batch_size=3, **gen_kwargs(max_new_tokens=10))
     for p, (toks, lps, _) in zip(prompts, res):
-        assert lps == pytest.approx(_direct_logprobs(llama, p, toks), abs=1e-4)
+        assert lps == pytest.approx(direct_logprobs(llama, p, toks), abs=1e-4)
 
 
 def test_sampling_reproducible_and_seed_dependent(qwen):
-    prompts = _prompts(5, seed=9)
+    prompts = random_prompts(5, seed=9)
     group = [p for p in prompts for _ in range(4)]  # GRPO-style groups of 4 samples
     # many eos ids -> ragged lengths, so that compaction and refill are exercised
-    kw = _kw(temperature=1.0, max_new_tokens=16, eos_token_ids=list(range(3, 80)))
+    kw = gen_kwargs(temperature=1.0, max_new_tokens=16, eos_token_ids=list(range(3, 80)))
     a = fastgen.generate_fast(qwen, group, seed=123, **kw)
     b = fastgen.generate_fast(qwen, group, seed=123, **kw)
     c = fastgen.generate_fast(qwen, group, seed=124, **kw)
@@ -165,8 +171,8 @@ def test_sampling_reproducible_and_seed_dependent(qwen):
 
 
 def test_seed_none_uses_torch_global_rng(qwen):
-    prompts = _prompts(3, seed=10)
-    kw = _kw(temperature=1.0, max_new_tokens=8)
+    prompts = random_prompts(3, seed=10)
+    kw = gen_kwargs(temperature=1.0, max_new_tokens=8)
     torch.manual_seed(5)
     a = fastgen.generate_fast(qwen, prompts, **kw)
     torch.manual_seed(5)
@@ -175,18 +181,18 @@ def test_seed_none_uses_torch_global_rng(qwen):
 
 
 def test_small_top_p_is_greedy(qwen):
-    prompts = _prompts(6, seed=12)
-    greedy = fastgen.generate_fast(qwen, prompts, **_kw())
-    nucleus = fastgen.generate_fast(qwen, prompts, temperature=1.0, top_p=1e-6, seed=3, **_kw())
+    prompts = random_prompts(6, seed=12)
+    greedy = fastgen.generate_fast(qwen, prompts, **gen_kwargs())
+    nucleus = fastgen.generate_fast(qwen, prompts, temperature=1.0, top_p=1e-6, seed=3, **gen_kwargs())
     assert [r[0] for r in nucleus] == [r[0] for r in greedy]
 
 
 def test_sampling_distribution_is_plausible(qwen):
     """Empirical first-token frequencies follow softmax(logits / T)."""
-    prompt = _prompts(1, seed=13)[0]
+    prompt = random_prompts(1, seed=13)[0]
     n = 4000
     res = fastgen.generate_fast(
-        qwen, [prompt] * n, temperature=0.5, seed=1, max_batch=n, **_kw(max_new_tokens=1)
+        qwen, [prompt] * n, temperature=0.5, seed=1, max_batch=n, **gen_kwargs(max_new_tokens=1)
     )
     with torch.no_grad():
         probs = torch.softmax(qwen(input_ids=torch.tensor([prompt])).logits[0, -1] / 0.5, -1)
@@ -198,24 +204,24 @@ def test_sampling_distribution_is_plausible(qwen):
 
 
 def test_greedy_duplicates_share_output_and_stats(qwen):
-    prompts = _prompts(3, seed=14)
+    prompts = random_prompts(3, seed=14)
     dup = prompts + prompts[:2]
-    res = fastgen.generate_fast(qwen, dup, **_kw())
+    res = fastgen.generate_fast(qwen, dup, **gen_kwargs())
     assert res[3] == res[0] and res[4] == res[1]
     st = fastgen.last_stats
     assert st.n_prompts == 5 and st.n_unique_prompts == 3
     assert st.tokens_generated == sum(len(r[0]) for r in res)
     assert st.tokens_per_s > 0
     mine = fastgen.GenStats()
-    fastgen.generate_fast(qwen, prompts, stats=mine, **_kw())
+    fastgen.generate_fast(qwen, prompts, stats=mine, **gen_kwargs())
     assert mine.tokens_generated > 0 and fastgen.last_stats is mine
 
 
 def test_bad_arguments(qwen):
     with pytest.raises(ValueError):
-        fastgen.generate_fast(qwen, [[]], **_kw())
+        fastgen.generate_fast(qwen, [[]], **gen_kwargs())
     with pytest.raises(ValueError):
-        fastgen.generate_fast(qwen, [[5]], **_kw(max_new_tokens=0))
+        fastgen.generate_fast(qwen, [[5]], **gen_kwargs(max_new_tokens=0))
 
 
 @pytest.mark.slow
@@ -240,7 +246,7 @@ def test_real_model_greedy_matches_reference():
         eos = [tok.eos_token_id]
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     else:
-        prompts = _prompts(4, seed=15)
+        prompts = random_prompts(4, seed=15)
         eos, pad = [model.config.eos_token_id or 0], 0
     kw = dict(max_new_tokens=32, eos_token_ids=eos, pad_token_id=pad)
     ref = fastgen.generate_reference(model, prompts, batch_size=4, **kw)

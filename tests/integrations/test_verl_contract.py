@@ -1,4 +1,4 @@
-"""Contract tests of the veRL 0.8.0 integration (src/sqlrl/integrations/verl.py).
+"""Contract tests of the veRL 0.8.0 integration (src/sqlrl/integrations/verl/).
 
 They need veRL, which pins numpy<2 and so lives in its own venv: run them with
 `scripts/verl-env.sh --test` (or `.venv-verl/bin/python -m pytest tests/integrations`). In the main venv
@@ -78,6 +78,21 @@ def test_default_config_passes_verl_validation_and_maps_fields():
     assert d["reward"]["custom_reward_function"]["name"] == "compute_score"
 
 
+def test_reward_function_file_loads_by_path_like_verl_does():
+    """veRL imports `custom_reward_function.path` as a file: it must be the reward module, loadable alone."""
+    import importlib.util
+    from pathlib import Path
+
+    from sqlrl.integrations.verl import reward, verl_overrides
+
+    fn = verl_overrides(_cfg())["custom_reward_function"]
+    assert fn == {"path": str(Path(reward.__file__).resolve()), "name": "compute_score"}
+    spec = importlib.util.spec_from_file_location("custom_module", fn["path"])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert callable(getattr(module, fn["name"]))
+
+
 def test_dynamic_sampling_is_refused_not_dropped():
     """A setting veRL's trainer cannot honour fails loudly instead of training something else (no veRL
     needed: the mapping is plain Python)."""
@@ -116,15 +131,16 @@ def test_unknown_verl_key_is_an_error_not_ignored(monkeypatch):
     from omegaconf.errors import ConfigKeyError
 
     import sqlrl.integrations.verl as v
+    import sqlrl.integrations.verl.config as vc
 
-    real = v.verl_overrides
+    real = vc.verl_overrides
 
     def with_typo(cfg, **kw):
         d = real(cfg, **kw)
         d["actor_rollout_ref"]["actor"]["clip_ratio_hihg"] = 0.3
         return d
 
-    monkeypatch.setattr(v, "verl_overrides", with_typo)
+    monkeypatch.setattr(vc, "verl_overrides", with_typo)
     with pytest.raises(ConfigKeyError):
         v.build_verl_config(_cfg(), validate=False)
 
@@ -227,7 +243,9 @@ def _spider_folder(root):
 
 
 @needs_verl
-def test_write_dataset_drops_unscorable_golds_and_reports_counts(tmp_path, monkeypatch, capsys):
+def test_write_dataset_drops_unscorable_golds_and_reports_counts(tmp_path, monkeypatch, caplog):
+    import logging
+
     import pandas as pd
 
     from sqlrl.integrations.verl import write_dataset
@@ -236,8 +254,9 @@ def test_write_dataset_drops_unscorable_golds_and_reports_counts(tmp_path, monke
     root = _spider_folder(tmp_path / "spider")
     monkeypatch.setenv("SQLRL_GOLD_CACHE", str(tmp_path / "gc"))
     cfg = _cfg(data={"path": str(root), "val_fraction": 0.2})
+    caplog.set_level(logging.INFO, logger="sqlrl")
     paths = write_dataset(cfg, tmp_path / "out")
-    printed = capsys.readouterr().out
+    printed = "\n".join(r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
     audit = json.loads(open(paths["gold_audit"]).read())
     assert paths["gold_audit"] == str(tmp_path / "out" / "gold_audit.json")
     total = {"written": 0, "gold_empty": 0, "gold_error": 0}
@@ -409,6 +428,8 @@ class _FakeAgentLoopWorker:
 
 @needs_verl
 def test_manager_masks_excluded_trajectories_and_they_add_nothing_to_the_update():
+    import pickle
+
     import torch
     from omegaconf import OmegaConf
     from verl import DataProto
@@ -424,6 +445,7 @@ def test_manager_masks_excluded_trajectories_and_they_add_nothing_to_the_update(
     rows += [("b", 1.0, 2, 0, None), ("b", 0.0, 3, 0, "sandbox worker crashed")]
     cls = v.SqlrlAgentLoopManager
     assert issubclass(cls, AgentLoopManager)
+    assert cls.__module__ == "sqlrl.integrations.verl" and pickle.loads(pickle.dumps(cls)) is cls
     manager = cls.__new__(cls)  # veRL's __init__ only stores config and handles; the workers are faked
     manager.agent_loop_workers = [_FakeAgentLoopWorker(rows)]
     prompts = DataProto.from_dict(tensors={"x": torch.zeros(len(rows), 1)})
@@ -482,21 +504,25 @@ print("after:", cls.__name__, fn.__module__, fn.__name__)
     r = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "before: Unknown advantage estimator simply: sqlrl_grpo" in r.stdout
-    assert "after: SqlrlAgentLoopManager sqlrl.integrations.verl compute_sqlrl_grpo_advantage" in r.stdout
+    assert (
+        "after: SqlrlAgentLoopManager sqlrl.integrations.verl.advantage compute_sqlrl_grpo_advantage"
+        in r.stdout
+    )
 
 
 @needs_verl
 def test_verl_validation_refuses_sqlrl_grpo_without_the_manager(monkeypatch):
     import sqlrl.integrations.verl as v
+    import sqlrl.integrations.verl.config as vc
 
-    real = v.verl_overrides
+    real = vc.verl_overrides
 
     def without_manager(cfg, **kw):
         d = real(cfg, **kw)
         d["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] = None
         return d
 
-    monkeypatch.setattr(v, "verl_overrides", without_manager)
+    monkeypatch.setattr(vc, "verl_overrides", without_manager)
     with pytest.raises(ValueError, match="agent_loop_manager_class"):
         v.build_verl_config(_cfg())
 

@@ -12,12 +12,11 @@ from sqlrl.generation.models import (
     BUILTIN_MODELS,
     DEFAULT_MODEL,
     ModelError,
-    _read_manifest,
-    _safe_name,
     cache_root,
     fetch_model,
     resolve_model,
 )
+from sqlrl.generation.sources import read_manifest, safe_name
 
 
 def cli_main(argv: list[str]) -> int:
@@ -51,26 +50,26 @@ def cli_main(argv: list[str]) -> int:
                 force=args.force,
                 save_gguf=args.save_gguf,
             )
-            m = _read_manifest(folder) or {}
+            m = read_manifest(folder) or {}
             print(f"{folder}  {m.get('weights_hash')}  ({time.perf_counter() - t0:.1f}s)")
             return 0
         if args.cmd == "info":
             res = resolve_model(args.name, cache_dir=args.cache, fetch=False)
             if res.kind == "hub":
                 raise ModelError(f"{args.name!r} is not cached (hub ids have no manifest)")
-            m = _read_manifest(Path(res.path))
+            m = read_manifest(Path(res.path))
             if m is None:
                 raise ModelError(f"{res.path} has no manifest.json (a plain Hugging Face folder)")
             print(json.dumps(m, indent=2))
             return 0
         root = cache_root(args.cache)
         cached = {
-            p.name: _read_manifest(p)
+            p.name: read_manifest(p)
             for p in sorted(root.glob("*"))
             if p.is_dir() and not p.name.startswith(".")
         }
         for n, spec in BUILTIN_MODELS.items():
-            m = cached.pop(_safe_name(n), None)
+            m = cached.pop(safe_name(n), None)
             state = f"cached {m.get('weights_hash')}" if m else "not cached"
             default = " (default)" if n == DEFAULT_MODEL else ""
             print(

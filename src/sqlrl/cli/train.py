@@ -1,4 +1,4 @@
-"""`sqlrl train`: GRPO from a TOML run file, in this process or on veRL (`--engine verl`)."""
+"""`sqlrl train`."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def _launch_verl(a) -> int:
     run folder, then runs `python -m verl.trainer.main_ppo` there (veRL is never vendored or re-implemented)."""
     import subprocess
 
-    from sqlrl.cli.verl_config import cli_main as write_verl_config
+    from sqlrl.cli.verl_config import cli_main as verl_config_main
 
     out = Path(a.out or f"runs/{Path(a.config).stem}-verl").resolve()
     args = [
@@ -94,7 +94,7 @@ def _launch_verl(a) -> int:
         args += ["--set", ov]
     if a.model_path:
         args += ["--model-path", a.model_path]
-    rc = write_verl_config(args)
+    rc = verl_config_main(args)
     if rc != 0:
         return rc
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(out), "--config-name", "verl"]

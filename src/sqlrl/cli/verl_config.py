@@ -8,8 +8,8 @@ from pathlib import Path
 from sqlrl.integrations.verl import (
     VERL_VERSION,
     VerlUnavailable,
-    _require_verl,
     build_verl_config,
+    require_verl,
     write_agent_loop_registry,
     write_dataset,
 )
@@ -44,7 +44,7 @@ def cli_main(argv: list[str] | None = None) -> int:
         print(f"error: {e}")
         return 2
     try:
-        _require_verl()
+        require_verl()
     except VerlUnavailable as e:
         print(f"error: {e}")
         return 2

@@ -1,4 +1,4 @@
-"""generation.device."""
+"""The device and dtypes a run uses, and freeing cached GPU memory."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from sqlrl.config import Config, ConfigError
 
 
 def pick_device(device: str) -> str:
+    """``device``, or for ``"auto"`` ``"cuda"`` when torch sees a GPU, else ``"cpu"``."""
     if device != "auto":
         return device
     try:
@@ -19,9 +20,8 @@ def pick_device(device: str) -> str:
 
 
 def device_and_dtypes(cfg: Config):
+    """``(device, generation dtype)`` of a run config; ConfigError when CUDA is asked for but absent."""
     import torch
-
-    from sqlrl.generation.device import pick_device
 
     device = pick_device(cfg.run.device)
     if device == "cuda" and not torch.cuda.is_available():

@@ -1,43 +1,34 @@
 """Policies: token ids in, token ids + log-probs out.
 
-``HFPolicy`` wraps a local Hugging Face model and calls ``staticgen.generate_static`` (``engine="static"``:
-static KV cache, CUDA-graph decode), ``fastgen.generate_fast`` (``engine="fast"``) or
-``fastgen.generate_reference`` (``engine="hf"``, plain ``model.generate``); ``engine="auto"`` (default)
-is ``static`` for the model families it supports (Llama, Qwen2) and ``fast`` otherwise. ``OpenAIPolicy`` talks to an
-OpenAI-compatible ``/v1/completions`` server (e.g. vLLM) with the standard library only.
+``HFPolicy`` wraps a local Hugging Face model and decodes with ``staticgen`` (``engine="static"``),
+``fastgen.generate_fast`` (``"fast"``) or ``fastgen.generate_reference`` (``"hf"``, plain
+``model.generate``); ``"auto"`` (default) is ``static`` for the families it supports (Llama, Qwen2),
+else ``fast``. ``OpenAIPolicy`` talks to an OpenAI-compatible ``/v1/completions`` server (e.g. vLLM)
+with the standard library only.
 
-Guarantees
-----------
-* Prompts are token ids and are never re-tokenized; one ``Generation`` per prompt, in input order.
-* ``Generation.token_ids`` include the stop token when one was produced (``finish_reason="stop"``);
-  ``logprobs`` has one entry per token id. For ``HFPolicy`` they are the log-probs under
-  ``logits / temperature`` (raw logits for greedy), as defined by ``fastgen``. ``text`` is
-  ``tokenizer.decode(token_ids, skip_special_tokens=True)``.
-* ``HFPolicy.generate`` runs the model in eval mode under ``torch.no_grad`` and restores the previous
-  train/eval mode afterwards.
-* ``HFPolicy.generate`` that runs out of GPU memory is redone with half the batch (``max_batch``, or
-  ``batch_size`` for ``"hf"``), down to one sequence; the smaller batch is kept and each change is
-  appended to ``memory_adjustments``. The sampling draws do not depend on the batch; the logits can
-  differ in the last bits with the batch composition (bfloat16).
-* ``HFPolicy.identity`` is the weights hash given at construction (or computed); it is *not*
-  recomputed automatically when the weights change: call ``refresh_identity()`` (or assign it).
-* ``OpenAIPolicy`` raises ``PolicyInfraError`` (the agent's class, ``sqlrl.agent.loop.PolicyInfraError``)
-  for every infrastructure failure: connection errors, timeouts, HTTP errors, malformed answers. The
-  agent counts those as infra failures, never as wrong answers.
+What is covered:
+- Prompts are token ids, never re-tokenized; one ``Generation`` per prompt, in input order, whose
+  ``token_ids`` include the stop token when one was produced (``finish_reason="stop"``), with one
+  log-prob per token (``HFPolicy``: under ``logits / temperature``, raw logits for greedy) and
+  ``text = tokenizer.decode(token_ids, skip_special_tokens=True)``.
+- ``HFPolicy.generate`` runs in eval mode under ``torch.no_grad`` and restores the train/eval mode; on
+  a GPU out-of-memory error it retries with half the batch, down to one sequence, keeps the smaller
+  batch and appends each change to ``memory_adjustments`` (sampling draws do not depend on the batch).
+- ``OpenAIPolicy`` raises ``PolicyInfraError`` for every infrastructure failure (connection, timeout,
+  HTTP error, malformed answer), which the agent counts as infra failures, never as wrong answers.
 
-Not guaranteed
---------------
-* ``OpenAIPolicy``: token ids of the completion are only returned when the server provides them
-  (vLLM: ``return_token_ids`` / ``return_tokens_as_token_ids``); otherwise ``token_ids`` is empty.
-  Servers usually report log-probs of the *unscaled* model distribution (not ``logits / temperature``),
-  and ``seed`` is honoured only if the server supports it. Its ``identity`` is a label
-  (``openai:<base_url>#<model>``), not a weights hash, unless one is passed.
+What is not:
+- ``HFPolicy.identity`` is not recomputed when the weights change: call ``refresh_identity()``.
+- ``OpenAIPolicy`` returns token ids only when the server provides them (vLLM: ``return_token_ids``);
+  servers usually report log-probs of the *unscaled* distribution; ``seed`` is honoured only if the
+  server supports it; its ``identity`` is a label (``openai:<base_url>#<model>``) unless one is passed.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import logging
 import time
 import urllib.error
 import urllib.request
@@ -45,6 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlrl.agent.loop import PolicyInfraError
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Generation", "HFPolicy", "OpenAIPolicy", "PolicyInfraError", "eos_token_ids"]
 
@@ -236,8 +229,6 @@ class HFPolicy:
         and halve the batch (kept for the rest of this policy's life, recorded in
         ``memory_adjustments``). Sampling draws depend on (seed, prompt index, step), not on the batch,
         so the retry draws the same random numbers. Raises RuntimeError when the batch is already 1."""
-        import sys
-
         from sqlrl.generation.device import free_memory
 
         if self.engine == "static":
@@ -254,10 +245,9 @@ class HFPolicy:
             )
         setattr(self, attr, max(1, size // 2))
         self.memory_adjustments.append({"engine": self.engine, attr: getattr(self, attr)})
-        print(
+        log.warning(
             f"sqlrl: generation ran out of GPU memory at {size} sequences per batch; retrying with "
-            f"{getattr(self, attr)} (run.gen_max_batch; kept from now on)",
-            file=sys.stderr,
+            f"{getattr(self, attr)} (run.gen_max_batch; kept from now on)"
         )
 
 

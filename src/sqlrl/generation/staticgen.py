@@ -1,60 +1,27 @@
 """Static-KV-cache decoding with CUDA-graph replay (the ``"static"`` generation engine).
 
-Same contract as :func:`sqlrl.generation.fastgen.generate_fast` (and ``generate_reference``)::
+Same contract as ``fastgen.generate_fast`` (see ``sqlrl.generation.decoding``). ``generate_fast`` calls
+the Hugging Face ``forward`` every decode step (~80 ms per step on an H200 whatever the batch: 4-D
+masks, a growing cache, ~1,000 small kernel launches). Here the decode step is a short function over
+the model's own sub-modules (embedding, RMSNorms, q/k/v/o projections, MLP, rotary embedding, lm head)
+against a preallocated KV cache, captured on CUDA once per (decode rows, context bucket) as a CUDA
+graph and replayed: one launch per step (bench/results/generate_h200.txt: 12,521 tok/s for 64 x 8 GRPO
+sampling of Spider SQL, 10.0x plain ``generate`` greedy). ``generate_static`` says how slots,
+prefill, decode and compaction work.
 
-    generate_static(model, prompts, *, max_new_tokens, temperature=0.0, top_p=1.0, seed=None,
-                    eos_token_ids, pad_token_id, max_batch=256, prefill_tokens=32768, check_every=8,
-                    use_graphs=None, stats=None)
-    -> list[(token_ids, logprobs, finish_reason)]     # one per prompt, in input order
+What is covered:
+- Llama and Qwen2 families (``model_type`` ``llama`` / ``qwen2``, full attention, no q/k norms),
+  optionally PEFT-wrapped; :func:`supports` says whether a model qualifies (``HFPolicy`` falls back
+  to ``fastgen`` otherwise).
+- Sampling is ``decoding.choose``: given equal logits both engines draw equal tokens.
+- Greedy identity with plain ``generate`` in float32 on the CPU test models (the decode step does the
+  model's own operations; attention is eager softmax(q k^T * scale) v with a float32 softmax).
+- In-place weight updates (``param.copy_``, optimizer steps) are seen by the next graph replay.
 
-Why it exists: ``fastgen.generate_fast`` calls the Hugging Face ``forward`` for every decode step. On an
-H200 that costs ~80 ms per step whatever the batch (building 4-D masks, growing the cache, ~1,000 small
-kernel launches), so a 0.5B model decodes at ~600-700 tokens/s. Here the decode step is a short function
-written over the model's own sub-modules (embedding, RMSNorms, q/k/v/o projections, MLP, rotary
-embedding, lm head), run against a preallocated KV cache, and on CUDA captured once per
-(decode rows, context bucket) as a CUDA graph and replayed: one launch per step. Measured on one
-H200 (bench/results/generate_h200.txt): 12,521 tok/s for 64 x 8 GRPO sampling of Spider SQL, 10.0x
-plain ``generate`` greedy.
-
-How it works
-------------
-* **Slots.** A KV cache ``[layers, slots, kv_heads, T_max, head_dim]`` is allocated once per call shape
-  and kept on the model between calls (``model._sqlrl_static``), so graphs are captured once per
-  process. Every sequence owns one slot; its prompt KV sits in columns ``0..p-1`` (no padding inside a
-  slot) and decode step ``k`` writes column ``p+k``. The attention mask is ``column <= position``.
-* **Prefill** runs the model's Hugging Face ``forward`` (``DynamicCache``, left padding, explicit
-  position ids, ``logits_to_keep=1``) on chunks of prompts (at most ``prefill_tokens`` padded tokens),
-  longest first; each row's KV is copied into its slot(s). Identical prompts are prefilled once (GRPO
-  groups: 64 prompts x 8 samples -> 64 prefills); under greedy decoding copies share one sequence.
-* **Decode** runs ``check_every`` steps between host synchronisations. At a synchronisation finished
-  slots are harvested and refilled with waiting prompts (continuous batching at slot granularity), and
-  the attention span is the smallest 256-column bucket covering every live slot, so short contexts do
-  not pay for ``T_max``. New sequences take the lowest free slots, and only the first ``rows`` slots
-  are decoded (the smallest power of two >= the live count, at least ``MIN_ROWS``): as sequences finish,
-  the stragglers are moved down (their KV columns copied) and the batch halves, so the tail of a
-  GRPO batch does not pay for 512 slots. Graphs are captured per (rows, span) on first use.
-* **Sampling** is ``fastgen``'s: the same hash-based inverse-CDF draws (a pure function of
-  ``(seed, input index, step)``), temperature and top-p, and the same log-prob definition; given equal
-  logits both engines draw equal tokens.
-
-Guarantees and non-guarantees
------------------------------
-* Supported models: Hugging Face Llama and Qwen2 families (``model_type`` ``llama`` or ``qwen2``, full
-  attention in every layer, no q/k norms), optionally wrapped by PEFT. :func:`supports` says whether a
-  model qualifies; ``HFPolicy`` falls back to ``fastgen`` otherwise.
-* Identity with plain ``generate`` (greedy): the decode step performs the same operations as the
-  model's ``forward`` (its own modules and rotary embedding; attention as eager softmax(q k^T * scale)
-  v with the softmax in float32, grouped-query heads read their KV head without copying it), but the
-  attention kernel, span and batch differ, so sums differ in the last bits. In
-  float32 that does not flip an argmax on the CPU test models (tests assert exact token identity); in
-  bfloat16 near-ties can flip. ``bench/bench_generate.py`` reports the identity rate in both dtypes.
-* CUDA graphs: used when the model is on CUDA and ``use_graphs`` is not False. The graphs read the
-  model's parameters by address: updating weights in place (``param.copy_``, optimizer steps) is seen
-  by the next replay; replacing parameter tensors is not (call :func:`release` after doing that).
-  Without CUDA (tests, CPU users) the same step runs eagerly.
-* Memory: the cache costs ``2 x layers x kv_heads x head_dim x bytes`` per slot and column (Qwen2.5-0.5B
-  in bf16: 12 KiB), e.g. 512 slots x 2,304 columns = 13.5 GiB, plus one prefill chunk of activations
-  and the graph's workspace (logits of ``slots x vocab``).
+What is not:
+- Bitwise identity in bfloat16 (attention kernel, span and batch differ: near-ties can flip).
+- Replaced parameter tensors are not seen by captured graphs: call :func:`release` after that.
+- Without CUDA (tests, CPU users) the same step runs eagerly, without graphs.
 """
 
 from __future__ import annotations
@@ -63,15 +30,17 @@ import heapq
 import sys
 import time
 
-from sqlrl.generation.fastgen import (
+from sqlrl.generation.decoding import (
+    DecodeRun,
     GenStats,
-    _check_args,
-    _choose,
-    _device_of,
-    _left_pad,
-    _reset_peak,
-    _Run,
-    _sync,
+    cache_kwarg,
+    check_args,
+    choose,
+    device_of,
+    kv_layers,
+    left_pad,
+    reset_peak,
+    sync,
 )
 
 __all__ = ["generate_static", "release", "supports"]
@@ -113,7 +82,14 @@ def supports(model) -> tuple[bool, str]:
 
 
 class _Engine:
-    """Static cache + captured decode graphs for one model, slot count and maximum context."""
+    """Static cache + captured decode graphs for one model, slot count and maximum context.
+
+    The KV cache ``[layers, slots, kv_heads, T_max, head_dim]`` is allocated once per call shape and
+    kept on the model between calls (``model._sqlrl_static``), so graphs are captured once per process.
+    It costs ``2 x layers x kv_heads x head_dim x bytes`` per slot and column (Qwen2.5-0.5B in bf16:
+    12 KiB; 512 slots x 2,304 columns = 13.5 GiB), plus one prefill chunk of activations and the
+    graph's workspace (logits of ``slots x vocab``). Graphs read the parameters by address.
+    """
 
     def __init__(self, model, slots: int, t_max: int, use_graphs: bool):
         import torch
@@ -267,89 +243,59 @@ def _engine(model, slots: int, t_max: int, use_graphs: bool) -> _Engine:
     return eng
 
 
-def generate_static(
-    model,
-    prompts: list[list[int]],
-    *,
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    seed: int | None = None,
-    eos_token_ids: list[int],
-    pad_token_id: int,
-    max_batch: int = 256,
-    prefill_tokens: int = 32768,
-    check_every: int = 8,
-    use_graphs: bool | None = None,
-    stats: GenStats | None = None,
-) -> list[tuple[list[int], list[float], str]]:
-    """Static-cache batched generation; same contract as ``fastgen.generate_fast`` (module docstring)."""
-    import torch
-    from transformers import DynamicCache
+class _StaticDecoder:
+    """One ``generate_static`` call over an engine's slots: prefill into free slots, harvests,
+    compaction of stragglers into the low slots, and the decode steps."""
 
-    from sqlrl.generation.fastgen import _cache_kwarg, _kv_layers
+    def __init__(self, model, run: DecodeRun, eng: _Engine, *, max_new_tokens, temperature, top_p, opts):
+        import torch
 
-    global last_stats
-    _check_args(prompts, max_new_tokens, temperature, top_p, eos_token_ids)
-    if max_batch < 1 or check_every < 1:
-        raise ValueError("max_batch and check_every must be >= 1")
-    ok, why = supports(model)
-    if not ok:
-        raise ValueError(f"generate_static does not support this model: {why}; use fastgen.generate_fast")
-    device = _device_of(model)
-    run = _Run(
-        "static",
-        prompts,
-        temperature=temperature,
-        seed=seed,
-        eos_token_ids=eos_token_ids,
-        max_batch=max_batch,
-        device=device,
-        stats=stats,
-    )
-    seed, eos_t, st, jobs = run.seed, run.eos_t, run.st, run.jobs
-    cache_kw = _cache_kwarg(model)
-    order = run.order
-    n_rows = sum(len(j[1]) for j in jobs)
-    slots = min(max_batch, n_rows)
-    if device.type == "cuda":  # round up so a few graph shapes serve every call
-        slots = min(max_batch, 1 << (slots - 1).bit_length())
-    longest = max(len(p) for p in prompts)
-    t_need = longest + max_new_tokens + check_every + 1
-    t_max = -(-t_need // BUCKET) * BUCKET
-    if use_graphs is None:
-        use_graphs = device.type == "cuda"
-    eng = _engine(model, slots, t_max, bool(use_graphs))
-    S = eng.slots
+        self.model = model
+        self.run = run
+        self.eng = eng
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.pad_token_id, self.max_batch, self.prefill_tokens, self.check_every = opts
+        device = self.device = run.device
+        self.cache_kw = cache_kwarg(model)
+        S = self.S = eng.slots
+        pad_token_id = self.pad_token_id
+        self.gen_tok = torch.full((S, max_new_tokens + 1), pad_token_id, dtype=torch.long, device=device)
+        self.gen_lp = torch.zeros((S, max_new_tokens + 1), dtype=torch.float32, device=device)
+        self.ngen = torch.zeros(S, dtype=torch.long, device=device)
+        self.finished = torch.ones(S, dtype=torch.bool, device=device)  # free slots count as finished
+        self.seq_ids = torch.zeros(S, dtype=torch.long, device=device)
+        self.owner: list[int | None] = [None] * S  # job of each slot
+        self.cap = min(S, self.max_batch)  # a reused engine may have more slots than this call may use
+        eng.pos.zero_()  # no stale positions from an earlier call (they would widen the span)
+        eng.tok.fill_(pad_token_id)
+        self.free = list(range(self.cap))  # a min-heap: new sequences take the lowest free slots
+        self.waiting = list(run.order)
+        self.wpos = 0
+        self.spans: set[int] = set()
+        self.row_buckets: set[int] = set()
 
-    gen_tok = torch.full((S, max_new_tokens + 1), pad_token_id, dtype=torch.long, device=device)
-    gen_lp = torch.zeros((S, max_new_tokens + 1), dtype=torch.float32, device=device)
-    ngen = torch.zeros(S, dtype=torch.long, device=device)
-    finished = torch.ones(S, dtype=torch.bool, device=device)  # free slots count as finished
-    seq_ids = torch.zeros(S, dtype=torch.long, device=device)
-    owner: list[int | None] = [None] * S  # job of each slot
-    cap = min(S, max_batch)  # a reused engine may have more slots than this call may use
-    eng.pos.zero_()  # no stale positions from an earlier call (they would widen the span)
-    eng.tok.fill_(pad_token_id)
-    free = list(range(cap))  # a min-heap: new sequences take the lowest free slots
-    waiting = list(order)
-    wpos = 0
+    def prefill(self, job_ids: list[int]) -> None:
+        """Prefill the prompts of ``job_ids``, copy their KV into free slots, draw their first tokens."""
+        import torch
+        from transformers import DynamicCache
 
-    def prefill(job_ids: list[int]) -> None:
+        jobs, eng, device, free, owner = self.run.jobs, self.eng, self.device, self.free, self.owner
         plist = [jobs[j][0] for j in job_ids]
-        ids, mask = _left_pad(plist, pad_token_id, device)
+        ids, mask = left_pad(plist, self.pad_token_id, device)
         width = ids.shape[1]
         pos = (mask.cumsum(-1) - 1).clamp_(min=0)
         cache = DynamicCache()
-        out = model(
+        out = self.model(
             input_ids=ids,
             attention_mask=mask,
             position_ids=pos,
             use_cache=True,
             logits_to_keep=1,
-            **{cache_kw: cache},
+            **{self.cache_kw: cache},
         )
-        layers = _kv_layers(cache)
+        layers = kv_layers(cache)
         keys = torch.stack([layer.keys for layer in layers])  # [L, b, Hkv, width, D]
         vals = torch.stack([layer.values for layer in layers])  # [L, b, Hkv, width, D]
         logits = out.logits[:, -1, :]  # [b, V]
@@ -367,131 +313,227 @@ def generate_static(
                 sids.append(sid)
         d = torch.tensor(dst, dtype=torch.long, device=device)
         eng.pos[d] = torch.tensor(plens, dtype=torch.long, device=device)
-        seq_ids[d] = torch.tensor(sids, dtype=torch.long, device=device)
+        self.seq_ids[d] = torch.tensor(sids, dtype=torch.long, device=device)
         sidx = torch.tensor(src, dtype=torch.long, device=device)
         zero = torch.zeros(len(dst), dtype=torch.long, device=device)
-        tok, lp = _choose(logits.index_select(0, sidx), temperature, top_p, seed, seq_ids[d], zero)
-        gen_tok[d, 0] = tok
-        gen_lp[d, 0] = lp
-        ngen[d] = 1
+        tok, lp = choose(
+            logits.index_select(0, sidx), self.temperature, self.top_p, self.run.seed, self.seq_ids[d], zero
+        )
+        self.gen_tok[d, 0] = tok
+        self.gen_lp[d, 0] = lp
+        self.ngen[d] = 1
         eng.tok[d] = tok
-        finished[d] = torch.isin(tok, eos_t) | (max_new_tokens <= 1)
-        st.batches += 1
+        self.finished[d] = torch.isin(tok, self.run.eos_t) | (self.max_new_tokens <= 1)
+        self.run.st.batches += 1
 
-    def admit() -> None:
-        nonlocal wpos
+    def admit(self) -> None:
+        """Prefill waiting jobs (longest first, in chunks) into the free slots."""
+        jobs, waiting, st = self.run.jobs, self.waiting, self.run.st
         t_prefill = time.perf_counter()
-        while wpos < len(waiting) and len(free) >= len(jobs[waiting[wpos]][1]):
+        while self.wpos < len(waiting) and len(self.free) >= len(jobs[waiting[self.wpos]][1]):
             chunk: list[int] = []
-            width = len(jobs[waiting[wpos]][0])  # longest first -> the first job is the widest
-            room = len(free)
-            while wpos < len(waiting):
-                j = waiting[wpos]
+            width = len(jobs[waiting[self.wpos]][0])  # longest first -> the first job is the widest
+            room = len(self.free)
+            while self.wpos < len(waiting):
+                j = waiting[self.wpos]
                 need = len(jobs[j][1])
-                if need > room or (chunk and (len(chunk) + 1) * width > prefill_tokens):
+                if need > room or (chunk and (len(chunk) + 1) * width > self.prefill_tokens):
                     break
                 chunk.append(j)
                 room -= need
-                wpos += 1
-            prefill(chunk)
+                self.wpos += 1
+            self.prefill(chunk)
             st.refills += 1
         st.prefill_s += time.perf_counter() - t_prefill
 
-    def harvest(done: list[int]) -> None:
-        idx = torch.tensor(done, dtype=torch.long, device=device)
-        toks = gen_tok.index_select(0, idx).tolist()
-        lps = gen_lp.index_select(0, idx).tolist()
-        ngens = ngen.index_select(0, idx).tolist()
-        sids = seq_ids.index_select(0, idx).tolist()
-        for r, s in enumerate(done):
-            run.store(owner[s], int(sids[r]), toks[r], lps[r], ngens[r], max_new_tokens)  # type: ignore[arg-type]
-            owner[s] = None
-            heapq.heappush(free, s)
-        eng.pos[idx] = 0
-        eng.tok[idx] = pad_token_id
-        gen_tok[idx] = pad_token_id
-        ngen[idx] = 0
+    def harvest(self, done: list[int]) -> None:
+        """Store the results of the finished slots ``done`` and free them."""
+        import torch
 
-    def compact(live: list[int], rows: int, span: int) -> None:
+        eng, pad = self.eng, self.pad_token_id
+        idx = torch.tensor(done, dtype=torch.long, device=self.device)
+        toks = self.gen_tok.index_select(0, idx).tolist()
+        lps = self.gen_lp.index_select(0, idx).tolist()
+        ngens = self.ngen.index_select(0, idx).tolist()
+        sids = self.seq_ids.index_select(0, idx).tolist()
+        for r, s in enumerate(done):
+            self.run.store(self.owner[s], int(sids[r]), toks[r], lps[r], ngens[r], self.max_new_tokens)  # type: ignore[arg-type]
+            self.owner[s] = None
+            heapq.heappush(self.free, s)
+        eng.pos[idx] = 0
+        eng.tok[idx] = pad
+        self.gen_tok[idx] = pad
+        self.ngen[idx] = 0
+
+    def compact(self, live: list[int], rows: int, span: int) -> None:
         """Move the live slots at index >= rows into free slots below rows (KV columns < span)."""
-        nonlocal free
+        import torch
+
+        eng, owner, device = self.eng, self.owner, self.device
         movers = [s for s in live if s >= rows]
-        targets = sorted(x for x in free if x < rows)[: len(movers)]
+        targets = sorted(x for x in self.free if x < rows)[: len(movers)]
         src = torch.tensor(movers, dtype=torch.long, device=device)
         dst = torch.tensor(targets, dtype=torch.long, device=device)
         eng.k[:, dst, :, :span] = eng.k[:, src, :, :span]
         eng.v[:, dst, :, :span] = eng.v[:, src, :, :span]
-        for t in (eng.pos, eng.tok, gen_tok, gen_lp, ngen, finished, seq_ids):
+        for t in (eng.pos, eng.tok, self.gen_tok, self.gen_lp, self.ngen, self.finished, self.seq_ids):
             t[dst] = t[src]
         eng.pos[src] = 0
-        eng.tok[src] = pad_token_id
-        finished[src] = True
+        eng.tok[src] = self.pad_token_id
+        self.finished[src] = True
         for a, b in zip(movers, targets):
             owner[b], owner[a] = owner[a], None
         taken = set(targets)
-        free = [x for x in free if x not in taken] + movers
+        free = [x for x in self.free if x not in taken] + movers
         heapq.heapify(free)
-        st.compactions += 1
+        self.free = free
+        self.run.st.compactions += 1
 
-    _reset_peak(device)
-    _sync(device)
+    def decode(self, span: int, rows: int, n_live: int) -> None:
+        """``check_every`` decode steps of the first ``rows`` slots over ``span`` columns."""
+        import torch
+
+        eng, st, pad, max_new_tokens = self.eng, self.run.st, self.pad_token_id, self.max_new_tokens
+        gen_tok, gen_lp, ngen, finished = self.gen_tok, self.gen_lp, self.ngen, self.finished
+        for _ in range(self.check_every):
+            logits = eng.step(span, rows)  # [rows, V]
+            st.decode_steps += 1
+            st.row_steps += n_live
+            tok, lp = choose(
+                logits, self.temperature, self.top_p, self.run.seed, self.seq_ids[:rows], ngen[:rows]
+            )
+            fin = finished[:rows].clone()
+            nrow = ngen[:rows]
+            tok = torch.where(fin, torch.full_like(tok, pad), tok)
+            col = torch.where(fin, torch.full_like(nrow, max_new_tokens), nrow)[:, None]
+            gen_tok[:rows].scatter_(1, col, tok[:, None])
+            gen_lp[:rows].scatter_(1, col, lp[:, None])
+            nrow.add_((~fin).long())
+            finished[:rows] = fin | torch.isin(tok, self.run.eos_t) | (nrow >= max_new_tokens)
+            eng.pos[:rows].add_((~fin).long())
+            eng.tok[:rows].copy_(tok)
+
+    def loop(self) -> None:
+        """Harvest, refill, pick the span and row bucket, decode, until every job is harvested."""
+        S, owner, eng = self.S, self.owner, self.eng
+        while True:
+            fin_l = self.finished.tolist()
+            done = [s for s in range(S) if owner[s] is not None and fin_l[s]]
+            if done:
+                self.harvest(done)
+            waiting_left = self.wpos < len(self.waiting)
+            if waiting_left and (len(self.free) >= max(1, self.cap // 8) or len(self.free) == self.cap):
+                self.admit()
+            live = [s for s in range(S) if owner[s] is not None]
+            if not live:
+                if self.wpos < len(self.waiting):
+                    continue
+                break
+            self.run.st.max_active = max(self.run.st.max_active, len(live))
+            # every live slot's position stays below the span for the next check_every steps
+            span = -(-(int(eng.pos.max().item()) + self.check_every + 1) // BUCKET) * BUCKET
+            span = min(span, eng.t_max)
+            # decode only the first `rows` slots (a power of two >= MIN_ROWS): the batch shrinks
+            # as sequences finish, moving stragglers down when that halves the work
+            rows = min(S, max(MIN_ROWS, 1 << (len(live) - 1).bit_length()))
+            if live[-1] >= rows:
+                self.compact(live, rows, span)
+            self.spans.add(span)
+            self.row_buckets.add(rows)
+            self.decode(span, rows, len(live))
+
+
+def generate_static(
+    model,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    eos_token_ids: list[int],
+    pad_token_id: int,
+    max_batch: int = 256,
+    prefill_tokens: int = 32768,
+    check_every: int = 8,
+    use_graphs: bool | None = None,
+    stats: GenStats | None = None,
+) -> list[tuple[list[int], list[float], str]]:
+    """Static-cache batched generation; same contract as ``fastgen.generate_fast``.
+
+    * Slots: every sequence owns one slot of the engine's KV cache; its prompt KV sits in columns
+      ``0..p-1`` (no padding inside a slot), decode step ``k`` writes column ``p+k``; the attention
+      mask is ``column <= position``.
+    * Prefill runs the model's HF ``forward`` (``DynamicCache``, left padding, explicit position ids,
+      ``logits_to_keep=1``) on chunks of at most ``prefill_tokens`` padded tokens, longest first, and
+      copies each row's KV into its slot(s); identical prompts are prefilled once.
+    * Decode runs ``check_every`` steps between host synchronisations. At a synchronisation finished
+      slots are harvested and refilled (continuous batching at slot granularity); the attention span
+      is the smallest ``BUCKET``-column bucket covering every live slot. New sequences take the lowest
+      free slots and only the first ``rows`` slots are decoded (the smallest power of two >= the live
+      count, at least ``MIN_ROWS``): stragglers are moved down so the batch halves as sequences finish.
+    * CUDA graphs are captured per (rows, span) on first use when the model is on CUDA and
+      ``use_graphs`` is not False; a failed capture warns and decodes eagerly.
+    """
+    import torch
+
+    global last_stats
+    check_args(prompts, max_new_tokens, temperature, top_p, eos_token_ids)
+    if max_batch < 1 or check_every < 1:
+        raise ValueError("max_batch and check_every must be >= 1")
+    ok, why = supports(model)
+    if not ok:
+        raise ValueError(f"generate_static does not support this model: {why}; use fastgen.generate_fast")
+    device = device_of(model)
+    run = DecodeRun(
+        "static",
+        prompts,
+        temperature=temperature,
+        seed=seed,
+        eos_token_ids=eos_token_ids,
+        max_batch=max_batch,
+        device=device,
+        stats=stats,
+    )
+    n_rows = sum(len(j[1]) for j in run.jobs)
+    slots = min(max_batch, n_rows)
+    if device.type == "cuda":  # round up so a few graph shapes serve every call
+        slots = min(max_batch, 1 << (slots - 1).bit_length())
+    longest = max(len(p) for p in prompts)
+    t_need = longest + max_new_tokens + check_every + 1
+    t_max = -(-t_need // BUCKET) * BUCKET
+    if use_graphs is None:
+        use_graphs = device.type == "cuda"
+    eng = _engine(model, slots, t_max, bool(use_graphs))
+    decoder = _StaticDecoder(
+        model,
+        run,
+        eng,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        opts=(pad_token_id, max_batch, prefill_tokens, check_every),
+    )
+    reset_peak(device)
+    sync(device)
     t0 = time.perf_counter()
     was_training = model.training
     model.eval()
-    spans: set[int] = set()
-    row_buckets: set[int] = set()
     try:
         with torch.inference_mode():
-            while True:
-                fin_l = finished.tolist()
-                done = [s for s in range(S) if owner[s] is not None and fin_l[s]]
-                if done:
-                    harvest(done)
-                if wpos < len(waiting) and (len(free) >= max(1, cap // 8) or len(free) == cap):
-                    admit()
-                live = [s for s in range(S) if owner[s] is not None]
-                if not live:
-                    if wpos < len(waiting):
-                        continue
-                    break
-                st.max_active = max(st.max_active, len(live))
-                # every live slot's position stays below the span for the next check_every steps
-                span = -(-(int(eng.pos.max().item()) + check_every + 1) // BUCKET) * BUCKET
-                span = min(span, eng.t_max)
-                # decode only the first `rows` slots (a power of two >= MIN_ROWS): the batch shrinks
-                # as sequences finish, moving stragglers down when that halves the work
-                rows = min(S, max(MIN_ROWS, 1 << (len(live) - 1).bit_length()))
-                if live[-1] >= rows:
-                    compact(live, rows, span)
-                spans.add(span)
-                row_buckets.add(rows)
-                for _ in range(check_every):
-                    logits = eng.step(span, rows)  # [rows, V]
-                    st.decode_steps += 1
-                    st.row_steps += len(live)
-                    tok, lp = _choose(logits, temperature, top_p, seed, seq_ids[:rows], ngen[:rows])
-                    fin = finished[:rows].clone()
-                    nrow = ngen[:rows]
-                    tok = torch.where(fin, torch.full_like(tok, pad_token_id), tok)
-                    col = torch.where(fin, torch.full_like(nrow, max_new_tokens), nrow)[:, None]
-                    gen_tok[:rows].scatter_(1, col, tok[:, None])
-                    gen_lp[:rows].scatter_(1, col, lp[:, None])
-                    nrow.add_((~fin).long())
-                    finished[:rows] = fin | torch.isin(tok, eos_t) | (nrow >= max_new_tokens)
-                    eng.pos[:rows].add_((~fin).long())
-                    eng.tok[:rows].copy_(tok)
+            decoder.loop()
     finally:
         model.train(was_training)
     extra = {
-        "slots": S,
+        "slots": eng.slots,
         "t_max": eng.t_max,
         "check_every": check_every,
         "cuda_graphs": eng.use_graphs,
         "graphs_captured": len(eng.graphs),
         "graph_error": eng.graph_error,
-        "spans": sorted(spans),
-        "row_buckets": sorted(row_buckets),
+        "spans": sorted(decoder.spans),
+        "row_buckets": sorted(decoder.row_buckets),
     }
     out = run.finish(t0, "staticgen", extra)
-    last_stats = st
+    last_stats = run.st
     return out

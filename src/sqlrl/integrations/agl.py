@@ -1,33 +1,27 @@
 """Agent Lightning (0.3.x) adapter: a ``LitAgent`` whose rollout is sqlrl's own agent and reward.
 
-Agent Lightning 1.0.x needs Python >= 3.12; this targets ``agentlightning==0.3.0`` (Python 3.11), in its
-own venv (``scripts/agl-env.sh``: it pulls litellm[proxy], agentops and opentelemetry, which sqlrl's main
-venv should not carry).
+Targets ``agentlightning==0.3.0`` (Python 3.11; 1.0.x needs >= 3.12) in its own venv
+(``scripts/agl-env.sh``: it pulls litellm[proxy], agentops and opentelemetry). One rollout
+(``SqlrlLitAgent.rollout``): the task is a dict made by ``task_to_agl`` (the public task fields plus a
+reference to the gold: data folder, split, task id); the LLM resource Agent Lightning hands out
+(``LLM``, or ``ProxyLLM`` with its per-rollout URL) becomes a ``sqlrl.generation.policy.OpenAIPolicy``
+(token-in/token-out ``/v1/completions``); ``sqlrl.agent.loop.run_agent`` runs the trajectory; then
+the gold is resolved (``private_lookup(ref)``, default: the Spider-layout data folder) and sqlrl's
+``Evaluator`` scores ``final_sql``; its value is the rollout's final reward.
 
-One rollout (`SqlrlLitAgent.rollout`):
-1. the task is a dict made by `task_to_agl` (the PUBLIC task fields plus a reference to the gold:
-   data folder, split, task id; the gold SQL itself is never in the task);
-2. the LLM resource Agent Lightning hands out (``LLM`` or ``ProxyLLM``; for a proxy, the per-rollout
-   URL ``get_base_url(rollout_id, attempt_id)``, so the proxy can attribute the calls) becomes a
-   `sqlrl.generation.policy.OpenAIPolicy` (token-in/token-out ``/v1/completions``);
-3. `sqlrl.agent.loop.run_agent` runs the trajectory (same prompts, budgets, stopping rules and SQL sandbox as
-   the single-machine trainer);
-4. after the trajectory ended, the gold is resolved (``private_lookup(ref)``, default: load it from the
-   Spider-layout data folder) and sqlrl's `Evaluator` scores ``final_sql``; the reward value is
-   returned to Agent Lightning as the rollout's final reward.
+What is covered:
+- Nothing the policy sees depends on the gold: the agent only ever gets the ``PublicTask``, and the
+  gold SQL is never in the task.
+- A policy or evaluator infrastructure failure raises ``RolloutInfraError`` (Agent Lightning marks the
+  attempt failed and retries it per its config) instead of recording a wrong answer; an unscorable
+  gold returns ``None`` (no reward).
+- The LLM resource's ``sampling_parameters`` (``temperature``, ``top_p``, ``seed``) override the
+  agent's sampling defaults; budgets come from ``AgentConfig``; the last trajectory (with ``reward``)
+  is kept in ``self.last_trajectory``.
 
-Contract:
-- Nothing the policy sees depends on the gold: the agent only ever gets the `PublicTask`.
-- A policy infrastructure failure (trajectory ``infra_error``) or an evaluator ``infra_error`` raises
-  `RolloutInfraError`, so Agent Lightning marks the attempt failed (and retries it per its rollout
-  config) instead of recording a wrong answer. An unscorable gold returns ``None`` (no reward).
-- ``sampling_parameters`` of the LLM resource (``temperature``, ``top_p``, ``seed``) override the agent's
-  sampling defaults; budgets come from ``AgentConfig``.
-- The last trajectory (with ``reward``) is kept in ``self.last_trajectory`` for inspection/tests.
-
-Not guaranteed: that Agent Lightning's LLM proxy forwards ``/v1/completions`` with token-id prompts
-and returns token ids (vLLM behind it does: ``return_token_ids``); the contract test talks to a fake
-OpenAI-compatible completions server, not to the proxy.
+What is not:
+- That Agent Lightning's LLM proxy forwards ``/v1/completions`` with token-id prompts and returns token
+  ids (vLLM behind it does); the contract test talks to a fake OpenAI-compatible server.
 """
 
 from __future__ import annotations
