@@ -270,16 +270,11 @@ def _arm_info(exp: Experiment, name: str, *, n_boot: int, seed: int, ci: float) 
     return info
 
 
-def analyze(
-    exp_dir: str | Path | Experiment, *, n_boot: int = 10000, seed: int = 0, ci: float = 0.95
-) -> dict:
-    """Everything the report shows, as plain data. Raises rundir.ExperimentError for a non-experiment folder."""
-    exp = exp_dir if isinstance(exp_dir, Experiment) else Experiment(exp_dir)
-    verdict = evidence_gate(exp)
-    arms = [_arm_info(exp, a, n_boot=n_boot, seed=seed, ci=ci) for a in exp.arms]
+def _comparison_pairs(exp: Experiment) -> tuple[list[tuple[str, str]], dict[str, str]]:
+    """(a, b) arm pairs to compare, and each non-base arm's base: every non-base arm vs the base arm with
+    the same turns (else the primary base, flagged), and every GRPO-kind arm vs the control arms with the
+    same turns (else all controls of that kind, flagged)."""
     base = exp.primary("base")
-    # Every non-base arm vs the base arm with the same turns (else the primary base, flagged), and every
-    # GRPO-kind arm vs the control arms with the same turns (else all controls of that kind, flagged).
     pairs: list[tuple[str, str]] = []
     base_of: dict[str, str] = {}
     for arm in exp.arms.values():
@@ -294,12 +289,11 @@ def analyze(
             for c in exp.same_turns(g, kind) or exp.arms_of(kind):
                 if (c.name, g.name) not in pairs:
                     pairs.append((c.name, g.name))
-    comparisons = []
-    for a, b in pairs:
-        row = compare_arms(exp, a, b, n_boot=n_boot, seed=seed, ci=ci)
-        row["turns_differ"] = exp.arms[a].turns != exp.arms[b].turns
-        comparisons.append(row)
-    curves = {a: exp.steps(a) or [] for a in exp.arms if exp.arms[a].train_dir is not None and exp.steps(a)}
+    return pairs, base_of
+
+
+def _arm_colors(exp: Experiment) -> dict[str, str]:
+    """The primary arm of each kind gets its kind's colour; every other arm the next spare one."""
     colors = {}
     for a in exp.arms:
         kind_default = KIND_COLOR.get(exp.arms[a].kind)
@@ -308,6 +302,25 @@ def analyze(
     for a in exp.arms:
         if colors[a] is None:
             colors[a] = spare.pop(0) if spare else "#111827"
+    return colors
+
+
+def analyze(
+    exp_dir: str | Path | Experiment, *, n_boot: int = 10000, seed: int = 0, ci: float = 0.95
+) -> dict:
+    """Everything the report shows, as plain data. Raises rundir.ExperimentError for a non-experiment folder."""
+    exp = exp_dir if isinstance(exp_dir, Experiment) else Experiment(exp_dir)
+    verdict = evidence_gate(exp)
+    arms = [_arm_info(exp, a, n_boot=n_boot, seed=seed, ci=ci) for a in exp.arms]
+    base = exp.primary("base")
+    pairs, base_of = _comparison_pairs(exp)
+    comparisons = []
+    for a, b in pairs:
+        row = compare_arms(exp, a, b, n_boot=n_boot, seed=seed, ci=ci)
+        row["turns_differ"] = exp.arms[a].turns != exp.arms[b].turns
+        comparisons.append(row)
+    curves = {a: exp.steps(a) or [] for a in exp.arms if exp.arms[a].train_dir is not None and exp.steps(a)}
+    colors = _arm_colors(exp)
     return {
         "experiment": {
             "name": exp.name,
