@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from sqlrl.artifacts import read_json, read_jsonl, write_json_atomic, write_jsonl
-from sqlrl.evidence.gate import ExperimentError, evidence_gate
+from sqlrl.evidence.gate import evidence_gate
+from sqlrl.evidence.rundir import ExperimentError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from make_experiment import make_experiment  # noqa: E402
@@ -399,6 +400,6 @@ def test_cli_report_exit_codes(tmp_path: Path) -> None:
 
 
 def test_gate_and_report_do_not_import_torch() -> None:
-    code = "import sys, sqlrl.evidence.gate, sqlrl.evidence.report; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, sqlrl.evidence.gate, sqlrl.evidence.report, sqlrl.evidence.seeds; assert 'torch' not in sys.modules, 'torch imported'"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

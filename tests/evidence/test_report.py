@@ -13,7 +13,8 @@ import pytest
 
 from sqlrl.artifacts import read_json, read_jsonl
 from sqlrl.evidence import stats
-from sqlrl.evidence.report import analyze, results_table_md, write_report
+from sqlrl.evidence.analysis import analyze
+from sqlrl.evidence.report import results_table_md, write_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from make_experiment import make_experiment  # noqa: E402
@@ -267,7 +268,7 @@ def test_renders_in_headless_chromium(synthetic_report, tmp_path: Path) -> None:
 
 
 def test_turn_use_counts_by_hand() -> None:
-    from sqlrl.evidence.report import turn_use
+    from sqlrl.evidence.analysis import turn_use
 
     results = [
         {"task_id": "a", "correct": True, "turns": 2, "stop_reason": "final"},

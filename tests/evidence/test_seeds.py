@@ -208,7 +208,7 @@ def test_experiment_seeds_stops_at_the_budget_and_refuses_bad_input(tmp_path, mo
 
 def test_no_task_scored_in_every_run_refuses_without_crashing(tmp_path):
     # each seed's GRPO arm scored a different half of the tasks: every per-seed comparison exists, but no
-    # task is scored in every run (found by running `sqlrl experiment --seeds` on the 4-task quickstart)
+    # task is scored in every run
     dirs = [seeded(tmp_path, k) for k in range(2)]
     for k, d in enumerate(dirs):
         f = d / "arms" / "grpo" / "eval" / "results.jsonl"

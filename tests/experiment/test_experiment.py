@@ -8,6 +8,7 @@ second invocation resumes (skips finished arms) instead of redoing them.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -45,7 +46,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
     return str(out)
 
 
-def test_matrix_end_to_end_and_resume(tiny_model_dir, tmp_path):
+def test_matrix_end_to_end_and_resume(tiny_model_dir, tmp_path, caplog):
     cfg = C.from_dict(
         {
             "model": {"name": tiny_model_dir},
@@ -57,7 +58,17 @@ def test_matrix_end_to_end_and_resume(tiny_model_dir, tmp_path):
     )
     exp = ExperimentConfig(name="tiny", leakage_tasks=2, smoke=True)
     out = tmp_path / "exp"
-    run_experiment(cfg, exp, out, report=True)
+    # progress lines are log records of the matrix (the CLI prints them on stderr); the handler sits on the
+    # module's logger because an in-process `sqlrl.cli.main` stops propagation at the `sqlrl` logger
+    matrix_log = logging.getLogger("sqlrl.experiment.matrix")
+    matrix_log.addHandler(caplog.handler)
+    try:
+        run_experiment(cfg, exp, out, report=True)
+    finally:
+        matrix_log.removeHandler(caplog.handler)
+    progress = caplog.messages
+    assert "[experiment] training arm grpo (new)" in progress
+    assert "[experiment] evaluating arm base on 4 tasks" in progress
     e = json.loads((out / "experiment.json").read_text())
     assert set(e["arms"]) == {"base", "grpo", "no_update", "validity"} and e["finished"]
     assert len(e["tasks"]) == 4 and e["fingerprint"]
@@ -92,7 +103,13 @@ def test_matrix_end_to_end_and_resume(tiny_model_dir, tmp_path):
     assert time.perf_counter() - t0 < 60
     # a memory-only setting (how updates are split into passes) may change on resume: recorded, no retraining
     mem = cfg.replace(grpo={"micro_batch_logit_tokens": 64})
-    run_experiment(mem, exp, out, report=False)
+    caplog.clear()
+    matrix_log.addHandler(caplog.handler)
+    try:
+        run_experiment(mem, exp, out, report=False)
+    finally:
+        matrix_log.removeHandler(caplog.handler)
+    assert "[experiment] resuming with ['grpo.micro_batch_logit_tokens: 0 -> 64']" in caplog.messages
     e = json.loads((out / "experiment.json").read_text())
     assert e["resume_changes"][-1]["changes"] == ["grpo.micro_batch_logit_tokens: 0 -> 64"]
     assert (out / "arms" / "grpo" / "eval" / "summary.json").stat().st_mtime == mtime

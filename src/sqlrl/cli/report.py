@@ -7,8 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from sqlrl.evidence.gate import ExperimentError, evidence_gate
+from sqlrl.evidence.gate import evidence_gate
 from sqlrl.evidence.report import write_report
+from sqlrl.evidence.rundir import ExperimentError
 
 
 def cli_main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sqlrl.evidence.gate import ExperimentError
+from sqlrl.evidence.rundir import ExperimentError
 from sqlrl.evidence.seeds import summarize, write_summary
 
 

@@ -1,39 +1,24 @@
 """The evidence gate: may this experiment folder state a learning result, or is it "no claim"?
 
-`evidence_gate(exp_dir) -> Verdict` reads an experiment folder (layout: docs/DESIGN.md, "Run folders")
-and runs a fixed list of checks. A claim is allowed only when every check passes; otherwise the verdict
-is "no claim" and `Verdict.missing` lists, in plain words, every problem found (one string per problem,
-prefixed with the check name).
+`evidence_gate(exp_dir) -> Verdict` runs a fixed list of checks over an experiment folder (read through
+`rundir.Experiment`). A claim is allowed only when every check passes; otherwise `Verdict.missing` lists
+every problem in plain words, prefixed with the check name. Checks, in order (names are stable; tests and
+CI match on them): `real_run` (not flagged smoke/synthetic/partial, finished, every train run finished),
+`core_arms` (base and GRPO arms with eval runs; every GRPO arm has a base with its turns), `controls`
+(No-update and validity-only arms, train + eval, for the turns of every GRPO arm), `optimizer_steps`
+(every GRPO arm has steps with finite grad norms, not all zero; skipped non-finite steps are disclosed),
+`weights_audit` (passed, each verdict true), `trajectories` (present, counts and task ids match the
+rolled-out results), `equal_budgets` (identical budgets within each turn group, and as recorded by each
+eval run), `same_tasks`, `same_fingerprint`, `leakage_audit` (passed).
 
-Checks, in order (names are stable; tests and CI match on them):
+What is covered:
+- every defect of a readable experiment folder becomes a failed check with a named problem;
+- a folder that is not an experiment folder raises `rundir.ExperimentError` (CLI exit 2);
+- no torch import; the gate only reads files.
 
-- `real_run`: experiment.json (and every run.json) is not flagged `smoke`, `synthetic` or `partial`, an
-  experiment.json with a `started` timestamp also has `finished`, and no train run.json has a `status`
-  other than "finished". Such runs never become claims, however good
-  their numbers look.
-- `core_arms`: an arm of kind `base` and an arm of kind `grpo` exist, each with an eval run, and every
-  GRPO-kind arm has a base arm with the same `turns`.
-- `controls`: `no_update` and `validity` control arms exist for the `turns` of every GRPO-kind arm, and
-  every control arm has a train run and an eval run.
-- `optimizer_steps`: every `grpo`-kind arm's train/steps.jsonl has > 0 optimizer steps, each step records a
-  finite `grad_norm`, and at least one is non-zero.
-- `weights_audit`: weights_audit.json exists, `passed` is true and each verdict (`trained_changed`,
-  `no_update_identical`, `reloaded_identity`) is true.
-- `trajectories`: every arm's eval has a non-empty trajectories.jsonl whose record count equals
-  results.jsonl's (and, when trajectories carry `task_id`, the same task ids).
-- `equal_budgets`: within each turn group (arms with equal `turns`; `sqlrl experiment` writes one full arm
-  matrix per turn budget, e.g. `grpo` and `grpo_t3`), the `budgets` dicts in experiment.json are identical
-  (differences are named by arm and field, against the group's base arm); each eval run's recorded budgets
-  match its declared ones. Arms are only ever compared within their turn group.
-- `same_tasks`: every arm's results.jsonl covers exactly the same task ids (no duplicates), and the
-  experiment's `tasks` list when present.
-- `same_fingerprint`: every arm's eval records the same dataset fingerprint, equal to experiment.json's.
-- `leakage_audit`: leakage.json exists and `passed` is true.
-
-Guaranteed: no torch import; the gate only reads files; a folder that is not an experiment folder (missing,
-not a directory, no experiment.json, or one that is not a JSON object) raises `ExperimentError` (CLI exit 2), while every
-other defect becomes a failed check. Not guaranteed: the gate does not recompute hashes or re-run audits;
-it trusts the audit files' contents, and it checks structure and consistency, not statistical significance.
+What is not:
+- hashes are not recomputed and audits not re-run: the audit files' contents are trusted;
+- structure and consistency are checked, not statistical significance.
 """
 
 from __future__ import annotations
@@ -44,10 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlrl.artifacts import read_json, read_jsonl
+from sqlrl.evidence.rundir import RUN_FLAGS, Arm, Experiment
 
 CONTROL_KINDS = ("no_update", "validity")
-RUN_FLAGS = ("smoke", "synthetic", "partial")
 AUDIT_VERDICTS = {
     "trained_changed": "GRPO weights did not change (trained_changed=false)",
     "no_update_identical": "No-update weights are not bit-identical to the base (no_update_identical=false)",
@@ -55,12 +39,10 @@ AUDIT_VERDICTS = {
 }
 
 
-class ExperimentError(ValueError):
-    """The folder is not an experiment folder at all (CLI exit code 2)."""
-
-
 @dataclass
 class Check:
+    """One check's outcome: `detail` is the success line, or every problem joined."""
+
     name: str
     passed: bool
     detail: str
@@ -77,6 +59,8 @@ class Check:
 
 @dataclass
 class Verdict:
+    """The gate's outcome for one folder; `to_dict()` is what verdict.json holds."""
+
     claim_allowed: bool
     checks: list[Check]
     missing: list[str]
@@ -99,185 +83,6 @@ class Verdict:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Loading
-
-
-@dataclass
-class Arm:
-    name: str
-    kind: str
-    budgets: dict | None
-    turns: Any
-    train_dir: Path | None
-    eval_dir: Path | None
-    spec: dict
-
-
-def _resolve_run(exp_dir: Path, spec: dict, key: str, arm: str, sub: str) -> Path | None:
-    default = exp_dir / "arms" / arm / sub
-    if key not in spec:
-        return default if default.is_dir() else None
-    value = spec[key]
-    if value is None:
-        return None
-    p = Path(value)
-    if p.is_absolute():
-        return p
-    for cand in (exp_dir / p, Path.cwd() / p):
-        if cand.is_dir():
-            return cand
-    # Declared but absent: fall back to the conventional place, else report the declared path.
-    return default if default.is_dir() else exp_dir / p
-
-
-class Experiment:
-    """Read-only view of an experiment folder with cached, tolerant readers (None when absent/bad)."""
-
-    def __init__(self, exp_dir: str | Path):
-        self.dir = Path(exp_dir)
-        if not self.dir.exists():
-            raise ExperimentError(f"{self.dir}: no such folder")
-        if not self.dir.is_dir():
-            raise ExperimentError(f"{self.dir}: not a folder")
-        meta_path = self.dir / "experiment.json"
-        if not meta_path.is_file():
-            raise ExperimentError(f"{self.dir}: no experiment.json (is this an experiment folder?)")
-        try:
-            self.meta = read_json(meta_path)
-        except (OSError, json.JSONDecodeError) as e:
-            raise ExperimentError(f"{meta_path}: not valid JSON ({e})") from None
-        if not isinstance(self.meta, dict):
-            raise ExperimentError(f"{meta_path}: not a JSON object")
-        if not isinstance(self.meta.get("arms", {}), dict):
-            raise ExperimentError(f"{meta_path}: 'arms' is not a mapping")
-        self.arms: dict[str, Arm] = {}
-        for name, spec in (self.meta.get("arms") or {}).items():
-            if not isinstance(spec, dict):
-                raise ExperimentError(f"{meta_path}: arm {name!r} is not an object")
-            self.arms[name] = Arm(
-                name=name,
-                kind=str(spec.get("kind", "")),
-                budgets=spec.get("budgets") if isinstance(spec.get("budgets"), dict) else None,
-                turns=spec.get("turns"),
-                train_dir=_resolve_run(self.dir, spec, "train_run", name, "train"),
-                eval_dir=_resolve_run(self.dir, spec, "eval_run", name, "eval"),
-                spec=spec,
-            )
-        self._cache: dict[tuple, Any] = {}
-
-    @property
-    def name(self) -> str:
-        return str(self.meta.get("name") or self.dir.name)
-
-    def flags(self) -> dict[str, bool]:
-        return {f: bool(self.meta.get(f)) for f in RUN_FLAGS}
-
-    def arms_of(self, kind: str) -> list[Arm]:
-        return [a for a in self.arms.values() if a.kind == kind]
-
-    def primary(self, kind: str) -> Arm | None:
-        """The arm named like its kind if there is one, else the first arm of that kind."""
-        arm = self.arms.get(kind)
-        if arm is not None and arm.kind == kind:
-            return arm
-        arms = self.arms_of(kind)
-        return arms[0] if arms else None
-
-    def same_turns(self, arm: Arm, kind: str) -> list[Arm]:
-        """Arms of `kind` evaluated with the same `turns` as `arm` (its comparison group)."""
-        return [a for a in self.arms.values() if a.kind == kind and a.turns == arm.turns]
-
-    def base_for(self, arm: Arm) -> Arm | None:
-        """The base arm `arm` is compared against: the primary base if it has the same turns, else the
-        first base arm with the same turns, else None."""
-        primary = self.primary("base")
-        if primary is not None and primary.turns == arm.turns:
-            return primary
-        bases = self.same_turns(arm, "base")
-        return bases[0] if bases else None
-
-    def _json(self, path: Path | None) -> Any:
-        if path is None:
-            return None
-        key = ("json", str(path))
-        if key not in self._cache:
-            try:
-                self._cache[key] = read_json(path) if path.is_file() else None
-            except (OSError, ValueError):
-                self._cache[key] = None
-        return self._cache[key]
-
-    def _jsonl(self, path: Path | None) -> list[dict] | None:
-        if path is None:
-            return None
-        key = ("jsonl", str(path))
-        if key not in self._cache:
-            try:
-                self._cache[key] = list(read_jsonl(path)) if path.is_file() else None
-            except (OSError, ValueError):
-                self._cache[key] = None
-        return self._cache[key]
-
-    def eval_file(self, arm: str, name: str) -> Path | None:
-        d = self.arms[arm].eval_dir
-        return _maybe_gz(d / name) if d is not None else None
-
-    def train_file(self, arm: str, name: str) -> Path | None:
-        d = self.arms[arm].train_dir
-        return _maybe_gz(d / name) if d is not None else None
-
-    def eval_run(self, arm: str) -> dict | None:
-        return self._json(self.eval_file(arm, "run.json"))
-
-    def summary(self, arm: str) -> dict | None:
-        return self._json(self.eval_file(arm, "summary.json"))
-
-    def results(self, arm: str) -> list[dict] | None:
-        return self._jsonl(self.eval_file(arm, "results.jsonl"))
-
-    def trajectories(self, arm: str) -> list[dict] | None:
-        return self._jsonl(self.eval_file(arm, "trajectories.jsonl"))
-
-    def train_run(self, arm: str) -> dict | None:
-        return self._json(self.train_file(arm, "run.json"))
-
-    def train_config(self, arm: str) -> dict | None:
-        return self._json(self.train_file(arm, "config.json"))
-
-    def steps(self, arm: str) -> list[dict] | None:
-        return self._jsonl(self.train_file(arm, "steps.jsonl"))
-
-    def audit(self, name: str) -> dict | None:
-        return self._json(self.dir / name)
-
-    def has_train(self, arm: str) -> bool:
-        d = self.arms[arm].train_dir
-        return d is not None and (d / "run.json").is_file()
-
-    def has_eval(self, arm: str) -> bool:
-        d = self.arms[arm].eval_dir
-        return d is not None and (d / "run.json").is_file() and (d / "results.jsonl").is_file()
-
-    def fingerprint(self, arm: str) -> str | None:
-        for src in (self.summary(arm), self.eval_run(arm)):
-            if isinstance(src, dict):
-                for key in ("fingerprint", "dataset_fingerprint"):
-                    if src.get(key):
-                        return str(src[key])
-        return None
-
-    def eval_budgets(self, arm: str) -> dict | None:
-        for src in (self.eval_run(arm), self.summary(arm)):
-            if isinstance(src, dict) and isinstance(src.get("budgets"), dict):
-                return src["budgets"]
-        return None
-
-
-def load_experiment(exp_dir: str | Path) -> Experiment:
-    return Experiment(exp_dir)
-
-
-# ---------------------------------------------------------------------------------------------------------
 # Checks
 
 
@@ -290,12 +95,13 @@ def _rel(exp: Experiment, path: Path | None) -> str:
         return str(path)
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one dict with dotted keys (`{"a": {"b": 1}}` -> `{"a.b": 1}`)."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
+            out.update(flatten(v, key + "."))
         else:
             out[key] = v
     return out
@@ -306,7 +112,7 @@ _ABSENT = object()
 
 def budget_differences(a: dict, b: dict) -> list[tuple[str, Any, Any]]:
     """Fields (dotted for nested dicts) whose values differ; absent fields are reported as '(absent)'."""
-    fa, fb = _flatten(a), _flatten(b)
+    fa, fb = flatten(a), flatten(b)
     diffs = []
     for k in sorted(set(fa) | set(fb)):
         va, vb = fa.get(k, _ABSENT), fb.get(k, _ABSENT)
@@ -325,15 +131,6 @@ def _check(name: str, problems: list[str], ok_detail: str) -> Check:
     if problems:
         return Check(name, False, "; ".join(problems), problems)
     return Check(name, True, ok_detail, [])
-
-
-def _maybe_gz(path: Path) -> Path:
-    """Committed results keep large JSONL files gzipped (`x.jsonl.gz`); read whichever exists."""
-    if not path.exists() and path.suffix == ".jsonl":
-        gz = path.with_name(path.name + ".gz")
-        if gz.exists():
-            return gz
-    return path
 
 
 def check_real_run(exp: Experiment) -> Check:
@@ -650,7 +447,8 @@ CHECKS = (
 
 
 def evidence_gate(exp_dir: str | Path | Experiment) -> Verdict:
-    """Apply every check; a claim is allowed only if all pass. Raises ExperimentError for a non-experiment folder."""
+    """Apply every check; a claim is allowed only if all pass. Raises rundir.ExperimentError for a
+    non-experiment folder."""
     exp = exp_dir if isinstance(exp_dir, Experiment) else Experiment(exp_dir)
     checks = [fn(exp) for fn in CHECKS]
     missing = [f"{c.name}: {p}" for c in checks for p in c.problems]

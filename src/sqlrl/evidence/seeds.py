@@ -1,39 +1,24 @@
 """`sqlrl seeds EXP EXP [EXP ...]`: one experiment matrix run with several training seeds, summarised.
 
-A single training run is one draw: GRPO's gain over its controls moves with the seed (`run.seed`
-drives task sampling and rollout sampling; the split, the model, the budgets and the evaluation tasks
-stay). This command takes the folders of the same matrix (`sqlrl experiment`) run with different
-`run.seed` values and writes `seeds.json`, `seeds.md` and `seeds.html` (one self-contained file in the
-report's style with an interval chart of every per-seed and across-seed difference; no JavaScript, all
-text HTML-escaped):
+One training run is one draw: GRPO's gain over its controls moves with `run.seed` (task and rollout
+sampling; split, model, budgets and evaluation tasks stay). `summarize` takes the folders of one matrix
+run with different `run.seed` values; `write_summary` writes seeds.json, seeds.md and seeds.html (one
+self-contained page in the report's style, no JavaScript, all text HTML-escaped). It holds:
+- consistency checks: two folders or more, distinct `run.seed`s, every other resolved setting equal
+  (except `data.path`; settings present in only some folders and differing `git.commit`s are noted, not
+  failed), one dataset fingerprint, one evaluation task list, the same arms;
+- every folder's own evidence gate, re-applied (not its stored verdict.json);
+- per seed, GRPO vs Base, No-update and validity-only (`analysis.compare_arms`); across seeds, the mean,
+  smallest and largest difference, the seeds where GRPO led with McNemar p < 0.01, and
+  `stats.hierarchical_bootstrap` over (seeds, tasks) on the tasks scored in every run of both arms;
+- whether the Base evaluations agree answer for answer (greedy, same model: they should).
+A claim across seeds needs every check passed, every gate passed, and GRPO ahead of both controls with
+p < 0.01 in every seed. Compared arms: each folder's primary arm of each kind (`Experiment.primary`).
 
-- consistency checks: at least two folders; `run.seed` differs between every two of them; every other
-  setting of the resolved configuration (`experiment.json` "config") is equal, except `data.path`
-  (where the data lay) and settings that exist in only some folders (a newer sqlrl added them; noted,
-  not failed); one dataset fingerprint; the same evaluation task list; the same arms. Folders made by
-  different code versions (`git.commit`) are noted, not failed.
-- every folder's own evidence gate (`gate.evidence_gate`), as `sqlrl report` applies it.
-- per seed: GRPO against Base, No-update and validity-only (`report.compare_arms`: paired bootstrap and
-  exact McNemar on the tasks scored in both arms).
-- across seeds, per comparison: the mean, smallest and largest per-seed difference, the number of seeds
-  where GRPO was ahead with McNemar p < 0.01, and `stats.hierarchical_bootstrap` over (seeds, tasks) on
-  the tasks scored in every run of both arms (seeds resampled within each arm, tasks resampled once
-  and shared).
-- whether the Base evaluations agree answer for answer across the folders (same model, greedy: they
-  should; a difference says the evaluation is not reproducible on that machine).
-
-Verdict: a claim across seeds is allowed only when every consistency check passes, every folder's gate
-allows its own claim, and for every control (No-update and validity-only) GRPO is ahead in every seed
-with McNemar p < 0.01. Otherwise "no claim", with the reasons.
-
-Compared arms: in each folder the primary arm of each kind (`Experiment.primary`: the arm named like its
-kind, i.e. the first turn group of a matrix with several); other turn groups are not summarised.
-
-Guaranteed: the numbers are recomputed from the folders' results.jsonl files (nothing copied from
-summaries), deterministically (bootstrap seed 0, 10,000 resamples by default). Not guaranteed: with two
-to five seeds the hierarchical interval sees little of the between-seed variability and may be too
-narrow (see `stats.hierarchical_bootstrap`); no correction for multiple comparisons; a folder's gate is
-re-applied, not its stored verdict.json.
+What is covered: numbers recomputed from the results.jsonl files, deterministically (bootstrap seed 0,
+10,000 resamples by default).
+What is not: with two to five seeds the hierarchical interval may be too narrow; no correction for
+multiple comparisons; turn groups other than the first are not summarised.
 """
 
 from __future__ import annotations
@@ -43,29 +28,24 @@ from pathlib import Path
 from typing import Any
 
 from sqlrl.artifacts import write_bytes_atomic, write_json_atomic
-from sqlrl.evidence.gate import Experiment, _flatten, evidence_gate
-from sqlrl.evidence.report import (
-    CSS,
-    KIND_COLOR,
-    _e,
-    _fmt_p,
-    _pct,
-    _pp,
-    _table,
-    compare_arms,
-    svg_interval_chart,
-)
+from sqlrl.evidence.analysis import KIND_COLOR, compare_arms
+from sqlrl.evidence.charts import svg_interval_chart
+from sqlrl.evidence.fmt import esc, fmt_p, pct, pp
+from sqlrl.evidence.gate import evidence_gate, flatten
+from sqlrl.evidence.html import CSS, html_table
+from sqlrl.evidence.rundir import Experiment
 
 KINDS = ("base", "grpo", "no_update", "validity")
 CONTROLS = ("base", "no_update", "validity")
 CLAIM_CONTROLS = ("no_update", "validity")  # a claim needs GRPO ahead of both, in every seed
 P_CLAIM = 0.01
 _IGNORED = ("run.seed", "data.path")
+_COMPARISON_KEYS = ("available", "n", "diff", "ci_low", "ci_high", "p_value", "b_only", "a_only", "reason")
 
 
 def _config_differences(exps: list[Experiment]) -> tuple[list[str], list[str]]:
     """(settings whose values differ between folders, settings present in only some folders)."""
-    flats = [_flatten(e.meta.get("config") or {}) for e in exps]
+    flats = [flatten(e.meta.get("config") or {}) for e in exps]
     keys = sorted(set().union(*flats))
     differ, partial = [], []
     for k in keys:
@@ -98,15 +78,11 @@ def _outcomes(e: Experiment, arm: str | None) -> dict[str, int | None]:
     }
 
 
-def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0, ci: float = 0.95) -> dict:
-    """The analysis described in the module docstring, as one JSON-serialisable dict."""
-    from sqlrl.evidence import stats
-
-    exps = [Experiment(d) for d in exp_dirs]
+def _consistency_problems(exps: list[Experiment], seeds: list[Any]) -> tuple[list[str], list[str]]:
+    """(problems that make the folders incomparable, settings present in only some folders)."""
     problems: list[str] = []
     if len(exps) < 2:
         problems.append(f"{len(exps)} experiment folder(s): a seed comparison needs at least two")
-    seeds = [_run_seed(e) for e in exps]
     if len(set(map(json.dumps, seeds))) < len(seeds):
         problems.append(f"run.seed values are not all different: {seeds}")
     differ, partial = _config_differences(exps)
@@ -120,56 +96,54 @@ def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0,
     arm_sets = {tuple(sorted(e.arms)) for e in exps}
     if len(arm_sets) > 1:
         problems.append(f"the arms differ between folders: {sorted(arm_sets)}")
+    return problems, partial
 
-    # per folder: kind -> {task id: 1 / 0 / None (excluded)} of its primary arm of that kind
-    outcomes = [{kind: _outcomes(e, _arm_of_kind(e, kind)) for kind in KINDS} for e in exps]
-    runs: list[dict] = []
-    for e, s, outs_of in zip(exps, seeds, outcomes):
-        verdict = evidence_gate(e)
-        grpo = _arm_of_kind(e, "grpo")
-        row: dict[str, Any] = {
-            "dir": str(e.dir),
-            "name": e.name,
-            "run_seed": s,
-            "git_commit": (e.meta.get("git") or {}).get("commit"),
-            "gate": verdict.label,
-            "gate_missing": list(verdict.missing),
-            "accuracy": {},
-            "comparisons": {},
-        }
-        if not verdict.claim_allowed:
-            problems.append(
-                f"{e.dir}: its evidence gate refused a claim ({len(verdict.missing)} check(s) failed)"
-            )
-        for kind in KINDS:
-            outs = [v for v in outs_of[kind].values() if v is not None]
-            row["accuracy"][kind] = (sum(outs) / len(outs)) if outs else None
-        for kind in CONTROLS:
-            ctl = _arm_of_kind(e, kind)
-            if grpo is None or ctl is None:
-                row["comparisons"][kind] = {
-                    "available": False,
-                    "reason": f"no {'grpo' if grpo is None else kind} arm",
-                }
-                continue
-            c = compare_arms(e, ctl, grpo, n_boot=n_boot, seed=seed, ci=ci)
+
+def _seed_row(
+    e: Experiment, run_seed: Any, outs_of: dict, *, n_boot: int, seed: int, ci: float
+) -> tuple[dict, list[str]]:
+    """One folder's row (gate, accuracy per kind, GRPO vs each control) and its problems."""
+    problems = []
+    verdict = evidence_gate(e)
+    grpo = _arm_of_kind(e, "grpo")
+    row: dict[str, Any] = {
+        "dir": str(e.dir),
+        "name": e.name,
+        "run_seed": run_seed,
+        "git_commit": (e.meta.get("git") or {}).get("commit"),
+        "gate": verdict.label,
+        "gate_missing": list(verdict.missing),
+        "accuracy": {},
+        "comparisons": {},
+    }
+    if not verdict.claim_allowed:
+        problems.append(
+            f"{e.dir}: its evidence gate refused a claim ({len(verdict.missing)} check(s) failed)"
+        )
+    for kind in KINDS:
+        outs = [v for v in outs_of[kind].values() if v is not None]
+        row["accuracy"][kind] = (sum(outs) / len(outs)) if outs else None
+    for kind in CONTROLS:
+        ctl = _arm_of_kind(e, kind)
+        if grpo is None or ctl is None:
             row["comparisons"][kind] = {
-                k: c.get(k)
-                for k in (
-                    "available",
-                    "n",
-                    "diff",
-                    "ci_low",
-                    "ci_high",
-                    "p_value",
-                    "b_only",
-                    "a_only",
-                    "reason",
-                )
-                if k in c
+                "available": False,
+                "reason": f"no {'grpo' if grpo is None else kind} arm",
             }
-        runs.append(row)
+            continue
+        c = compare_arms(e, ctl, grpo, n_boot=n_boot, seed=seed, ci=ci)
+        row["comparisons"][kind] = {k: c.get(k) for k in _COMPARISON_KEYS if k in c}
+    return row, problems
 
+
+def _across_seeds(
+    runs: list[dict], outcomes: list[dict], *, n_boot: int, seed: int, ci: float
+) -> tuple[dict, list[str]]:
+    """Per control kind: the spread of the per-seed differences and the hierarchical bootstrap; and the
+    problems that refuse a claim across seeds."""
+    from sqlrl.evidence import stats
+
+    problems = []
     across: dict[str, Any] = {}
     for kind in CONTROLS:
         per = [r["comparisons"].get(kind) or {} for r in runs]
@@ -208,14 +182,36 @@ def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0,
     for kind in CLAIM_CONTROLS:
         if not (across.get(kind) or {}).get("available"):
             problems.append(f"no GRPO vs {kind} comparison in every folder")
+    return across, problems
 
-    base_same = None
-    if all(o["base"] for o in outcomes):
-        answers = []
-        for e in exps:
-            rows = e.results(_arm_of_kind(e, "base") or "") or []
-            answers.append({str(r.get("task_id")): (r.get("final_sql"), r.get("status")) for r in rows})
-        base_same = all(a == answers[0] for a in answers[1:])
+
+def _base_identical(exps: list[Experiment], outcomes: list[dict]) -> bool | None:
+    """Whether every folder's base arm gave the same final SQL and status on every task (None: a folder
+    has no base results)."""
+    if not all(o["base"] for o in outcomes):
+        return None
+    answers = []
+    for e in exps:
+        rows = e.results(_arm_of_kind(e, "base") or "") or []
+        answers.append({str(r.get("task_id")): (r.get("final_sql"), r.get("status")) for r in rows})
+    return all(a == answers[0] for a in answers[1:])
+
+
+def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0, ci: float = 0.95) -> dict:
+    """The analysis described in the module docstring, as one JSON-serialisable dict."""
+    exps = [Experiment(d) for d in exp_dirs]
+    seeds = [_run_seed(e) for e in exps]
+    problems, partial = _consistency_problems(exps, seeds)
+    # per folder: kind -> {task id: 1 / 0 / None (excluded)} of its primary arm of that kind
+    outcomes = [{kind: _outcomes(e, _arm_of_kind(e, kind)) for kind in KINDS} for e in exps]
+    runs: list[dict] = []
+    for e, s, outs_of in zip(exps, seeds, outcomes):
+        row, row_problems = _seed_row(e, s, outs_of, n_boot=n_boot, seed=seed, ci=ci)
+        runs.append(row)
+        problems += row_problems
+    across, across_problems = _across_seeds(runs, outcomes, n_boot=n_boot, seed=seed, ci=ci)
+    problems += across_problems
+    base_same = _base_identical(exps, outcomes)
     commits = sorted({str((e.meta.get("git") or {}).get("commit")) for e in exps})
     notes = []
     if partial:
@@ -260,11 +256,11 @@ def render_markdown(s: dict) -> str:
             if not c.get("available"):
                 cells.append("-")
                 continue
-            ci_ = f" ({_pp(c['ci_low'])} to {_pp(c['ci_high'])})" if kind == "base" else ""
-            cells.append(f"{_pp(c['diff'])}{ci_}, p = {_fmt_p(c['p_value'])}")
+            ci_ = f" ({pp(c['ci_low'])} to {pp(c['ci_high'])})" if kind == "base" else ""
+            cells.append(f"{pp(c['diff'])}{ci_}, p = {fmt_p(c['p_value'])}")
         out.append(
-            f"| {r['run_seed']} | {r['gate']} | {_pct(acc.get('base'))} | {_pct(acc.get('grpo'))} "
-            f"| {_pct(acc.get('no_update'))} | {_pct(acc.get('validity'))} | " + " | ".join(cells) + " |"
+            f"| {r['run_seed']} | {r['gate']} | {pct(acc.get('base'))} | {pct(acc.get('grpo'))} "
+            f"| {pct(acc.get('no_update'))} | {pct(acc.get('validity'))} | " + " | ".join(cells) + " |"
         )
     out += ["", "## Across seeds", ""]
     out.append(
@@ -279,9 +275,9 @@ def render_markdown(s: dict) -> str:
             continue
         h = a["hierarchical"]
         out.append(
-            f"| {kind} | {a['seeds']} | {_pp(a['mean_diff'])} | {_pp(a['min_diff'])} | {_pp(a['max_diff'])} "
-            f"| {a['seeds_ahead_p_lt_0.01']} of {a['seeds']} | {_pp(h['diff'])} ({_pp(h['ci_low'])} to "
-            f"{_pp(h['ci_high'])}) | {h['n']} |"
+            f"| {kind} | {a['seeds']} | {pp(a['mean_diff'])} | {pp(a['min_diff'])} | {pp(a['max_diff'])} "
+            f"| {a['seeds_ahead_p_lt_0.01']} of {a['seeds']} | {pp(h['diff'])} ({pp(h['ci_low'])} to "
+            f"{pp(h['ci_high'])}) | {h['n']} |"
         )
     same = s["base_evaluations_identical"]
     out += [
@@ -316,7 +312,7 @@ def render_html(s: dict) -> str:
         f"{'CLAIM ACROSS SEEDS' if ok else 'NO CLAIM'}</span>",
     ]
     if s["problems"]:
-        parts.append("<ul>" + "".join(f"<li>{_e(p)}</li>" for p in s["problems"]) + "</ul>")
+        parts.append("<ul>" + "".join(f"<li>{esc(p)}</li>" for p in s["problems"]) + "</ul>")
     else:
         parts.append(
             "<p>Every folder passed its own evidence gate and GRPO beat both controls with McNemar "
@@ -350,31 +346,35 @@ def render_html(s: dict) -> str:
     table = []
     for r in s["runs"]:
         acc = r["accuracy"]
-        cells = [_e(r["run_seed"]), _e(r["gate"])]
-        cells += [_e(_pct(acc.get(k))) for k in ("base", "grpo", "no_update", "validity")]
+        cells = [esc(r["run_seed"]), esc(r["gate"])]
+        cells += [esc(pct(acc.get(k))) for k in ("base", "grpo", "no_update", "validity")]
         for kind in CONTROLS:
             c = r["comparisons"].get(kind) or {}
-            cells.append(_e(f"{_pp(c['diff'])}, p = {_fmt_p(c['p_value'])}") if c.get("available") else "-")
+            cells.append(esc(f"{pp(c['diff'])}, p = {fmt_p(c['p_value'])}") if c.get("available") else "-")
         table.append(cells)
     heads = ["run.seed", "gate", "base", "grpo", "no_update", "validity"]
     heads += [f"grpo − {k}" for k in CONTROLS]
-    parts += ["<section><h2>Per seed</h2>", _table(heads, table), "</section><section><h2>Across seeds</h2>"]
+    parts += [
+        "<section><h2>Per seed</h2>",
+        html_table(heads, table),
+        "</section><section><h2>Across seeds</h2>",
+    ]
     across = []
     for kind in CONTROLS:
         a = s["across_seeds"].get(kind) or {}
         if not a.get("available"):
-            across.append([_e(kind)] + ["-"] * 6)
+            across.append([esc(kind)] + ["-"] * 6)
             continue
         h = a["hierarchical"]
         across.append(
             [
-                _e(kind),
-                _e(a["seeds"]),
-                _e(_pp(a["mean_diff"])),
-                _e(f"{_pp(a['min_diff'])} to {_pp(a['max_diff'])}"),
-                _e(f"{a['seeds_ahead_p_lt_0.01']} of {a['seeds']}"),
-                _e(f"{_pp(h['diff'])} ({_pp(h['ci_low'])} to {_pp(h['ci_high'])})"),
-                _e(h["n"]),
+                esc(kind),
+                esc(a["seeds"]),
+                esc(pp(a["mean_diff"])),
+                esc(f"{pp(a['min_diff'])} to {pp(a['max_diff'])}"),
+                esc(f"{a['seeds_ahead_p_lt_0.01']} of {a['seeds']}"),
+                esc(f"{pp(h['diff'])} ({pp(h['ci_low'])} to {pp(h['ci_high'])})"),
+                esc(h["n"]),
             ]
         )
     heads = [
@@ -386,15 +386,15 @@ def render_html(s: dict) -> str:
         "hierarchical Δ (95% CI)",
         "tasks",
     ]
-    parts.append(_table([_e(x) for x in heads], across))
+    parts.append(html_table([esc(x) for x in heads], across))
     same = s["base_evaluations_identical"]
     parts.append(
         "<p>Base evaluations identical across folders: "
         + ("-" if same is None else ("yes" if same else "<b>no</b>"))
         + "</p><p>Notes: "
-        + (_e("; ".join(s["notes"])) if s["notes"] else "none")
+        + (esc("; ".join(s["notes"])) if s["notes"] else "none")
         + "</p><p>Folders: "
-        + ", ".join(f"<code>{_e(r['dir'])}</code> (run.seed {_e(r['run_seed'])})" for r in s["runs"])
+        + ", ".join(f"<code>{esc(r['dir'])}</code> (run.seed {esc(r['run_seed'])})" for r in s["runs"])
         + "</p></section></main></body></html>"
     )
     return "".join(parts)

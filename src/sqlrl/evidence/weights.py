@@ -2,11 +2,9 @@
 bit-identical, and is the exported/reloaded model the one that was trained?
 
 `audit_weights(base, trained, no_update=None, *, reloaded=None, expect_hash=None)` takes paths (a
-Hugging Face folder with ``*.safetensors``, possibly sharded, or a sqlrl full-weights checkpoint folder
-``step_NNNNNN``) or in-memory state dicts / modules. Tensors are read one at a time through
-``safetensors.safe_open`` and compared in float64 chunks, so the comparison holds about one tensor per
-model in memory. The weights hash of each model (``models.weights_hash``) is computed model by model,
-which needs one full model in memory at a time.
+Hugging Face folder with ``*.safetensors``, possibly sharded, or a sqlrl checkpoint folder ``step_NNNNNN``)
+or in-memory state dicts / modules. Tensors are read one at a time (``safetensors.safe_open``) and compared
+in float64 chunks; the weights hash (``models.weights_hash``) needs one full model in memory at a time.
 
 Verdicts (``None`` when not applicable):
 - ``trained_changed``: at least one tensor of ``trained`` differs from ``base`` (raw bytes).

@@ -26,6 +26,7 @@ will usually say "no claim", which is the honest outcome at that size.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 import tomllib
@@ -36,6 +37,8 @@ from pathlib import Path
 from sqlrl.artifacts import git_commit, machine_info, read_json, write_json_atomic
 from sqlrl.config import Config, ConfigError, from_dict
 from sqlrl.training.budget import Unfinished, check_time
+
+log = logging.getLogger(__name__)
 
 ARM_KINDS = ("base", "grpo", "no_update", "validity")
 
@@ -101,38 +104,20 @@ def arm_config(cfg: Config, kind: str, turns: int) -> Config:
     return cfg.replace(agent=agent, grpo={"control": "none", "reward": "execution"})
 
 
-def run_experiment(
+def _experiment_state(
     cfg: Config,
     exp: ExperimentConfig,
-    out_dir: str | Path,
+    out: Path,
     *,
-    command: list[str] | None = None,
-    report: bool = True,
-    deadline: float | None = None,
+    root: Path,
+    fingerprint: str,
+    eval_tasks: list,
+    command: list[str] | None,
 ) -> dict:
-    from sqlrl.agent.loop import Budgets
-    from sqlrl.evaluation.runner import load_policy, run_eval
-    from sqlrl.evidence.leakage import leakage_audit
-    from sqlrl.evidence.weights import audit_weights
-    from sqlrl.generation.device import free_memory
-    from sqlrl.sql.sandbox import Sandbox
-    from sqlrl.tasks.data import SpiderData, resolve_data_root, select_tasks
-    from sqlrl.training.trainer import config_changes, train
+    """experiment.json's content for this run (refused when the folder holds another config; resumed
+    with memory-only changes recorded), written once before any arm runs."""
+    from sqlrl.training.trainer import config_changes
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    root = resolve_data_root(cfg.data.path)
-    ds = SpiderData(root)
-    eval_tasks = select_tasks(
-        ds.load(cfg.data.eval_split, seed=cfg.data.split_seed, val_fraction=cfg.data.val_fraction),
-        cfg.data.max_eval_tasks,
-        cfg.data.split_seed,  # not run.seed: every training seed is evaluated on the same tasks
-    )
-    if not eval_tasks:
-        raise ConfigError(f"evaluation split {cfg.data.eval_split!r} of {root} is empty")
-    fingerprint = ds.fingerprint(
-        cfg.data.eval_split, seed=cfg.data.split_seed, val_fraction=cfg.data.val_fraction
-    )
     exp_path = out / "experiment.json"
     state = read_json(exp_path) if exp_path.exists() else {}
     mine = json.loads(json.dumps(cfg.resolve()))
@@ -147,7 +132,7 @@ def run_experiment(
         # running out of GPU memory; each resumed arm records the change in its own run.json too. (None
         # when the configs differ only by a setting added since, at its old behaviour: `ADDED_KEYS`.)
         if memory:
-            print(f"[experiment] resuming with {memory}", file=sys.stderr)
+            log.warning(f"[experiment] resuming with {memory}")
             state.setdefault("resume_changes", []).append(
                 {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": memory}
             )
@@ -176,92 +161,117 @@ def run_experiment(
     state.setdefault("arms", {})
     state.setdefault("started", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     write_json_atomic(exp_path, state)
+    return state
 
-    for turns in exp.turns:
-        suffix = "" if turns == 1 else f"_t{turns}"
-        for kind in exp.arms:
-            name = f"{kind}{suffix}"
-            arm_dir = out / "arms" / name
-            acfg = arm_config(cfg, kind, turns)
-            budgets = Budgets.from_config(acfg.agent)
-            entry = {
-                "kind": kind,
-                "turns": turns,
-                "budgets": budgets.to_dict(),
-                "train_run": None,
-                "eval_run": f"arms/{name}/eval",
-            }
-            model_for_eval = cfg.model.name
-            if kind != "base":
-                train_dir = arm_dir / "train"
-                entry["train_run"] = f"arms/{name}/train"
-                run_json = train_dir / "run.json"
-                finished = run_json.exists() and read_json(run_json).get("status") == "finished"
-                if not finished:
-                    check_time(deadline, 60, f"training arm {name}")
-                    resume = (train_dir / "config.json").exists()
-                    print(
-                        f"[experiment] training arm {name} ({'resume' if resume else 'new'})", file=sys.stderr
-                    )
-                    res = train(acfg, train_dir, resume=resume, command=command, deadline=deadline)
-                    free_memory()
-                    if not res["finished"]:
-                        raise Unfinished(f"arm {name} stopped at step {res['steps']} of {acfg.grpo.steps}")
-                model_for_eval = str(train_dir / "final")
-            if not (arm_dir / "eval" / "summary.json").exists():
-                check_time(deadline, 45, f"evaluating arm {name}")
-                print(f"[experiment] evaluating arm {name} on {len(eval_tasks)} tasks", file=sys.stderr)
-                policy = load_policy(
-                    model_for_eval,
-                    device=cfg.run.device,
-                    dtype=cfg.model.dtype,
-                    engine=cfg.run.gen_engine,
-                    max_batch=cfg.run.gen_max_batch,
-                )
-                run_eval(
-                    model=model_for_eval,
-                    data=str(root),
-                    split=cfg.data.eval_split,
-                    out=arm_dir / "eval",
-                    budgets=budgets,
-                    limit=cfg.data.max_eval_tasks,
-                    seed=cfg.data.split_seed,  # the eval subset, as above
-                    split_seed=cfg.data.split_seed,
-                    val_fraction=cfg.data.val_fraction,
-                    policy=policy,
-                    sandbox_workers=cfg.run.sandbox_workers,
-                    command=command,
-                )
-                del policy
-                free_memory()
-            state["arms"][name] = entry
-            write_json_atomic(exp_path, state)
 
-        # leakage audit for this turn budget, with the base model
-        leak_path = out / f"leakage{suffix}.json"
-        if not leak_path.exists():
-            budgets = Budgets.from_config(arm_config(cfg, "base", turns).agent)
-            policy = load_policy(
-                cfg.model.name,
-                device=cfg.run.device,
-                dtype=cfg.model.dtype,
-                engine=cfg.run.gen_engine,
-                max_batch=cfg.run.gen_max_batch,
-            )
-            with Sandbox(workers=cfg.run.sandbox_workers, timeout_s=budgets.sql_timeout_s) as sandbox:
-                res = leakage_audit(
-                    eval_tasks[: exp.leakage_tasks],
-                    policy,
-                    sandbox,
-                    budgets,
-                    work_dir=out / f".leakage{suffix}",
-                )
-            write_json_atomic(leak_path, res)
-            del policy
+def _run_arm(
+    cfg: Config,
+    out: Path,
+    name: str,
+    kind: str,
+    turns: int,
+    *,
+    root: Path,
+    n_eval_tasks: int,
+    command: list[str] | None,
+    deadline: float | None,
+) -> dict:
+    """Train (unless base) and evaluate one arm, skipping what is finished; returns its experiment.json entry."""
+    from sqlrl.agent.loop import Budgets
+    from sqlrl.evaluation.runner import load_policy, run_eval
+    from sqlrl.generation.device import free_memory
+    from sqlrl.training.trainer import train
+
+    arm_dir = out / "arms" / name
+    acfg = arm_config(cfg, kind, turns)
+    budgets = Budgets.from_config(acfg.agent)
+    entry = {
+        "kind": kind,
+        "turns": turns,
+        "budgets": budgets.to_dict(),
+        "train_run": None,
+        "eval_run": f"arms/{name}/eval",
+    }
+    model_for_eval = cfg.model.name
+    if kind != "base":
+        train_dir = arm_dir / "train"
+        entry["train_run"] = f"arms/{name}/train"
+        run_json = train_dir / "run.json"
+        finished = run_json.exists() and read_json(run_json).get("status") == "finished"
+        if not finished:
+            check_time(deadline, 60, f"training arm {name}")
+            resume = (train_dir / "config.json").exists()
+            log.warning(f"[experiment] training arm {name} ({'resume' if resume else 'new'})")
+            res = train(acfg, train_dir, resume=resume, command=command, deadline=deadline)
             free_memory()
+            if not res["finished"]:
+                raise Unfinished(f"arm {name} stopped at step {res['steps']} of {acfg.grpo.steps}")
+        model_for_eval = str(train_dir / "final")
+    if not (arm_dir / "eval" / "summary.json").exists():
+        check_time(deadline, 45, f"evaluating arm {name}")
+        log.warning(f"[experiment] evaluating arm {name} on {n_eval_tasks} tasks")
+        policy = load_policy(
+            model_for_eval,
+            device=cfg.run.device,
+            dtype=cfg.model.dtype,
+            engine=cfg.run.gen_engine,
+            max_batch=cfg.run.gen_max_batch,
+        )
+        run_eval(
+            model=model_for_eval,
+            data=str(root),
+            split=cfg.data.eval_split,
+            out=arm_dir / "eval",
+            budgets=budgets,
+            limit=cfg.data.max_eval_tasks,
+            seed=cfg.data.split_seed,  # the eval subset: the same tasks for every training seed
+            split_seed=cfg.data.split_seed,
+            val_fraction=cfg.data.val_fraction,
+            policy=policy,
+            sandbox_workers=cfg.run.sandbox_workers,
+            command=command,
+        )
+        del policy
+        free_memory()
+    return entry
 
-    # combined leakage verdict
-    parts = {f"t{t}": read_json(out / f"leakage{'' if t == 1 else f'_t{t}'}.json") for t in exp.turns}
+
+def _leakage_for_turns(cfg: Config, exp: ExperimentConfig, out: Path, turns: int, eval_tasks: list) -> None:
+    """The leakage audit of one turn budget with the base model, into leakage[_t<turns>].json (once)."""
+    from sqlrl.agent.loop import Budgets
+    from sqlrl.evaluation.runner import load_policy
+    from sqlrl.evidence.leakage import leakage_audit
+    from sqlrl.generation.device import free_memory
+    from sqlrl.sql.sandbox import Sandbox
+
+    suffix = "" if turns == 1 else f"_t{turns}"
+    leak_path = out / f"leakage{suffix}.json"
+    if leak_path.exists():
+        return
+    budgets = Budgets.from_config(arm_config(cfg, "base", turns).agent)
+    policy = load_policy(
+        cfg.model.name,
+        device=cfg.run.device,
+        dtype=cfg.model.dtype,
+        engine=cfg.run.gen_engine,
+        max_batch=cfg.run.gen_max_batch,
+    )
+    with Sandbox(workers=cfg.run.sandbox_workers, timeout_s=budgets.sql_timeout_s) as sandbox:
+        res = leakage_audit(
+            eval_tasks[: exp.leakage_tasks],
+            policy,
+            sandbox,
+            budgets,
+            work_dir=out / f".leakage{suffix}",
+        )
+    write_json_atomic(leak_path, res)
+    del policy
+    free_memory()
+
+
+def _combine_leakage(out: Path, turns: tuple[int, ...]) -> None:
+    """leakage.json: the verdict over every turn budget's audit."""
+    parts = {f"t{t}": read_json(out / f"leakage{'' if t == 1 else f'_t{t}'}.json") for t in turns}
     write_json_atomic(
         out / "leakage.json",
         {
@@ -275,25 +285,81 @@ def run_experiment(
         },
     )
 
-    # weight audit: base vs grpo vs no-update (single-turn arms, or the first turn budget)
+
+def _audit_weights(cfg: Config, exp: ExperimentConfig, out: Path) -> None:
+    """weights_audit.json: base vs GRPO vs No-update of the first turn budget, and the reloaded identity."""
+    from sqlrl.evidence.weights import audit_weights
+
     suffix = "" if exp.turns[0] == 1 else f"_t{exp.turns[0]}"
+    base_path = load_model_path(cfg.model.name)
+    trained = out / "arms" / f"grpo{suffix}" / "train" / "final"
+    no_upd = out / "arms" / f"no_update{suffix}" / "train" / "final"
+    expect = (
+        read_json(trained / "identity.json").get("weights_hash")
+        if (trained / "identity.json").exists()
+        else None
+    )
+    wa = audit_weights(
+        str(base_path),
+        str(trained),
+        str(no_upd) if no_upd.exists() else None,
+        reloaded=str(trained),
+        expect_hash=expect,
+    )
+    write_json_atomic(out / "weights_audit.json", wa)
+
+
+def run_experiment(
+    cfg: Config,
+    exp: ExperimentConfig,
+    out_dir: str | Path,
+    *,
+    command: list[str] | None = None,
+    report: bool = True,
+    deadline: float | None = None,
+) -> dict:
+    """Run (or resume) the arm matrix into `out_dir`: every arm per turn budget, the leakage audits, the
+    weight audit, then (with `report`) the report. Returns {"out": ..., "report": write_report's paths}."""
+    from sqlrl.tasks.data import SpiderData, resolve_data_root, select_tasks
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    root = resolve_data_root(cfg.data.path)
+    ds = SpiderData(root)
+    eval_tasks = select_tasks(
+        ds.load(cfg.data.eval_split, seed=cfg.data.split_seed, val_fraction=cfg.data.val_fraction),
+        cfg.data.max_eval_tasks,
+        cfg.data.split_seed,  # not run.seed: every training seed is evaluated on the same tasks
+    )
+    if not eval_tasks:
+        raise ConfigError(f"evaluation split {cfg.data.eval_split!r} of {root} is empty")
+    fingerprint = ds.fingerprint(
+        cfg.data.eval_split, seed=cfg.data.split_seed, val_fraction=cfg.data.val_fraction
+    )
+    state = _experiment_state(
+        cfg, exp, out, root=root, fingerprint=fingerprint, eval_tasks=eval_tasks, command=command
+    )
+    exp_path = out / "experiment.json"
+    for turns in exp.turns:
+        suffix = "" if turns == 1 else f"_t{turns}"
+        for kind in exp.arms:
+            name = f"{kind}{suffix}"
+            state["arms"][name] = _run_arm(
+                cfg,
+                out,
+                name,
+                kind,
+                turns,
+                root=root,
+                n_eval_tasks=len(eval_tasks),
+                command=command,
+                deadline=deadline,
+            )
+            write_json_atomic(exp_path, state)
+        _leakage_for_turns(cfg, exp, out, turns, eval_tasks)
+    _combine_leakage(out, exp.turns)
     if "grpo" in exp.arms:
-        base_path = load_model_path(cfg.model.name)
-        trained = out / "arms" / f"grpo{suffix}" / "train" / "final"
-        no_upd = out / "arms" / f"no_update{suffix}" / "train" / "final"
-        expect = (
-            read_json(trained / "identity.json").get("weights_hash")
-            if (trained / "identity.json").exists()
-            else None
-        )
-        wa = audit_weights(
-            str(base_path),
-            str(trained),
-            str(no_upd) if no_upd.exists() else None,
-            reloaded=str(trained),
-            expect_hash=expect,
-        )
-        write_json_atomic(out / "weights_audit.json", wa)
+        _audit_weights(cfg, exp, out)
     state["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     write_json_atomic(exp_path, state)
     result = {"out": str(out)}

@@ -1,0 +1,411 @@
+"""Analysis behind `sqlrl report`: everything the report shows, as plain data (`analyze`).
+
+Numbers are recomputed from the raw per-task files, never copied from summaries:
+- accuracy per arm: mean of `correct` over results.jsonl records whose `correct` is not null (excluded
+  tasks counted apart), percentile bootstrap CI (`stats.accuracy_ci`); a summary.json that disagrees
+  becomes a note.
+- paired comparisons (`compare_arms`): tasks scored in both arms, by task_id; diff = mean(b) - mean(a),
+  paired bootstrap and exact McNemar. Every non-base arm is compared with the base arm of its turns, every
+  GRPO arm with the controls of its turns; without one, the primary arm is used, flagged "different turns".
+- repair decomposition: scored outcomes grouped as match, mismatch, non-executable; Δ = (repair gains -
+  breakages)/n + (answer gains - answer losses)/n exactly (non-executable -> match, match ->
+  non-executable, mismatch -> match, match -> mismatch).
+- turn use (arms with more than one turn): stop reasons and mean turns; from the trajectories, answers
+  revised after feedback and one query repeated. Descriptive counts only.
+- GPU minutes: train run.json `gpu_minutes`, else the sum of steps.jsonl `time_step_s` / 60 ("steps").
+
+What is covered: deterministic output for a given folder and (n_boot, seed, ci).
+What is not: percentile intervals may under-cover (see stats.py); no correction for multiple
+comparisons; provenance (machine, model identity) is taken from run.json/summary.json as recorded.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from sqlrl.evidence.gate import evidence_gate
+from sqlrl.evidence.rundir import Experiment
+
+NONEXEC = "non-executable"
+
+ARM_COLORS = ["#6b7280", "#2563eb", "#d97706", "#7c3aed", "#0d9488", "#db2777", "#65a30d", "#0891b2"]
+KIND_COLOR = {"base": "#6b7280", "grpo": "#2563eb", "no_update": "#d97706", "validity": "#7c3aed"}
+
+
+def num(x: Any) -> float | None:
+    """`x` as a float when it is a finite int or float (not a bool), else None."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return None
+    return float(x) if math.isfinite(x) else None
+
+
+def paired_outcomes(results_a: list[dict], results_b: list[dict]) -> dict:
+    """Pair two arms' results by task_id (sorted); drop tasks excluded in either arm.
+
+    Returns {task_ids, a, b (lists of 0/1), status_a, status_b, dropped_excluded, unpaired}.
+    """
+    ra = {str(r.get("task_id")): r for r in results_a}
+    rb = {str(r.get("task_id")): r for r in results_b}
+    common = sorted(set(ra) & set(rb))
+    out: dict[str, Any] = {"task_ids": [], "a": [], "b": [], "status_a": [], "status_b": []}
+    dropped = 0
+    for t in common:
+        ca, cb = ra[t].get("correct"), rb[t].get("correct")
+        if ca is None or cb is None:
+            dropped += 1
+            continue
+        out["task_ids"].append(t)
+        out["a"].append(int(bool(ca)))
+        out["b"].append(int(bool(cb)))
+        out["status_a"].append(str(ra[t].get("status")))
+        out["status_b"].append(str(rb[t].get("status")))
+    out["dropped_excluded"] = dropped
+    out["unpaired"] = len(set(ra) ^ set(rb))
+    return out
+
+
+def compare_arms(
+    exp: Experiment, a: str, b: str, *, n_boot: int = 10000, seed: int = 0, ci: float = 0.95
+) -> dict:
+    """Paired comparison of arm b against arm a (diff = acc(b) - acc(a)) on tasks scored in both."""
+    from sqlrl.evidence import stats
+
+    ra, rb = exp.results(a), exp.results(b)
+    row: dict[str, Any] = {"a": a, "b": b, "n": 0, "available": False}
+    if ra is None or rb is None:
+        row["reason"] = f"results.jsonl missing for {a if ra is None else b}"
+        return row
+    p = paired_outcomes(ra, rb)
+    row.update(dropped_excluded=p["dropped_excluded"], unpaired=p["unpaired"], n=len(p["a"]))
+    if not p["a"]:
+        row["reason"] = "no task scored in both arms"
+        return row
+    boot = stats.paired_bootstrap(p["a"], p["b"], n_boot=n_boot, seed=seed, ci=ci)
+    mc = stats.mcnemar_exact(p["a"], p["b"])
+    gains = sum(1 for x, y in zip(p["a"], p["b"]) if not x and y)
+    losses = sum(1 for x, y in zip(p["a"], p["b"]) if x and not y)
+    row.update(
+        available=True,
+        diff=boot["diff"],
+        ci_low=boot["ci_low"],
+        ci_high=boot["ci_high"],
+        mean_a=boot.get("mean_a", sum(p["a"]) / len(p["a"])),
+        mean_b=boot.get("mean_b", sum(p["b"]) / len(p["b"])),
+        p_value=mc.get("p_value", mc.get("p")),
+        b_only=gains,  # a wrong, b right
+        a_only=losses,  # a right, b wrong
+        bootstrap=boot,
+        mcnemar=mc,
+    )
+    row["repair"] = repair_decomposition(p)
+    return row
+
+
+def _group(status: str, correct: int) -> str:
+    if correct:
+        return "match"
+    return "mismatch" if status == "mismatch" else NONEXEC
+
+
+def repair_decomposition(p: dict) -> dict:
+    """Split the paired change into format/validity repair vs answer change (see module docstring)."""
+    groups = ("match", "mismatch", NONEXEC)
+    trans = {ga: dict.fromkeys(groups, 0) for ga in groups}
+    for sa, sb, ca, cb in zip(p["status_a"], p["status_b"], p["a"], p["b"]):
+        trans[_group(sa, ca)][_group(sb, cb)] += 1
+    n = len(p["a"])
+    rg, bl = trans[NONEXEC]["match"], trans["match"][NONEXEC]
+    ag, al = trans["mismatch"]["match"], trans["match"]["mismatch"]
+    return {
+        "n": n,
+        "transitions": trans,
+        "repair_gains": rg,
+        "breakages": bl,
+        "answer_gains": ag,
+        "answer_losses": al,
+        "repair_part": (rg - bl) / n if n else 0.0,
+        "answer_part": (ag - al) / n if n else 0.0,
+        "delta": (rg + ag - bl - al) / n if n else 0.0,
+        "became_executable": trans[NONEXEC]["match"] + trans[NONEXEC]["mismatch"],
+        "became_nonexecutable": trans["match"][NONEXEC] + trans["mismatch"][NONEXEC],
+    }
+
+
+def _norm_sql(sql: Any) -> str | None:
+    return " ".join(sql.split()) if isinstance(sql, str) and sql.strip() else None
+
+
+def turn_use(results: list[dict], trajectories: list[dict] | None) -> dict:
+    """How a multi-turn arm used its turns, over its scored tasks (results with `correct` not None).
+
+    From results.jsonl: `stop_reason` counts (`final` = the policy replied FINAL, `max_turns` = it ran
+    out of turns, ...) and the mean number of turns. From the raw trajectories when present (None
+    otherwise): `with_sql` = trajectories that proposed at least one query; `revised` = the final SQL
+    differs from the first query proposed (whitespace-normalised), i.e. the answer changed after
+    feedback; `repeated` = two or more queries proposed and all identical. A high `repeated` with few
+    `final` replies means the turns were spent re-running one query, not debugging."""
+    scored = [r for r in results if r.get("correct") is not None]
+    stops: dict[str, int] = {}
+    for r in scored:
+        k = str(r.get("stop_reason"))
+        stops[k] = stops.get(k, 0) + 1
+    turns = [r["turns"] for r in scored if isinstance(r.get("turns"), int)]
+    out: dict[str, Any] = {
+        "n": len(scored),
+        "stop_reasons": dict(sorted(stops.items(), key=lambda kv: -kv[1])),
+        "mean_turns": sum(turns) / len(turns) if turns else None,
+        "with_sql": None,
+        "revised": None,
+        "revised_correct": None,
+        "repeated": None,
+    }
+    if trajectories is None:
+        return out
+    correct = {str(r.get("task_id")): bool(r["correct"]) for r in scored}
+    with_sql = revised = revised_correct = repeated = 0
+    for t in trajectories:
+        tid = str(t.get("task_id"))
+        if tid not in correct:
+            continue
+        sqls = [
+            q for q in (_norm_sql(x.get("sql")) for x in t.get("turns") or [] if isinstance(x, dict)) if q
+        ]
+        if not sqls:
+            continue
+        with_sql += 1
+        final = _norm_sql(t.get("final_sql"))
+        if final is not None and final != sqls[0]:
+            revised += 1
+            revised_correct += int(correct[tid])
+        if len(sqls) >= 2 and len(set(sqls)) == 1:
+            repeated += 1
+    out.update(with_sql=with_sql, revised=revised, revised_correct=revised_correct, repeated=repeated)
+    return out
+
+
+def _gpu_minutes(exp: Experiment, arm: str) -> tuple[float | None, str]:
+    run = exp.train_run(arm)
+    if isinstance(run, dict) and num(run.get("gpu_minutes")) is not None:
+        return float(run["gpu_minutes"]), "run.json"
+    steps = exp.steps(arm)
+    if steps:
+        t = [num(s.get("time_step_s")) for s in steps]
+        t = [x for x in t if x is not None]
+        if t:
+            return sum(t) / 60.0, "steps"
+    return None, ""
+
+
+def _arm_info(exp: Experiment, name: str, *, n_boot: int, seed: int, ci: float) -> dict:
+    from sqlrl.evidence import stats
+
+    arm = exp.arms[name]
+    results = exp.results(name)
+    summary = exp.summary(name) or {}
+    run = exp.eval_run(name) or {}
+    info: dict[str, Any] = {
+        "name": name,
+        "kind": arm.kind,
+        "turns": arm.turns,
+        "budgets": arm.budgets,
+        "trained": arm.train_dir is not None,
+        "has_results": results is not None,
+        "fingerprint": exp.fingerprint(name),
+        "split": summary.get("split") or run.get("split"),
+        "model": summary.get("model") or run.get("model") or {},
+        "machine": summary.get("machine") or run.get("machine") or {},
+        "elapsed_s": num(summary.get("elapsed_s")),
+        "notes": [],
+    }
+    if results is not None:
+        ordered = sorted(results, key=lambda r: str(r.get("task_id")))
+        scored = [r for r in ordered if r.get("correct") is not None]
+        excluded: dict[str, int] = {}
+        for r in ordered:
+            if r.get("correct") is None:
+                excluded[str(r.get("status"))] = excluded.get(str(r.get("status")), 0) + 1
+        status_counts: dict[str, int] = {}
+        for r in ordered:
+            status_counts[str(r.get("status"))] = status_counts.get(str(r.get("status")), 0) + 1
+        info.update(n_total=len(ordered), n=len(scored), excluded=excluded, status_counts=status_counts)
+        if scored:
+            acc = stats.accuracy_ci(
+                [int(bool(r["correct"])) for r in scored], n_boot=n_boot, seed=seed, ci=ci
+            )
+            info["accuracy"] = {"value": acc["accuracy"], "ci_low": acc["ci_low"], "ci_high": acc["ci_high"]}
+            ts = [r.get("test_suite_correct") for r in scored if r.get("test_suite_correct") is not None]
+            info["test_suite"] = {"value": sum(map(bool, ts)) / len(ts), "n": len(ts)} if ts else None
+            ex = num(summary.get("executable_rate"))
+            if ex is None:
+                ex = sum(r.get("status") in ("match", "mismatch") for r in scored) / len(scored)
+            info["executable_rate"] = ex
+            s_acc = num(summary.get("execution_match"))
+            if s_acc is not None and abs(s_acc - acc["accuracy"]) > 1e-9:
+                info["notes"].append(
+                    f"summary.json execution_match={s_acc:.4f} disagrees with results.jsonl ({acc['accuracy']:.4f})"
+                )
+        per_db: dict[str, list[int]] = {}
+        for r in scored:
+            d = per_db.setdefault(str(r.get("db_id")), [0, 0])
+            d[0] += int(bool(r["correct"]))
+            d[1] += 1
+        info["per_db"] = per_db
+        info["turn_use"] = turn_use(results, exp.trajectories(name)) if (arm.turns or 1) > 1 else None
+    train_run = exp.train_run(name) if arm.train_dir is not None else None
+    steps = exp.steps(name) if arm.train_dir is not None else None
+    gm, gsrc = _gpu_minutes(exp, name) if arm.train_dir is not None else (None, "")
+    info["train"] = (
+        {
+            "steps": len(steps) if steps is not None else None,
+            "gpu_minutes": gm,
+            "gpu_minutes_source": gsrc,
+            "machine": (train_run or {}).get("machine") or {},
+            "model": (train_run or {}).get("model") or {},
+        }
+        if arm.train_dir is not None
+        else None
+    )
+    return info
+
+
+def _comparison_pairs(exp: Experiment) -> tuple[list[tuple[str, str]], dict[str, str]]:
+    """(a, b) arm pairs to compare, and each non-base arm's base: every non-base arm vs the base arm with
+    the same turns (else the primary base, flagged), and every GRPO-kind arm vs the control arms with the
+    same turns (else all controls of that kind, flagged)."""
+    base = exp.primary("base")
+    pairs: list[tuple[str, str]] = []
+    base_of: dict[str, str] = {}
+    for arm in exp.arms.values():
+        if arm.kind == "base":
+            continue
+        b = exp.base_for(arm) or base
+        if b is not None:
+            base_of[arm.name] = b.name
+            pairs.append((b.name, arm.name))
+    for g in exp.arms_of("grpo"):
+        for kind in ("no_update", "validity"):
+            for c in exp.same_turns(g, kind) or exp.arms_of(kind):
+                if (c.name, g.name) not in pairs:
+                    pairs.append((c.name, g.name))
+    return pairs, base_of
+
+
+def _arm_colors(exp: Experiment) -> dict[str, str]:
+    """The primary arm of each kind gets its kind's colour; every other arm the next spare one."""
+    colors = {}
+    for a in exp.arms:
+        kind_default = KIND_COLOR.get(exp.arms[a].kind)
+        colors[a] = kind_default if kind_default and exp.primary(exp.arms[a].kind).name == a else None
+    spare = [c for c in ARM_COLORS if c not in colors.values()]
+    for a in exp.arms:
+        if colors[a] is None:
+            colors[a] = spare.pop(0) if spare else "#111827"
+    return colors
+
+
+def analyze(
+    exp_dir: str | Path | Experiment, *, n_boot: int = 10000, seed: int = 0, ci: float = 0.95
+) -> dict:
+    """Everything the report shows, as plain data. Raises rundir.ExperimentError for a non-experiment folder."""
+    exp = exp_dir if isinstance(exp_dir, Experiment) else Experiment(exp_dir)
+    verdict = evidence_gate(exp)
+    arms = [_arm_info(exp, a, n_boot=n_boot, seed=seed, ci=ci) for a in exp.arms]
+    base = exp.primary("base")
+    pairs, base_of = _comparison_pairs(exp)
+    comparisons = []
+    for a, b in pairs:
+        row = compare_arms(exp, a, b, n_boot=n_boot, seed=seed, ci=ci)
+        row["turns_differ"] = exp.arms[a].turns != exp.arms[b].turns
+        comparisons.append(row)
+    curves = {a: exp.steps(a) or [] for a in exp.arms if exp.arms[a].train_dir is not None and exp.steps(a)}
+    colors = _arm_colors(exp)
+    return {
+        "experiment": {
+            "name": exp.name,
+            "dir": str(exp.dir),
+            "flags": exp.flags(),
+            "split": exp.meta.get("split"),
+            "fingerprint": exp.meta.get("fingerprint"),
+            "model": exp.meta.get("model"),
+            "machine": exp.meta.get("machine"),
+            "n_tasks": len(exp.meta.get("tasks") or []),
+        },
+        "verdict": verdict,
+        "arms": arms,
+        "comparisons": comparisons,
+        "curves": curves,
+        "colors": colors,
+        "base": base.name if base else None,
+        "base_of": base_of,
+        "params": {"n_boot": n_boot, "seed": seed, "ci": ci},
+        "_exp": exp,
+    }
+
+
+def find_comparison(analysis: dict, a: str, b: str) -> dict | None:
+    """The comparison row of arm b against arm a, or None."""
+    for row in analysis["comparisons"]:
+        if row["a"] == a and row["b"] == b:
+            return row
+    return None
+
+
+def base_comparisons(analysis: dict) -> list[dict]:
+    """The available comparisons of each arm against its own base arm (the repair decomposition's rows)."""
+    return [
+        r for r in analysis["comparisons"] if r.get("available") and r["a"] == analysis["base_of"].get(r["b"])
+    ]
+
+
+TURN_USE_HEADERS = [
+    "arm",
+    "turns",
+    "scored",
+    "replied FINAL",
+    "ran out of turns",
+    "other stops",
+    "mean turns",
+    "revised after feedback",
+    "one query repeated",
+]
+
+
+TURN_USE_NOTE = (
+    "Over scored tasks. Revised after feedback: the final SQL differs from the first query proposed (with how "
+    "many of those are correct). One query repeated: two or more queries, all identical. Many repeats and few "
+    "FINAL replies mean the turns were spent re-running one query, not debugging."
+)
+
+
+def turn_use_rows(analysis: dict) -> list[list[str]]:
+    """Rows of the turn-use table (plain text), one per multi-turn arm; [] when there is none."""
+    rows = []
+    for arm in analysis["arms"]:
+        u = arm.get("turn_use")
+        if not u or not u["n"]:
+            continue
+        stops = dict(u["stop_reasons"])
+        final, out_of = stops.pop("final", 0), stops.pop("max_turns", 0)
+        other = ", ".join(f"{k} {v}" for k, v in stops.items()) or "-"
+
+        def share(k: int | None, n: int = u["n"]) -> str:
+            return "-" if k is None else f"{k} ({100 * k / n:.0f}%)"
+
+        rev = "-" if u["revised"] is None else f"{share(u['revised'])}, {u['revised_correct']} correct"
+        mt = "-" if u["mean_turns"] is None else f"{u['mean_turns']:.2f}"
+        rows.append(
+            [
+                arm["name"],
+                str(arm["turns"]),
+                str(u["n"]),
+                share(final),
+                share(out_of),
+                other,
+                mt,
+                rev,
+                share(u["repeated"]),
+            ]
+        )
+    return rows

@@ -1,0 +1,212 @@
+"""The run-folder reader: a read-only view of an experiment folder (layout: docs/DESIGN.md, "Run folders").
+
+`Experiment(exp_dir)` reads experiment.json and resolves each arm's train and eval run folders (declared
+paths relative to the folder or the working directory, else `arms/<arm>/{train,eval}`). Its readers
+(`results`, `trajectories`, `summary`, `eval_run`, `train_run`, `steps`, `audit`, ...) are cached and
+tolerant: an absent or unreadable file reads as None. A large JSONL file may be stored gzipped
+(`x.jsonl.gz`); whichever exists is read.
+
+What is covered:
+- a folder that is not an experiment folder (missing, not a directory, no experiment.json, one that is
+  not a JSON object, `arms` not a mapping of objects) raises `ExperimentError` (CLI exit 2);
+- arm lookups by kind and turn group (`primary`, `same_turns`, `base_for`), used by the gate, the report
+  and `sqlrl seeds` alike.
+
+What is not:
+- no file is validated beyond being JSON; judging the contents is the evidence gate's job;
+- nothing is written, and no hash is recomputed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlrl.artifacts import read_json, read_jsonl
+
+RUN_FLAGS = ("smoke", "synthetic", "partial")
+
+
+class ExperimentError(ValueError):
+    """The folder is not an experiment folder at all (CLI exit code 2)."""
+
+
+@dataclass
+class Arm:
+    """One arm of experiment.json: its kind, turns, declared budgets and resolved run folders."""
+
+    name: str
+    kind: str
+    budgets: dict | None
+    turns: Any
+    train_dir: Path | None
+    eval_dir: Path | None
+    spec: dict
+
+
+def _resolve_run(exp_dir: Path, spec: dict, key: str, arm: str, sub: str) -> Path | None:
+    default = exp_dir / "arms" / arm / sub
+    if key not in spec:
+        return default if default.is_dir() else None
+    value = spec[key]
+    if value is None:
+        return None
+    p = Path(value)
+    if p.is_absolute():
+        return p
+    for cand in (exp_dir / p, Path.cwd() / p):
+        if cand.is_dir():
+            return cand
+    # Declared but absent: fall back to the conventional place, else report the declared path.
+    return default if default.is_dir() else exp_dir / p
+
+
+class Experiment:
+    """Read-only view of an experiment folder with cached, tolerant readers (None when absent/bad)."""
+
+    def __init__(self, exp_dir: str | Path):
+        self.dir = Path(exp_dir)
+        if not self.dir.exists():
+            raise ExperimentError(f"{self.dir}: no such folder")
+        if not self.dir.is_dir():
+            raise ExperimentError(f"{self.dir}: not a folder")
+        meta_path = self.dir / "experiment.json"
+        if not meta_path.is_file():
+            raise ExperimentError(f"{self.dir}: no experiment.json (is this an experiment folder?)")
+        try:
+            self.meta = read_json(meta_path)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ExperimentError(f"{meta_path}: not valid JSON ({e})") from None
+        if not isinstance(self.meta, dict):
+            raise ExperimentError(f"{meta_path}: not a JSON object")
+        if not isinstance(self.meta.get("arms", {}), dict):
+            raise ExperimentError(f"{meta_path}: 'arms' is not a mapping")
+        self.arms: dict[str, Arm] = {}
+        for name, spec in (self.meta.get("arms") or {}).items():
+            if not isinstance(spec, dict):
+                raise ExperimentError(f"{meta_path}: arm {name!r} is not an object")
+            self.arms[name] = Arm(
+                name=name,
+                kind=str(spec.get("kind", "")),
+                budgets=spec.get("budgets") if isinstance(spec.get("budgets"), dict) else None,
+                turns=spec.get("turns"),
+                train_dir=_resolve_run(self.dir, spec, "train_run", name, "train"),
+                eval_dir=_resolve_run(self.dir, spec, "eval_run", name, "eval"),
+                spec=spec,
+            )
+        self._cache: dict[tuple, Any] = {}
+
+    @property
+    def name(self) -> str:
+        return str(self.meta.get("name") or self.dir.name)
+
+    def flags(self) -> dict[str, bool]:
+        return {f: bool(self.meta.get(f)) for f in RUN_FLAGS}
+
+    def arms_of(self, kind: str) -> list[Arm]:
+        return [a for a in self.arms.values() if a.kind == kind]
+
+    def primary(self, kind: str) -> Arm | None:
+        """The arm named like its kind if there is one, else the first arm of that kind."""
+        arm = self.arms.get(kind)
+        if arm is not None and arm.kind == kind:
+            return arm
+        arms = self.arms_of(kind)
+        return arms[0] if arms else None
+
+    def same_turns(self, arm: Arm, kind: str) -> list[Arm]:
+        """Arms of `kind` evaluated with the same `turns` as `arm` (its comparison group)."""
+        return [a for a in self.arms.values() if a.kind == kind and a.turns == arm.turns]
+
+    def base_for(self, arm: Arm) -> Arm | None:
+        """The base arm `arm` is compared against: the primary base if it has the same turns, else the
+        first base arm with the same turns, else None."""
+        primary = self.primary("base")
+        if primary is not None and primary.turns == arm.turns:
+            return primary
+        bases = self.same_turns(arm, "base")
+        return bases[0] if bases else None
+
+    def _json(self, path: Path | None) -> Any:
+        if path is None:
+            return None
+        key = ("json", str(path))
+        if key not in self._cache:
+            try:
+                self._cache[key] = read_json(path) if path.is_file() else None
+            except (OSError, ValueError):
+                self._cache[key] = None
+        return self._cache[key]
+
+    def _jsonl(self, path: Path | None) -> list[dict] | None:
+        if path is None:
+            return None
+        key = ("jsonl", str(path))
+        if key not in self._cache:
+            try:
+                self._cache[key] = list(read_jsonl(path)) if path.is_file() else None
+            except (OSError, ValueError):
+                self._cache[key] = None
+        return self._cache[key]
+
+    def eval_file(self, arm: str, name: str) -> Path | None:
+        d = self.arms[arm].eval_dir
+        return _maybe_gz(d / name) if d is not None else None
+
+    def train_file(self, arm: str, name: str) -> Path | None:
+        d = self.arms[arm].train_dir
+        return _maybe_gz(d / name) if d is not None else None
+
+    def eval_run(self, arm: str) -> dict | None:
+        return self._json(self.eval_file(arm, "run.json"))
+
+    def summary(self, arm: str) -> dict | None:
+        return self._json(self.eval_file(arm, "summary.json"))
+
+    def results(self, arm: str) -> list[dict] | None:
+        return self._jsonl(self.eval_file(arm, "results.jsonl"))
+
+    def trajectories(self, arm: str) -> list[dict] | None:
+        return self._jsonl(self.eval_file(arm, "trajectories.jsonl"))
+
+    def train_run(self, arm: str) -> dict | None:
+        return self._json(self.train_file(arm, "run.json"))
+
+    def steps(self, arm: str) -> list[dict] | None:
+        return self._jsonl(self.train_file(arm, "steps.jsonl"))
+
+    def audit(self, name: str) -> dict | None:
+        return self._json(self.dir / name)
+
+    def has_train(self, arm: str) -> bool:
+        d = self.arms[arm].train_dir
+        return d is not None and (d / "run.json").is_file()
+
+    def has_eval(self, arm: str) -> bool:
+        d = self.arms[arm].eval_dir
+        return d is not None and (d / "run.json").is_file() and (d / "results.jsonl").is_file()
+
+    def fingerprint(self, arm: str) -> str | None:
+        for src in (self.summary(arm), self.eval_run(arm)):
+            if isinstance(src, dict):
+                for key in ("fingerprint", "dataset_fingerprint"):
+                    if src.get(key):
+                        return str(src[key])
+        return None
+
+    def eval_budgets(self, arm: str) -> dict | None:
+        for src in (self.eval_run(arm), self.summary(arm)):
+            if isinstance(src, dict) and isinstance(src.get("budgets"), dict):
+                return src["budgets"]
+        return None
+
+
+def _maybe_gz(path: Path) -> Path:
+    """Committed results keep large JSONL files gzipped (`x.jsonl.gz`); read whichever exists."""
+    if not path.exists() and path.suffix == ".jsonl":
+        gz = path.with_name(path.name + ".gz")
+        if gz.exists():
+            return gz
+    return path
