@@ -79,13 +79,13 @@ class _ConsoleHandler(logging.Handler):
 
 
 def console_logging(level: int = logging.INFO) -> None:
-    """Route the `sqlrl` loggers to the console (idempotent). A library user who wants silence does not
-    call this, or sets `logging.getLogger("sqlrl").setLevel(logging.WARNING)`."""
+    """Route the `sqlrl` loggers to the console (idempotent). Records still propagate to the root logger,
+    which has no handler in a plain CLI run (pytest's caplog attaches one there). A library user who wants
+    silence does not call this, or sets `logging.getLogger("sqlrl").setLevel(logging.WARNING)`."""
     root = logging.getLogger("sqlrl")
     if not any(isinstance(h, _ConsoleHandler) for h in root.handlers):
         root.addHandler(_ConsoleHandler())
     root.setLevel(level)
-    root.propagate = False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,7 +33,7 @@ from sqlrl.evidence.analysis import (
     turn_use_rows,
 )
 from sqlrl.evidence.fmt import acc_ci, budgets_str, diff_ci, fmt_p, gpu_str, machine_str, md_cell, pp, short
-from sqlrl.evidence.html import render_html
+from sqlrl.evidence.page import render_html
 from sqlrl.evidence.rundir import Experiment
 
 
