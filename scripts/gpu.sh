@@ -11,7 +11,7 @@
 #          pip download --no-deps --python-version 3.12 ... -d .whl gguf==0.19.0 sqlglot==30.30.0
 #   there: bash scripts/gpu.sh stage 00   (carry .stage/q50/part00)   ... one call per part
 #          bash scripts/gpu.sh setup      (carry last part, MANIFEST, spider.tgz, .whl)
-#          bash scripts/gpu.sh bench | engine BENCH.json | experiment SECONDS | pack DIR [EXPDIRS]
+#          bash scripts/gpu.sh bench | engine BENCH.json | experiment SECONDS | verify [STEPS] | pack DIR [EXPDIRS]
 #   or, after staging all parts but the last, the same call repeated: bash scripts/gpu.sh go $OUT   (carry the last part,
 #          MANIFEST, spider.tgz, .whl, .stage/tree.tgz): setup, benchmark, exp1 (1 turn), exp3 (3 turns),
 #          then the debugging curriculum (configs/debug-curriculum-gpu.toml) into $S/cur
@@ -81,6 +81,24 @@ case "$cmd" in
   oomcheck)
     # HFPolicy's out-of-memory retry on the real GPU (scripts/gpu_oom_check.py; extra args go to it)
     python3 scripts/gpu_oom_check.py --model "$MODEL" "$@" ;;
+  verify)
+    # does this code sample what the committed runs sampled? (after `setup`; 0.5B only) (1) the seed-3
+    # matrix's command with a 75 s budget: Base is evaluated, then the budget stops it before training
+    # (exit 3); its results.jsonl against the committed Base, task by task. (2) the No-update arm's first
+    # ${1:-8} steps (lr 0, seed 3): every sampled final SQL against the committed run of the same steps.
+    R=results/2026-12-01-spider-0.5b-single-turn-seed3/arms/base/eval/results.jsonl
+    T=results/2026-12-01-sandbox-chunking-ab-gpu/strided/sql.jsonl.gz
+    rc=0
+    python3 -m sqlrl.cli experiment "$CONFIG" --out "$S/verify_exp" --set "data.path=\"$S/spider\"" \
+      --time-budget 75 --set 'experiment.name="spider-0.5b-single-turn-seed3"' --set 'experiment.turns=[1]' \
+      --set 'run.gen_engine="static"' --set run.seed=3 > "$S/verify_exp.log" 2>&1 || rc=$?
+    [ "$rc" = 0 ] || [ "$rc" = 3 ] || { tail -20 "$S/verify_exp.log"; exit 1; }
+    python3 scripts/same_sql.py "$R" "$S/verify_exp/arms/base/eval/results.jsonl" || rc=1
+    python3 -m sqlrl.cli train "$CONFIG" --out "$S/verify_nu" --set "data.path=\"$S/spider\"" --set run.seed=3 \
+      --set 'run.gen_engine="static"' --set "grpo.steps=${1:-8}" --set 'grpo.control="no-update"' \
+      --set grpo.lr=0.0 --set "run.checkpoint_every=${1:-8}" > "$S/verify_nu.log" 2>&1 || { tail -20 "$S/verify_nu.log"; exit 1; }
+    python3 scripts/same_sql.py "$T" "$S/verify_nu/sql.jsonl" || rc=1
+    exit $([ "$rc" = 3 ] && echo 0 || echo "$rc") ;;
   bench)
     python3 bench/bench_generate.py --model "$MODEL" --prompts-from "$S/spider" --split train_spider "$@" ;;
   engine)

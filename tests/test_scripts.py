@@ -115,3 +115,35 @@ def test_bench_reward_stream_runs_on_the_committed_stream(tmp_path):
     assert n_agree == n >= 250
     assert arm["strided_equals_consecutive"] == "256/256"
     assert arm["naive_s"] > 0 and arm["ours_strided_s"] > 0
+
+
+def test_same_sql_compares_eval_and_training_records(tmp_path):
+    import gzip
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import same_sql
+    finally:
+        sys.path.pop(0)
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl.gz"
+    rows = [
+        {"task_id": "t1", "final_sql": "SELECT 1", "status": "match"},
+        {"task_id": "t2", "final_sql": "X"},
+    ]
+    a.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with gzip.open(b, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    assert same_sql.main([str(a), str(b)]) == 0
+    rows[1]["final_sql"] = "Y"
+    b.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    b = b.rename(tmp_path / "b.jsonl")
+    assert same_sql.main([str(a), str(b)]) == 1
+    same, diffs = same_sql.compare(same_sql.read(str(a)), same_sql.read(str(b)))
+    assert same == 1 and diffs == ["('t2',): 'X' != 'Y'"]
+    train = [{"step": 1, "round": 0, "task_id": "t1", "sample": s, "final_sql": "S"} for s in range(2)]
+    c = tmp_path / "c.jsonl"
+    c.write_text("".join(json.dumps(r) + "\n" for r in train[:1]))
+    d = tmp_path / "d.jsonl"
+    d.write_text("".join(json.dumps(r) + "\n" for r in train))
+    same, diffs = same_sql.compare(same_sql.read(str(c)), same_sql.read(str(d)))
+    assert same == 1 and diffs == ["only in B: (1, 0, 't1', 1)"]
