@@ -12,8 +12,8 @@ or until the 5 s statement limit.
 
 Scorers, on the same pairs:
 - ours, as the trainer scores: per arm one fresh `Sandbox(workers)` and one `Evaluator` (the arm's
-  reward kind, `test_suite=False`), one `score_many` per step. Timed twice: with the sandbox's strided
-  chunks and with consecutive chunks (`sandbox._STRIDED_CHUNKS = False`), alternating per arm.
+  reward kind, `test_suite=False`), one `score_many` per step (the sandbox deals each call's pairs
+  over its workers in strided chunks, so one task's samples run on different workers).
 - naive: per pair open a read-only connection, run the gold, run the prediction, compare with the same
   `execution_match`, close (reward_scorers.naive_score), plus the statement deadline the sandbox applies
   (5 s, a progress handler): without one a runaway prediction of the stream would never return.
@@ -21,8 +21,9 @@ Floor (first, one process): each distinct prediction of a step executed bare on 
 (no sandbox, IPC or scoring, the same deadline); "best ratio possible" = naive seconds / (bare
 seconds / workers). "Slow" pairs (prediction over `--slow-ms` bare) dominate the totals for any
 scorer; the "fast part" (every other pair) is timed again on its own for ours and read from per-pair
-timings for the naive. Also printed: each scorer's slowest step and the verdict agreement (ours
-match == naive match wherever neither timed out).
+timings for the naive. The naive and ours run in alternating order per arm (naive first on the first
+arm). Also printed: each scorer's slowest and median step and the verdict agreement (ours match ==
+naive match wherever neither timed out).
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from reward_scorers import bare_exec, cpu_delta, cpu_snapshot, naive_score  # no
 from sqlrl.artifacts import read_jsonl  # noqa: E402
 from sqlrl.reward.evaluator import Evaluator  # noqa: E402
 from sqlrl.reward.shape import gold_shape  # noqa: E402
-from sqlrl.sql import sandbox as sandbox_mod  # noqa: E402
 from sqlrl.sql.sandbox import Sandbox  # noqa: E402
 from sqlrl.tasks.data import SpiderData  # noqa: E402
 from sqlrl.tasks.goldcache import GoldCache  # noqa: E402
@@ -67,26 +67,22 @@ def load_stream(run: Path, arm: str, max_steps: int | None) -> list[list[dict]]:
     return [calls[k] for k in sorted(calls)]
 
 
-def time_ours(calls: list[list], tasks: dict, gc, workers: int, kind: str, strided: bool) -> dict:
+def time_ours(calls: list[list], tasks: dict, gc, workers: int, kind: str) -> dict:
     """One fresh sandbox + evaluator for the whole stream, as a training run has; per-call wall times."""
-    sandbox_mod._STRIDED_CHUNKS = strided
-    try:
-        with Sandbox(workers=workers, timeout_s=TIMEOUT_S) as sb:
-            ev = Evaluator(sb, gc, kind=kind, test_suite=False)
-            # the workers are up before the clock starts (a training run starts them with its env)
-            first = tasks[calls[0][0]["task_id"]].public.db_path
-            sb.execute_many([(first, "SELECT 1")] * workers)
-            snap = cpu_snapshot(sb)
-            per_call, rewards = [], []
-            t0 = time.perf_counter()
-            for call in calls:
-                t1 = time.perf_counter()
-                rewards += ev.score_many([(r["final_sql"], tasks[r["task_id"]]) for r in call])
-                per_call.append(time.perf_counter() - t1)
-            total = time.perf_counter() - t0
-            parent, wrk = cpu_delta(sb, snap)
-    finally:
-        sandbox_mod._STRIDED_CHUNKS = True
+    with Sandbox(workers=workers, timeout_s=TIMEOUT_S) as sb:
+        ev = Evaluator(sb, gc, kind=kind, test_suite=False)
+        # the workers are up before the clock starts (a training run starts them with its env)
+        first = tasks[calls[0][0]["task_id"]].public.db_path
+        sb.execute_many([(first, "SELECT 1")] * workers)
+        snap = cpu_snapshot(sb)
+        per_call, rewards = [], []
+        t0 = time.perf_counter()
+        for call in calls:
+            t1 = time.perf_counter()
+            rewards += ev.score_many([(r["final_sql"], tasks[r["task_id"]]) for r in call])
+            per_call.append(time.perf_counter() - t1)
+        total = time.perf_counter() - t0
+        parent, wrk = cpu_delta(sb, snap)
     return {"total": total, "per_call": per_call, "rewards": rewards, "cpu": (parent, wrk)}
 
 
@@ -166,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         for n_arm, arm in enumerate(arms):
             res, exact = measure_arm(args, gc, tasks, streams[arm], kinds[arm], n_arm)
             out["arms"][arm] = res
-            for key in ("naive_s", "ours_strided_s", "ours_consecutive_s", "bare_s", "bare_slow_s"):
+            for key in ("naive_s", "ours_s", "bare_s", "bare_slow_s"):
                 totals[key] += res[key]
             totals["pairs"] += res["pairs"]
             totals["fast_naive_s"] += exact["naive_fast"]
@@ -176,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     out["total"] = summarize_total(totals, args.workers)
     o = out["total"]
     print(
-        f"all arms: {o['pairs']} pairs; naive {o['naive_s']:.1f} s, ours {o['ours_strided_s']:.1f} s: "
-        f"{o['ratio_strided']}x (consecutive chunks {o['ratio_consecutive']}x); best possible "
+        f"all arms: {o['pairs']} pairs; naive {o['naive_s']:.1f} s, ours {o['ours_s']:.1f} s: "
+        f"{o['ratio']}x; best possible "
         f"{o['best_ratio_possible']}x, {o['bare_slow_share']:.0%} of the bare execution time is in slow "
         f"pairs; target 10x: {o['target_10x']}\n"
         f"fast part ({o['fast_part']['pairs']} pairs): {o['fast_part']['ratio']}x "
@@ -217,7 +213,7 @@ def bare_floor(calls: list[list], tasks: dict, slow_ms: float) -> tuple[float, f
 
 
 def measure_arm(args, gc, tasks: dict, calls: list[list], kind: str, n_arm: int) -> tuple[dict, dict]:
-    """One arm's stream through the floor, the naive and ours (strided, consecutive, fast part only):
+    """One arm's stream through the floor, the naive and ours (whole stream, then the fast part only):
     its figures, and the unrounded times the printout and the totals use."""
     pairs = [r for c in calls for r in c]
     bare_total, bare_slow, slow_keys, is_slow = bare_floor(calls, tasks, args.slow_ms)
@@ -227,7 +223,7 @@ def measure_arm(args, gc, tasks: dict, calls: list[list], kind: str, n_arm: int)
         fast_calls.append([r for j, r in enumerate(call) if not is_slow[k + j]])
         k += len(call)
     # the timed runs, in alternating order per arm
-    order = ["naive", "strided", "consecutive"]
+    order = ["naive", "ours"]
     if n_arm % 2:
         order.reverse()
     got: dict = {}
@@ -235,19 +231,16 @@ def measure_arm(args, gc, tasks: dict, calls: list[list], kind: str, n_arm: int)
         if who == "naive":
             got[who] = time_naive(calls, tasks)
         else:
-            got[who] = time_ours(calls, tasks, gc, args.workers, kind, who == "strided")
-    got["fast"] = time_ours(fast_calls, tasks, gc, args.workers, kind, True)
+            got[who] = time_ours(calls, tasks, gc, args.workers, kind)
+    got["fast"] = time_ours(fast_calls, tasks, gc, args.workers, kind)
     naive = got["naive"]
     naive_fast = sum(t for t, s in zip(naive["per_pair"], is_slow) if not s)
     agree = total = 0
-    for rw, m in zip(got["strided"]["rewards"], naive["verdicts"]):
+    for rw, m in zip(got["ours"]["rewards"], naive["verdicts"]):
         if m is None or rw.status in ("timeout", "infra_error", "gold_unscorable"):
             continue
         total += 1
         agree += (rw.status == "match") == bool(m)
-    same = sum(
-        a.to_dict() == b.to_dict() for a, b in zip(got["strided"]["rewards"], got["consecutive"]["rewards"])
-    )
     n = len(pairs)
     n_fast = n - sum(is_slow)
     res = {
@@ -257,14 +250,10 @@ def measure_arm(args, gc, tasks: dict, calls: list[list], kind: str, n_arm: int)
         "slow_pairs": sum(is_slow),
         "distinct_slow_predictions": len(slow_keys),
         "naive_s": round(naive["total"], 3),
-        "ours_strided_s": round(got["strided"]["total"], 3),
-        "ours_consecutive_s": round(got["consecutive"]["total"], 3),
-        "ratio_strided": round(naive["total"] / got["strided"]["total"], 2),
-        "ratio_consecutive": round(naive["total"] / got["consecutive"]["total"], 2),
-        "slowest_call_s": {w: round(max(got[w]["per_call"]), 3) for w in ("naive", "strided", "consecutive")},
-        "median_call_s": {
-            w: round(statistics.median(got[w]["per_call"]), 4) for w in ("naive", "strided", "consecutive")
-        },
+        "ours_s": round(got["ours"]["total"], 3),
+        "ratio": round(naive["total"] / got["ours"]["total"], 2),
+        "slowest_call_s": {w: round(max(got[w]["per_call"]), 3) for w in ("naive", "ours")},
+        "median_call_s": {w: round(statistics.median(got[w]["per_call"]), 4) for w in ("naive", "ours")},
         "bare_s": round(bare_total, 3),
         "bare_slow_s": round(bare_slow, 3),
         "best_ratio_possible": round(naive["total"] / (bare_total / args.workers), 2),
@@ -282,12 +271,10 @@ def measure_arm(args, gc, tasks: dict, calls: list[list], kind: str, n_arm: int)
             "best_ratio_possible": round(naive_fast / max(1e-9, (bare_total - bare_slow) / args.workers), 2),
         },
         "verdict_agreement_with_naive": f"{agree}/{total}",
-        "strided_equals_consecutive": f"{same}/{n}",
     }
     exact = {
         "naive": naive["total"],
-        "strided": got["strided"]["total"],
-        "consecutive": got["consecutive"]["total"],
+        "ours": got["ours"]["total"],
         "naive_fast": naive_fast,
         "fast": got["fast"]["total"],
         "bare_total": bare_total,
@@ -303,21 +290,17 @@ def print_arm(arm: str, res: dict, exact: dict, args) -> None:
         f"{arm} ({res['reward_kind']} reward): {res['pairs']} pairs in {res['calls']} calls, {res['slow_pairs']} slow "
         f"(> {args.slow_ms:g} ms bare: {res['distinct_slow_predictions']} distinct predictions, "
         f"{exact['bare_slow']:.1f} of {exact['bare_total']:.1f} s bare)\n"
-        f"  naive {exact['naive']:.2f} s; ours strided {exact['strided']:.2f} s "
-        f"({res['ratio_strided']}x), consecutive {exact['consecutive']:.2f} s "
-        f"({res['ratio_consecutive']}x); best possible on {args.workers} workers "
-        f"{res['best_ratio_possible']}x\n"
-        f"  slowest call: naive {res['slowest_call_s']['naive']} s, strided "
-        f"{res['slowest_call_s']['strided']} s, consecutive {res['slowest_call_s']['consecutive']} s; "
-        f"median call {res['median_call_s']['naive']} / {res['median_call_s']['strided']} / "
-        f"{res['median_call_s']['consecutive']} s\n"
+        f"  naive {exact['naive']:.2f} s; ours {exact['ours']:.2f} s ({res['ratio']}x); "
+        f"best possible on {args.workers} workers {res['best_ratio_possible']}x\n"
+        f"  slowest call: naive {res['slowest_call_s']['naive']} s, ours "
+        f"{res['slowest_call_s']['ours']} s; median call naive {res['median_call_s']['naive']} s, "
+        f"ours {res['median_call_s']['ours']} s\n"
         f"  fast part ({n_fast} pairs): naive {exact['naive_fast']:.2f} s ({fp['naive_us_per_pair']} "
         f"us/pair), ours {exact['fast']:.2f} s ({fp['ours_us_per_pair']} us/pair; "
         f"CPU parent {fp['ours_cpu_us_per_pair']['parent']} + workers "
         f"{fp['ours_cpu_us_per_pair']['workers']} us/pair): "
         f"{fp['ratio']}x (best possible {fp['best_ratio_possible']}x)\n"
-        f"  verdicts agree with naive {res['verdict_agreement_with_naive']}; rewards strided == "
-        f"consecutive {res['strided_equals_consecutive']}",
+        f"  verdicts agree with naive {res['verdict_agreement_with_naive']}",
         flush=True,
     )
 
@@ -326,10 +309,8 @@ def summarize_total(t: dict, workers: int) -> dict:
     return {
         "pairs": int(t["pairs"]),
         "naive_s": round(t["naive_s"], 3),
-        "ours_strided_s": round(t["ours_strided_s"], 3),
-        "ours_consecutive_s": round(t["ours_consecutive_s"], 3),
-        "ratio_strided": round(t["naive_s"] / t["ours_strided_s"], 2),
-        "ratio_consecutive": round(t["naive_s"] / t["ours_consecutive_s"], 2),
+        "ours_s": round(t["ours_s"], 3),
+        "ratio": round(t["naive_s"] / t["ours_s"], 2),
         "best_ratio_possible": round(t["naive_s"] / (t["bare_s"] / workers), 2),
         "bare_slow_share": round(t["bare_slow_s"] / t["bare_s"], 3),
         "fast_part": {
@@ -337,7 +318,7 @@ def summarize_total(t: dict, workers: int) -> dict:
             "ratio": round(t["fast_naive_s"] / t["fast_ours_s"], 2),
             "best_ratio_possible": round(t["fast_naive_s"] / ((t["bare_s"] - t["bare_slow_s"]) / workers), 2),
         },
-        "target_10x": "met" if t["naive_s"] / t["ours_strided_s"] >= 10 else "NOT met",
+        "target_10x": "met" if t["naive_s"] / t["ours_s"] >= 10 else "NOT met",
     }
 
 

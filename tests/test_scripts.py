@@ -97,7 +97,7 @@ def test_run_records_name_the_commit_of_an_unpacked_git_archive(tmp_path):
 )
 def test_bench_reward_stream_runs_on_the_committed_stream(tmp_path):
     """bench_reward_stream.py on the first step of one committed training stream: 256 pairs, every
-    verdict of ours agrees with the naive scorer, and strided and consecutive chunks give the same rewards."""
+    verdict of ours agrees with the naive scorer, and both scorers' times are recorded."""
     out = tmp_path / "s.json"
     cmd = [sys.executable, "bench/bench_reward_stream.py", "--steps", "1", "--arms", "grpo"]
     r = subprocess.run(
@@ -113,8 +113,7 @@ def test_bench_reward_stream_runs_on_the_committed_stream(tmp_path):
     assert arm["pairs"] == 256 and arm["calls"] == 1 and arm["reward_kind"] == "execution"
     n_agree, n = map(int, arm["verdict_agreement_with_naive"].split("/"))
     assert n_agree == n >= 250
-    assert arm["strided_equals_consecutive"] == "256/256"
-    assert arm["naive_s"] > 0 and arm["ours_strided_s"] > 0
+    assert arm["naive_s"] > 0 and arm["ours_s"] > 0 and arm["ratio"] > 0
 
 
 def test_same_sql_compares_eval_and_training_records(tmp_path):
