@@ -243,7 +243,7 @@ class SqlrlLitAgent(LitAgent):
 
     # -- the rollout
     def rollout(self, task: dict, resources: dict, rollout: Any) -> float | None:
-        from sqlrl.agent.loop import run_agent
+        from sqlrl.agent.text2sql import run_agent
 
         if isinstance(task, str):
             task = json.loads(task)

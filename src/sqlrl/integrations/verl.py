@@ -640,7 +640,8 @@ def _make_agent_loop_class():
             self.response_length = self.rollout_config.response_length
 
         async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
-            from sqlrl.agent.loop import Sampling, run_agent
+            from sqlrl.agent.loop import Sampling
+            from sqlrl.agent.text2sql import run_agent
 
             task = _public_from_row(kwargs["extra_info"])  # only the public task; the gold is not in the row
             loop = asyncio.get_running_loop()
