@@ -21,8 +21,7 @@ What is covered:
   preprocess SQL, unbuildable reference) give `infra_error`, reward None, never a wrong answer.
 
 What is not: a submission that needs the agent's earlier writes fails (it must hold the whole fix);
-leases of rolled-out trajectories leak if they are neither scored nor released
-(`release_debug_trajectories`).
+leases of trajectories neither scored nor released (`release_debug_trajectories`) leak.
 """
 
 from __future__ import annotations
@@ -400,7 +399,7 @@ def score_debug_trajectories(
     release the replica (dirty only on an infrastructure error; otherwise the pool decides).
     Every trajectory and its task are checked before anything is scored or released. Submissions are
     scored in `threads` threads (default: up to 8, one per CPU; SQLite and file copies run outside the
-    GIL) with each task's reference end state built once (`debugtasks.ReferenceStates`); the replicas
+    GIL) with each task's reference end state built once (`sqlrl.tasks.debugging.ReferenceStates`); the replicas
     are released afterwards, in order, from the calling thread."""
     for tr in trajs:
         if not tr.done:

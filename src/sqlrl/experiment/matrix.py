@@ -110,12 +110,12 @@ def run_experiment(
     report: bool = True,
     deadline: float | None = None,
 ) -> dict:
+    from sqlrl.agent.envs import make_env
     from sqlrl.agent.loop import Budgets
     from sqlrl.evaluation.runner import load_policy, run_eval
     from sqlrl.evidence.leakage import leakage_audit
     from sqlrl.evidence.weights import audit_weights
     from sqlrl.generation.device import free_memory
-    from sqlrl.sql.sandbox import Sandbox
     from sqlrl.tasks.data import SpiderData, resolve_data_root, select_tasks
     from sqlrl.training.trainer import config_changes, train
 
@@ -248,11 +248,11 @@ def run_experiment(
                 engine=cfg.run.gen_engine,
                 max_batch=cfg.run.gen_max_batch,
             )
-            with Sandbox(workers=cfg.run.sandbox_workers, timeout_s=budgets.sql_timeout_s) as sandbox:
+            with make_env(workers=cfg.run.sandbox_workers, timeout_s=budgets.sql_timeout_s) as env:
                 res = leakage_audit(
                     eval_tasks[: exp.leakage_tasks],
                     policy,
-                    sandbox,
+                    env.sandbox,
                     budgets,
                     work_dir=out / f".leakage{suffix}",
                 )

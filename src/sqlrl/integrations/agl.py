@@ -176,23 +176,21 @@ class SqlrlLitAgent(LitAgent):
     def _get_sandbox(self):
         with self._init_lock:
             if self._sandbox is None:
-                from sqlrl.sql.sandbox import Sandbox
+                from sqlrl.agent.envs import make_env
 
-                self._sandbox = Sandbox(workers=2, timeout_s=float(self.budgets.sql_timeout_s))
-                self._owned.append(self._sandbox)
+                env = make_env(workers=2, timeout_s=float(self.budgets.sql_timeout_s))
+                self._sandbox = env.sandbox
+                self._owned.append(env)
             return self._sandbox
 
     def _get_evaluator(self, kind: str):
         with self._init_lock:
             if self._evaluator is None:
-                from sqlrl.reward.match import Evaluator
-                from sqlrl.sql.sandbox import Sandbox
-                from sqlrl.tasks.goldcache import GoldCache
+                from sqlrl.agent.envs import make_env
 
-                sb = Sandbox(workers=2, timeout_s=5.0)
-                gc = GoldCache(self.gold_cache_dir)
-                self._owned += [gc, sb]
-                self._evaluator = Evaluator(sb, gc, kind=kind)
+                env = make_env(workers=2, timeout_s=5.0, gold_dir=self.gold_cache_dir, reward=kind)
+                self._owned.append(env)
+                self._evaluator = env.evaluator
             return self._evaluator
 
     def close(self) -> None:

@@ -505,13 +505,13 @@ _EXECUTOR: concurrent.futures.ThreadPoolExecutor | None = None
 
 def _shared_sandbox(workers: int, timeout_s: float):
     """One sandbox per process and settings (veRL instantiates an agent loop per trajectory)."""
-    from sqlrl.sql.sandbox import Sandbox
+    from sqlrl.agent.envs import make_env
 
     key = (int(workers), float(timeout_s))
     with _SANDBOX_LOCK:
         sb = _SANDBOXES.get(key)
         if sb is None:
-            sb = _SANDBOXES[key] = Sandbox(workers=workers, timeout_s=timeout_s)
+            sb = _SANDBOXES[key] = make_env(workers=workers, timeout_s=timeout_s).sandbox
         return sb
 
 
@@ -539,14 +539,14 @@ class ServerPolicy:
     identity = None
 
     def __init__(self, server_manager, tokenizer, sampling_params: dict, loop, request_id: str | None = None):
-        from sqlrl.agent.prompts import _eos_ids
+        from sqlrl.agent.prompts import eos_ids
 
         self.server = server_manager
         self.tokenizer = tokenizer
         self.sampling_params = dict(sampling_params)
         self.loop = loop
         self.request_id = request_id or uuid.uuid4().hex
-        self.eos_token_ids = _eos_ids(tokenizer)
+        self.eos_token_ids = eos_ids(tokenizer)
         self.calls = 0
         self.gen_s = 0.0
         self.error: BaseException | None = None
@@ -704,19 +704,19 @@ def _private_task(ref: dict):
 
 
 def _evaluator(kind: str):
-    from sqlrl.reward.match import Evaluator
-    from sqlrl.sql.sandbox import Sandbox
-    from sqlrl.tasks.goldcache import GoldCache
+    from sqlrl.agent.envs import make_env
 
     with _EVAL_LOCK:
         ev = _EVAL_STATE.get(f"evaluator:{kind}")
         if ev is None:
             cache_dir = _gold_cache_dir()
-            sandbox = Sandbox(
+            env = make_env(
                 workers=int(os.environ.get("SQLRL_REWARD_WORKERS", "2")),
                 timeout_s=float(os.environ.get("SQLRL_SQL_TIMEOUT_S", "5.0")),
+                gold_dir=cache_dir,
+                reward=kind,
             )
-            ev = _EVAL_STATE[f"evaluator:{kind}"] = Evaluator(sandbox, GoldCache(cache_dir), kind=kind)
+            ev = _EVAL_STATE[f"evaluator:{kind}"] = env.evaluator
         return ev
 
 
