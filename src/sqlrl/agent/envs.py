@@ -6,8 +6,8 @@ and an `Evaluator`) and `DebugEnv` (`sqlrl.agent.debugging`: a `ReplicaPool` of 
 Runners build them with `make_env(kind=..., ...)` instead of constructing the resources themselves.
 
 A training environment (`make_env(cfg, out)`, what the GRPO trainer uses) adds where the tasks come from:
-- `tasks` (the training tasks, already filtered to the scorable ones) and `info` (`split_info()`,
-  `gold_audit`: what run.json and split.json record about them),
+- `tasks` (the training tasks, already filtered to the scorable ones), `split_info()` and `gold_audit`
+  (what run.json and split.json record about them),
 - `rollout(batch, policy, budgets, sampling, n_samples)`: trajectories, task-major, from *public* tasks,
 - `score(trajs)`: writes `traj.reward` after the trajectories ended and returns the per-trajectory
   accuracy values used for logging (execution match, or "solved" for debugging tasks).
