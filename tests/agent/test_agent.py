@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sqlrl.agent.loop import Budgets, PolicyInfraError, Sampling, run_agent
+from sqlrl.agent.loop import Budgets, PolicyInfraError, Sampling
 from sqlrl.agent.prompts import Parser
+from sqlrl.agent.text2sql import run_agent
 from sqlrl.generation.scripted import ScriptedPolicy
 from sqlrl.sql.sandbox import Sandbox
 

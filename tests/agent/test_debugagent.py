@@ -16,16 +16,14 @@ from sqlrl.agent.debugging import (
     ACTION_SUBMIT,
     DebugTrajectory,
     build_debug_messages,
-    evaluate_debug,
     parse_debug_action,
     release_debug_trajectories,
     run_debug_agent,
     score_debug_trajectories,
-    summarize_debug,
-    write_debug_eval_run,
 )
 from sqlrl.agent.loop import Budgets, PolicyInfraError, Trajectory
 from sqlrl.agent.prompts import ChatFormat
+from sqlrl.evaluation.debugging import evaluate_debug, summarize_debug, write_debug_eval_run
 from sqlrl.generation.scripted import ScriptedPolicy
 from sqlrl.sql.replicas import ReplicaPool, sha256_file
 from sqlrl.tasks.debug_episode import validate_task

@@ -62,3 +62,32 @@ def test_validity_env_reads_accuracy_from_its_own_scoring(tmp_path):
     assert [tr.reward["value"] for tr in trajs] == [1.0, 1.0, 0.0, 0.0]  # validity: executes
     assert accs == want == [1.0, 0.0, 0.0, 0.0]
     assert [tr.reward["parts"]["execution_match"] for tr in trajs] == want
+
+
+def test_make_env_closes_what_it_built_and_never_what_it_borrowed(tmp_path):
+    from sqlrl.agent.envs import make_env
+    from sqlrl.sql.sandbox import Sandbox
+
+    with Sandbox(workers=1) as sb:
+        with make_env(sandbox=sb, gold_dir=tmp_path / "gc", reward="validity") as env:
+            assert env.sandbox is sb and env.evaluator.kind == "validity" and env.evaluator.test_suite
+            assert env.gold_cache.path is not None
+        assert sb.execute_many([(":memory:", "SELECT 1")])[0].status != "worker_crash"  # still open
+    with make_env(workers=1, timeout_s=1.0) as env:
+        assert env.gold_cache is None and env.evaluator is None
+        assert env.sandbox.timeout_s == 1.0
+
+
+def test_make_env_debug_builds_and_closes_its_pool(tmp_path):
+    from sqlrl.agent.envs import make_env
+    from sqlrl.tasks.debugging import debug_demo_root, load_debug_tasks
+
+    tasks = load_debug_tasks(debug_demo_root() / "debug_tasks.jsonl")
+    templates = {t.public.db_id: t.public.db_path for t in tasks}
+    env = make_env(
+        kind="debug", templates=templates, pool_root=tmp_path / "pool", replicas_per_db=3, workers=1
+    )
+    with env:
+        assert env.capacity(tasks[0].public.db_id) == 3
+    with make_env(kind="debug", pool=env.pool) as borrowed:
+        assert borrowed.pool is env.pool

@@ -81,7 +81,7 @@ def test_leakage_audit_passes_for_an_honest_agent(shop_tasks, sandbox, tmp_path)
 
 def test_leakage_audit_catches_a_leaky_agent(shop_tasks, sandbox, tmp_path, monkeypatch):
     """Wire the gold into the prompt (a bug we must catch): the audit fails and names task and field."""
-    import sqlrl.agent.loop as agent_mod
+    import sqlrl.agent.text2sql as agent_mod
 
     golds = {}
     real_build = agent_mod.build_messages
@@ -118,7 +118,7 @@ def test_mutated_golds_differ_and_stay_valid(shop_tasks):
 
 
 def test_compare_and_static_check_name_the_difference(shop_tasks, sandbox):
-    from sqlrl.agent.loop import run_agent
+    from sqlrl.agent.text2sql import run_agent
 
     p = [t.public for t in shop_tasks]
     a = run_agent(p, ScriptedPolicy(answer), sandbox, Budgets())

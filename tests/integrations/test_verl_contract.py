@@ -596,7 +596,8 @@ def _agent_loop(cfg, tokenizer, server, sandbox):
 @needs_verl
 @pytest.mark.parametrize("turns", [1, 4])
 def test_agent_loop_matches_run_agent_token_for_token(shop_tasks, sandbox, turns):
-    from sqlrl.agent.loop import Budgets, run_agent
+    from sqlrl.agent.loop import Budgets
+    from sqlrl.agent.text2sql import run_agent
     from sqlrl.generation.scripted import ScriptedPolicy, make_chat_tokenizer
     from sqlrl.integrations.verl import AGENT_NAME, SqlrlAgentLoop, task_to_row
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from sqlrl import config as C
-from sqlrl.agent.debugging import category_table, parse_debug_action
+from sqlrl.agent.debugging import parse_debug_action
 from sqlrl.agent.loop import Budgets
+from sqlrl.evaluation.debugging import category_table
 from sqlrl.generation.scripted import ScriptedPolicy, make_chat_tokenizer
 from sqlrl.tasks.debug_episode import run_episode_offline
 from sqlrl.tasks.debugging import debug_demo_root, load_debug_tasks

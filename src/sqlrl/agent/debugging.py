@@ -1,69 +1,27 @@
-"""The SQL-debugging agent: a policy fixes a user's buggy SQL on its own writable replica of the database.
+"""The SQL-debugging environment: a policy fixes a user's buggy SQL on its own writable replica.
 
-Same budgets (`sqlrl.agent.loop.Budgets`, the `[agent]` config), sampling and trajectory records as the
-Text-to-SQL agent (`sqlrl.agent.loop`): a `DebugTrajectory` IS a `Trajectory` plus an `extra` dict (category,
-trajectory id, replica, submission, preprocess and scoring notes). Training integration is not here.
+`DebugEnv` supplies the hooks of `sqlrl.agent.loop.run_episodes` over a `ReplicaPool` (build it with
+`sqlrl.agent.envs.make_env(kind="debug", ...)`); a `DebugTrajectory` is a `Trajectory` plus `extra`
+(category, trajectory id, replica, submission, preprocess and scoring notes). Protocol (in the system
+prompt): a reply with SQL and without the word SUBMIT is `execute_sql` (one statement, run on the
+trajectory's own replica, its writes persisting there); a reply with SUBMIT is `submit_solution` (for
+`query` tasks the last SQL block, else all blocks in order; a query task without SQL falls back to the
+last executed SQL). Single-turn or on the last turn any SQL is the submission; neither SQL nor SUBMIT
+is `invalid` and costs a turn. Preprocess SQL does not count against `max_sql_executions`.
 
-Protocol (stated to the model in the system prompt):
-- `execute_sql`: a reply with SQL (the last ```sql block, like `Parser`) and without the word SUBMIT
-  (upper case, as a word). The statement runs on the trajectory's OWN replica through
-  `ReplicaPool.execute` (one statement per call), WITH side effects that persist on that replica for
-  the rest of the trajectory (what the agent sees next); the rendered result (or structured error)
-  comes back as the next user message. Exploration is not the solution: see scoring below.
-- `submit_solution`: a reply containing SUBMIT. Its SQL is the solution: for `query` tasks the last SQL
-  block (one SELECT); for other categories all ```sql blocks in order (each may hold several
-  statements). SUBMIT without SQL: a query task falls back to the last executed SQL (a SELECT has no
-  side effects); other categories get no fallback (which executed statements make up the fix is not
-  known) -> no_sql.
-- single-turn (`turns == 1`): the reply's SQL is the submission. On the last turn any SQL is the
-  submission. A reply with neither SQL nor SUBMIT is `invalid` and costs a turn.
-- Budgets: `turns`; `max_new_tokens` per turn; `max_sql_executions` (an execution request beyond it
-  ends the trajectory with `sql_budget`, its SQL being the submission, as in agent.py); preprocess SQL
-  does not count; `max_context_tokens` (a turn that might not fit ends with `context_budget`);
-  `max_schema_chars` (`prompts.truncate_schema`); `observation_rows` / `observation_chars`;
-  `sql_timeout_s` per execution.
+What is covered:
+- Only `DebugTaskPublic` reaches the rollout (TypeError before any lease or generation otherwise; each
+  task is checked again right before its prompt is built). The gold (solution, tests) is used only by
+  `score_debug_trajectories`, after the episode, on a FRESH temporary copy of the database
+  (`run_episode_offline`), never on the explored replica: the score depends only on task and submission.
+- Isolation: one replica per trajectory for its whole life; trajectory ids are unique within a call and
+  a call never asks for more replicas of a database than the pool has (ValueError up front).
+- Scoring releases the replica (dirty on an infrastructure error); an exception inside the rollout
+  releases every lease it took (dirty). Infrastructure failures (policy, pool worker crash, failing
+  preprocess SQL, unbuildable reference) give `infra_error`, reward None, never a wrong answer.
 
-Life of a trajectory (id `f"{task_id}#{sample}"`): `run_debug_agent` leases a replica
-(`pool.lease(id, db_id)`), runs the task's preprocess SQL on it (through the pool), then the turns;
-the trajectory is returned STILL HOLDING its lease. `score_debug_trajectories` then scores the
-submission on a FRESH temporary copy of the task's database (`debugtasks.run_episode_offline`: copy,
-preprocess SQL, the submission applied once, hidden tests against a reference end state built on
-another temporary copy, built once per task and call: `debugtasks.ReferenceStates`), in a thread pool,
-never on the replica the agent explored, and releases the replica.
-`evaluate_debug` does both in waves that fit the pool. (Until 2026-11-29 the submission was applied
-to the explored replica; the first GPU curriculum showed why that was wrong: models run their fix
-with execute_sql and then submit it, so a write ran twice, e.g. "duplicate column", and 3-turn
-management accuracy fell to 19 % from 81 % at 1 turn: results/2026-11-29-debug-curriculum-gpu-submission-as-left.)
-
-Guaranteed:
-- Only `DebugTaskPublic` is accepted by `run_debug_agent`: a `DebugTaskPrivate` (or anything else)
-  raises TypeError before any lease and before anything reaches the policy; every task is checked
-  again with `ensure_public_debug` right before its prompt is built. The gold (solution, tests,
-  clean-up) is only used by `score_debug_trajectories`, after the trajectory ended, and never touches
-  the replica before then (the reference is built by debugtasks on its own temporary copy).
-- Isolation: each trajectory has its own replica for its whole life (the pool leases a replica to at
-  most one trajectory at a time), so two trajectories of the same task never see each other's writes.
-- The score depends only on the task and the submission: the same submission gets the same reward
-  whatever the agent executed before (exploration writes, TEMP objects, a dropped table).
-- After scoring, the replica is released; the scorer never writes to it, so the pool's own dirty
-  detection decides (writes by `execute_sql` and the preprocess SQL are seen by its authorizer); an
-  infrastructure error releases it dirty (`crashed=True`), so it is reset before its next lease.
-- Token-in/token-out exactly as agent.py: one token sequence (prompt, then each turn's generated ids as
-  produced and the observation delta from `ChatFormat.observation_ids`); `loss_mask` is 1 exactly on
-  generated tokens; `logprobs` holds generation log-probabilities there, 0.0 elsewhere.
-- Infrastructure failures (policy `PolicyInfraError`, pool worker crash, failing preprocess SQL, a
-  reference that cannot be built) give status `infra_error` with reward value None: excluded from
-  scoring, never counted as a wrong answer.
-- Trajectory ids are unique within a call (a task id given twice is a ValueError), and a call never
-  asks for more replicas of a database than the pool has (ValueError up front).
-
-Not guaranteed:
-- A submission that needs the agent's earlier writes to work (e.g. it fills a column an executed
-  ALTER added) fails: the submission must hold every statement of the fix, as the prompt says.
-- Same trajectories under a different batch composition in bf16 (see agent.py).
-- `run_debug_agent` leaks leases if the caller never scores / releases the returned trajectories
-  (`release_debug_trajectories` releases without scoring); on an exception inside it, every lease it
-  took is released (dirty) before the exception propagates.
+What is not: a submission that needs the agent's earlier writes fails (it must hold the whole fix);
+leases of trajectories neither scored nor released (`release_debug_trajectories`) leak.
 """
 
 from __future__ import annotations
@@ -72,13 +30,12 @@ import os
 import re
 import sqlite3
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from sqlrl.agent.loop import Budgets, Sampling, Trajectory, generate_turn
+from sqlrl.agent.loop import Budgets, Environment, Sampling, Trajectory, run_episodes
 from sqlrl.agent.prompts import ChatFormat, Parser, truncate_schema
 from sqlrl.sql.guard import split_statements
 from sqlrl.tasks.debug_episode import ReferenceStates, run_episode_offline
@@ -89,15 +46,13 @@ __all__ = [
     "ACTION_INVALID",
     "ACTION_SUBMIT",
     "DebugAction",
+    "DebugEnv",
     "DebugTrajectory",
     "build_debug_messages",
-    "evaluate_debug",
     "parse_debug_action",
     "release_debug_trajectories",
     "run_debug_agent",
     "score_debug_trajectories",
-    "summarize_debug",
-    "write_debug_eval_run",
 ]
 
 ACTION_EXECUTE = "execute_sql"
@@ -211,7 +166,7 @@ def parse_debug_action(text: str, *, multi_turn: bool, category: str) -> DebugAc
     return DebugAction(ACTION_INVALID, None)
 
 
-# ----------------------------------------------------------------------------------------- the loop
+# ------------------------------------------------------------------------------------- the environment
 
 
 def _check_public_debug(tasks: Sequence[Any]) -> list[DebugTaskPublic]:
@@ -225,13 +180,6 @@ def _check_public_debug(tasks: Sequence[Any]) -> list[DebugTaskPublic]:
             )
         out.append(ensure_public_debug(t))
     return out
-
-
-def _capacity(pool, db_id: str) -> int:
-    try:
-        return len(pool.replica_state(db_id))
-    except KeyError:
-        raise ValueError(f"the replica pool has no template for db_id {db_id!r}") from None
 
 
 def _executed_sqls(tr: DebugTrajectory) -> list[str]:
@@ -249,6 +197,151 @@ def _finish(tr: DebugTrajectory, submission: Sequence[str], reason: str) -> None
     tr.stop_reason = reason
 
 
+class DebugEnv(Environment):
+    """SQL-debugging episodes on per-trajectory replicas of `pool`; `close()` closes the resources listed
+    in `owned` (those the factory built)."""
+
+    EXECUTE = ACTION_EXECUTE
+    FINAL = ACTION_SUBMIT
+    FINAL_REASON = "submit"
+
+    def __init__(self, pool, *, owned: Sequence[Any] = ()):
+        self.pool = pool
+        self._owned = list(owned)
+
+    def __enter__(self) -> DebugEnv:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for obj in self._owned:
+            obj.close()
+        self._owned.clear()
+
+    def capacity(self, db_id: str) -> int:
+        """How many replicas of `db_id` the pool has (ValueError for a database it does not serve)."""
+        try:
+            return len(self.pool.replica_state(db_id))
+        except KeyError:
+            raise ValueError(f"the replica pool has no template for db_id {db_id!r}") from None
+
+    # ------------------------------------------------------------------------------- loop hooks
+
+    def initial(self, task, sample: int, chat: ChatFormat, model: dict, budgets) -> tuple[Trajectory, list]:
+        ensure_public_debug(task)  # run-time check right before anything is shown to the policy
+        messages = build_debug_messages(task, budgets)
+        tr = DebugTrajectory.from_prompt(
+            chat,
+            messages,
+            timings={"preprocess_s": 0.0},
+            task_id=task.task_id,
+            db_id=task.db_id,
+            question=task.description,
+            sample=sample,
+            model=model,
+            budgets=budgets.to_dict(),
+            extra={
+                "kind": "debug",
+                "category": task.category,
+                "trajectory_id": f"{task.task_id}#{sample}",
+                "leased": False,
+                "submission": [],
+                "preprocess": [],
+            },
+        )
+        return tr, messages
+
+    def setup(self, tr: Trajectory, task, budgets) -> None:
+        """Lease the trajectory's replica and run the task's preprocess SQL on it (through the pool)."""
+        lease = self.pool.lease(tr.extra["trajectory_id"], task.db_id)
+        tr.extra["leased"] = True
+        tr.extra["replica"] = {"worker": lease.worker, "replica": lease.replica, "path": lease.path}
+        t0 = time.perf_counter()
+        for block in task.preprocess_sql:
+            for stmt in split_statements(block):
+                res = self.pool.execute(tr.extra["trajectory_id"], stmt, timeout_s=budgets.sql_timeout_s)
+                tr.extra["preprocess"].append({"status": res.status, "message": res.message})
+                if res.status != "ok":
+                    tr.infra_error = f"preprocess: {res.status}: {res.message}"
+                    tr.stop_reason = "infra_error"
+                    break
+            if tr.done:
+                break
+        tr.timings["preprocess_s"] = time.perf_counter() - t0
+
+    def parse(self, tr: Trajectory, text: str, multi_turn: bool) -> DebugAction:
+        return parse_debug_action(text, multi_turn=multi_turn, category=tr.extra["category"])
+
+    def finish(self, tr: Trajectory, reason: str, action=None, text: str | None = None) -> None:
+        if action is None:
+            sub: Sequence[str] = ()
+        elif reason in ("single_turn", self.FINAL_REASON):
+            sub = action.submission
+        else:  # last turn or SQL budget: the reply's SQL is the submission
+            sub = _submission(text or "", tr.extra["category"])
+        _finish(tr, sub, reason)
+
+    def execute(self, pairs: list[tuple[Trajectory, Any]], budgets) -> None:
+        for tr, _ in pairs:
+            t0 = time.perf_counter()
+            res = self.pool.execute(
+                tr.extra["trajectory_id"], tr.turns[-1].sql, timeout_s=budgets.sql_timeout_s
+            )
+            tr.timings["exec_s"] += time.perf_counter() - t0
+            tr.add_sql_result(res, budgets, "pool")
+
+    def observation(self, tr: Trajectory, turn: int, budgets) -> str:
+        last = tr.turns[-1]
+        if last.action == self.EXECUTE:
+            return debug_observation_message(last.observation or "", turn, budgets.turns)
+        return INVALID_DEBUG_MESSAGE
+
+    def abort(self, trajs: list[Trajectory]) -> None:
+        release_debug_trajectories(trajs, self.pool, crashed=True)
+
+    # ------------------------------------------------------------------------------- rollout, scoring
+
+    def rollout(
+        self,
+        tasks: Sequence[DebugTaskPublic],
+        policy,
+        budgets: Budgets,
+        sampling: Sampling = Sampling(),
+        *,
+        n_samples: int = 1,
+        seed_offset: int = 0,
+    ) -> list[DebugTrajectory]:
+        """Run every task `n_samples` times (task-major order) as one batch; each trajectory leases its
+        own replica, so the pool must have as many replicas of each database as trajectories on it.
+
+        The returned trajectories still hold their leases: `score` them (or release them with
+        `release_debug_trajectories`)."""
+        public = _check_public_debug(tasks)
+        if n_samples < 1:
+            raise ValueError("n_samples must be >= 1")
+        ids = [t.task_id for t in public]
+        dup = [k for k, c in Counter(ids).items() if c > 1]
+        if dup:
+            raise ValueError(
+                f"task ids must be unique within a call (trajectory ids would collide): {dup[:3]}"
+            )
+        for db_id, n in Counter(t.db_id for t in public).items():
+            cap = self.capacity(db_id)
+            if n * n_samples > cap:
+                raise ValueError(
+                    f"{n * n_samples} trajectories on {db_id!r} but the pool has {cap} replicas of it; "
+                    "run fewer tasks per call (evaluate_debug splits into waves)"
+                )
+        items = [(t, s) for t in public for s in range(n_samples)]
+        return run_episodes(self, items, policy, budgets, sampling, seed_offset=seed_offset)
+
+    def score(self, trajs: Sequence[DebugTrajectory], private_by_id: dict, **kw) -> None:
+        """`score_debug_trajectories` on this environment's pool (`timeout_s`, `threads`)."""
+        score_debug_trajectories(trajs, private_by_id, self.pool, **kw)
+
+
 def run_debug_agent(
     tasks: Sequence[DebugTaskPublic],
     policy,
@@ -259,140 +352,10 @@ def run_debug_agent(
     n_samples: int = 1,
     seed_offset: int = 0,
 ) -> list[DebugTrajectory]:
-    """Run every task `n_samples` times (task-major order); each trajectory leases its own replica.
-
-    The returned trajectories still hold their leases: score them with `score_debug_trajectories`
-    (or release them with `release_debug_trajectories`). All trajectories of one call run as one batch,
-    so the pool must have at least as many replicas of each database as trajectories on it.
-    """
-    public = _check_public_debug(tasks)
-    if n_samples < 1:
-        raise ValueError("n_samples must be >= 1")
-    ids = [t.task_id for t in public]
-    dup = [k for k, c in Counter(ids).items() if c > 1]
-    if dup:
-        raise ValueError(f"task ids must be unique within a call (trajectory ids would collide): {dup[:3]}")
-    need = Counter(t.db_id for t in public)
-    for db_id, n in need.items():
-        cap = _capacity(pool, db_id)
-        if n * n_samples > cap:
-            raise ValueError(
-                f"{n * n_samples} trajectories on {db_id!r} but the pool has {cap} replicas of it; "
-                "run fewer tasks per call (evaluate_debug splits into waves)"
-            )
-    chat = ChatFormat(policy.tokenizer)
-    model_info = {"name": getattr(policy, "name", None), "identity": getattr(policy, "identity", None)}
-    eos_ids = set(getattr(policy, "eos_token_ids", []) or [])
-    trajs: list[DebugTrajectory] = []
-    histories: list[list[dict]] = []
-    try:
-        for task in public:
-            for s in range(n_samples):
-                ensure_public_debug(task)  # run-time check right before anything is shown to the policy
-                messages = build_debug_messages(task, budgets)
-                tid = f"{task.task_id}#{s}"
-                tr = DebugTrajectory.from_prompt(
-                    chat,
-                    messages,
-                    timings={"preprocess_s": 0.0},
-                    task_id=task.task_id,
-                    db_id=task.db_id,
-                    question=task.description,
-                    sample=s,
-                    model=model_info,
-                    budgets=budgets.to_dict(),
-                    extra={
-                        "kind": "debug",
-                        "category": task.category,
-                        "trajectory_id": tid,
-                        "leased": False,
-                        "submission": [],
-                        "preprocess": [],
-                    },
-                )
-                trajs.append(tr)
-                histories.append(messages)
-                lease = pool.lease(tid, task.db_id)
-                tr.extra["leased"] = True
-                tr.extra["replica"] = {"worker": lease.worker, "replica": lease.replica, "path": lease.path}
-                _preprocess(tr, task, pool, budgets)
-        _turns(trajs, histories, policy, pool, budgets, sampling, chat, eos_ids, seed_offset)
-    except BaseException:
-        release_debug_trajectories(trajs, pool, crashed=True)
-        raise
-    return trajs
-
-
-def _preprocess(tr: DebugTrajectory, task: DebugTaskPublic, pool, budgets: Budgets) -> None:
-    t0 = time.perf_counter()
-    tid = tr.extra["trajectory_id"]
-    for block in task.preprocess_sql:
-        for stmt in split_statements(block):
-            res = pool.execute(tid, stmt, timeout_s=budgets.sql_timeout_s)
-            tr.extra["preprocess"].append({"status": res.status, "message": res.message})
-            if res.status != "ok":
-                tr.infra_error = f"preprocess: {res.status}: {res.message}"
-                tr.stop_reason = "infra_error"
-                break
-        if tr.done:
-            break
-    tr.timings["preprocess_s"] = time.perf_counter() - t0
-
-
-def _turns(trajs, histories, policy, pool, budgets: Budgets, sampling: Sampling, chat, eos_ids, seed_offset):
-    multi = budgets.multi_turn
-    for turn in range(1, budgets.turns + 1):
-        ready = []
-        for i, tr in enumerate(trajs):
-            if tr.done:
-                continue
-            if len(tr.token_ids) + budgets.max_new_tokens > budgets.max_context_tokens:
-                _finish(tr, (), "context_budget")
-            else:
-                ready.append(i)
-        if not ready:
-            break
-        out = generate_turn(policy, [trajs[i] for i in ready], budgets, sampling, turn, seed_offset)
-        if out is None:
-            break
-        gens, gen_s = out
-        to_exec: list[int] = []
-        for i, g in zip(ready, gens):
-            tr = trajs[i]
-            action = parse_debug_action(g.text, multi_turn=multi, category=tr.extra["category"])
-            tr.add_completion(g, action.kind, action.sql, gen_s / len(ready))
-            if not multi:
-                _finish(tr, action.submission, "single_turn")
-            elif action.kind == ACTION_SUBMIT:
-                _finish(tr, action.submission, "submit")
-            elif turn == budgets.turns:
-                _finish(tr, _submission(g.text, tr.extra["category"]), "max_turns")
-            elif action.kind == ACTION_EXECUTE:
-                if tr.n_executions >= budgets.max_sql_executions:
-                    _finish(tr, _submission(g.text, tr.extra["category"]), "sql_budget")
-                else:
-                    to_exec.append(i)
-            # invalid: observation below, costs the turn
-        for i in to_exec:
-            tr = trajs[i]
-            t0 = time.perf_counter()
-            res = pool.execute(tr.extra["trajectory_id"], tr.turns[-1].sql, timeout_s=budgets.sql_timeout_s)
-            tr.timings["exec_s"] += time.perf_counter() - t0
-            tr.add_sql_result(res, budgets, "pool")
-        if multi and turn < budgets.turns:
-            for i in ready:
-                tr = trajs[i]
-                if tr.done:
-                    continue
-                last = tr.turns[-1]
-                if last.action == ACTION_EXECUTE:
-                    obs = debug_observation_message(last.observation or "", turn, budgets.turns)
-                else:
-                    obs = INVALID_DEBUG_MESSAGE
-                histories[i] = tr.add_observation(chat, histories[i], obs, eos_ids)
-    for tr in trajs:
-        if not tr.done:  # defensive: loop ended without a decision
-            _finish(tr, (), "max_turns")
+    """`DebugEnv(pool).rollout(...)`: every task `n_samples` times, task-major, each on its own replica."""
+    return DebugEnv(pool).rollout(
+        tasks, policy, budgets, sampling, n_samples=n_samples, seed_offset=seed_offset
+    )
 
 
 # ------------------------------------------------------------------------------------------- scoring
@@ -431,7 +394,7 @@ def score_debug_trajectories(
     release the replica (dirty only on an infrastructure error; otherwise the pool decides).
     Every trajectory and its task are checked before anything is scored or released. Submissions are
     scored in `threads` threads (default: up to 8, one per CPU; SQLite and file copies run outside the
-    GIL) with each task's reference end state built once (`debugtasks.ReferenceStates`); the replicas
+    GIL) with each task's reference end state built once (`sqlrl.tasks.debugging.ReferenceStates`); the replicas
     are released afterwards, in order, from the calling thread."""
     for tr in trajs:
         if not tr.done:
@@ -481,206 +444,3 @@ def score_debug_trajectories(
 
 def _infra(message: str) -> dict:
     return {"value": None, "status": "infra_error", "passed": 0, "total": 0, "message": message}
-
-
-# ---------------------------------------------------------------------------------------- evaluation
-
-
-def _results(trajs: Sequence[DebugTrajectory]) -> list[dict]:
-    out = []
-    for tr in trajs:
-        rw = tr.reward or {}
-        value = rw.get("value")
-        parts = rw.get("parts") or {}
-        out.append(
-            {
-                "task_id": tr.task_id,
-                "sample": tr.sample,
-                "db_id": tr.db_id,
-                "category": tr.extra.get("category"),
-                "final_sql": tr.final_sql,
-                "submission": list(tr.extra.get("submission") or []),
-                "status": rw.get("status"),
-                "reward": value,
-                "solved": None if value is None else rw.get("status") == "solved",
-                "passed": parts.get("passed"),
-                "total": parts.get("total"),
-                "turns": len(tr.turns),
-                "n_executions": tr.n_executions,
-                "stop_reason": tr.stop_reason,
-            }
-        )
-    return out
-
-
-def summarize_debug(results: Sequence[dict], trajectories: Sequence[DebugTrajectory] = ()) -> dict:
-    """n (scored), mean_reward, solved_rate, status_counts, per_category {n, solved, mean_reward}, ..."""
-    scored = [r for r in results if r["reward"] is not None]
-    n = len(scored)
-    per_cat: dict[str, dict] = defaultdict(lambda: {"n": 0, "solved": 0, "reward_sum": 0.0})
-    for r in scored:
-        d = per_cat[r["category"]]
-        d["n"] += 1
-        d["solved"] += int(bool(r["solved"]))
-        d["reward_sum"] += r["reward"]
-    per_category = {
-        c: {"n": d["n"], "solved": d["solved"], "mean_reward": d["reward_sum"] / d["n"] if d["n"] else None}
-        for c, d in sorted(per_cat.items())
-    }
-    return {
-        "kind": "debug",
-        "n": n,
-        "n_trajectories": len(results),
-        "excluded": sum(r["reward"] is None for r in results),
-        "mean_reward": sum(r["reward"] for r in scored) / n if n else None,
-        "solved_rate": sum(bool(r["solved"]) for r in scored) / n if n else None,
-        "status_counts": dict(Counter(r["status"] for r in results)),
-        "per_category": per_category,
-        "stop_reasons": dict(Counter(r["stop_reason"] for r in results)),
-        "mean_turns": sum(r["turns"] for r in results) / len(results) if results else None,
-        "generated_tokens": sum(tr.generated_tokens for tr in trajectories),
-        "generation_s": round(sum(tr.timings.get("gen_s", 0.0) for tr in trajectories), 3),
-    }
-
-
-def evaluate_debug(
-    tasks_private: Sequence[DebugTaskPrivate],
-    policy,
-    budgets: Budgets,
-    *,
-    pool_root: str | Path,
-    sampling: Sampling = Sampling(temperature=0.0, seed=0),
-    n_samples: int = 1,
-    replicas_per_db: int = 4,
-    workers: int = 2,
-    pool=None,
-    timeout_s: float = 10.0,
-) -> tuple[list[DebugTrajectory], list[dict], dict]:
-    """Roll out and score debugging tasks. Returns (trajectories, results, summary).
-
-    A `ReplicaPool` over the tasks' databases is created under `pool_root` (and closed at the end)
-    unless `pool` is given. Tasks run in waves (in order) that fit the pool's replicas; each wave is
-    scored, releasing its replicas, before the next starts."""
-    from sqlrl.sql.replicas import ReplicaPool
-
-    tasks = list(tasks_private)
-    for t in tasks:
-        if not isinstance(t, DebugTaskPrivate):
-            raise TypeError("evaluate_debug takes DebugTaskPrivate tasks (it scores them)")
-    t_start = time.perf_counter()
-    own = pool is None
-    if own:
-        templates = {t.public.db_id: t.public.db_path for t in tasks}
-        pool = ReplicaPool(
-            templates,
-            pool_root,
-            replicas_per_db=max(replicas_per_db, n_samples),
-            workers=workers,
-            timeout_s=budgets.sql_timeout_s,
-        )
-    try:
-        waves: list[list[DebugTaskPrivate]] = []
-        used: Counter = Counter()
-        for t in tasks:
-            db = t.public.db_id
-            if waves and used[db] + n_samples <= _capacity(pool, db):
-                waves[-1].append(t)
-            else:
-                waves.append([t])
-                used = Counter()
-            used[db] += n_samples
-        by_id = {t.task_id: t for t in tasks}
-        trajs: list[DebugTrajectory] = []
-        done = 0
-        for wave in waves:
-            w = run_debug_agent(
-                [t.public for t in wave],
-                policy,
-                pool,
-                budgets,
-                sampling,
-                n_samples=n_samples,
-                seed_offset=done * n_samples,
-            )
-            score_debug_trajectories(w, by_id, pool, timeout_s=timeout_s)
-            trajs.extend(w)
-            done += len(wave)
-    finally:
-        if own:
-            pool.close()
-    results = _results(trajs)
-    summary = summarize_debug(results, trajs)
-    summary["n_tasks"] = len(tasks)
-    summary["n_samples"] = n_samples
-    summary["budgets"] = budgets.to_dict()
-    summary["elapsed_s"] = round(time.perf_counter() - t_start, 3)
-    return trajs, results, summary
-
-
-def write_debug_eval_run(
-    out_dir: str | Path,
-    trajectories: Sequence[DebugTrajectory],
-    results: Sequence[dict],
-    summary: dict,
-    provenance: dict | None = None,
-) -> None:
-    """Write trajectories.jsonl, results.jsonl, summary.json (and run.json with a provenance)."""
-    from sqlrl.artifacts import write_json_atomic, write_jsonl
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_jsonl(out / "trajectories.jsonl", (tr.to_dict() for tr in trajectories))
-    write_jsonl(out / "results.jsonl", list(results))
-    summ = dict(summary)
-    if provenance:
-        for k in ("model", "fingerprint", "split", "machine"):
-            if k in provenance:
-                summ[k] = provenance[k]
-        write_json_atomic(out / "run.json", provenance)
-    write_json_atomic(out / "summary.json", summ)
-
-
-def category_table(results: Sequence[dict]) -> dict:
-    """Evaluation by category: for each of query / management / personalization and `all`:
-    n_trajectories, n (scored), excluded (reward None, e.g. infra_error), solved, accuracy (= solved / n,
-    the solved rate) and mean_pass_fraction (mean fraction of hidden tests passed over scored ones)."""
-    from sqlrl.tasks.debugging import CATEGORIES
-
-    out: dict[str, dict] = {}
-    for cat in (*CATEGORIES, "all"):
-        rows = [r for r in results if cat == "all" or r.get("category") == cat]
-        scored = [r for r in rows if r.get("reward") is not None]
-        n = len(scored)
-        solved = sum(bool(r.get("solved")) for r in scored)
-        out[cat] = {
-            "n_trajectories": len(rows),
-            "n": n,
-            "excluded": len(rows) - n,
-            "solved": solved,
-            "accuracy": solved / n if n else None,
-            "mean_pass_fraction": sum(r["reward"] for r in scored) / n if n else None,
-        }
-    return out
-
-
-def category_table_md(rows: Sequence[tuple[str, dict]]) -> str:
-    """A markdown table: one row per (label, category_table(...)); cells 'solved/n (acc %), pass frac'."""
-    from sqlrl.tasks.debugging import CATEGORIES
-
-    cols = (*CATEGORIES, "all")
-    lines = [
-        "| model | " + " | ".join(cols) + " | excluded |",
-        "| --- | " + " | ".join("---" for _ in cols) + " | --- |",
-    ]
-    for label, tab in rows:
-        cells = []
-        for c in cols:
-            d = tab[c]
-            if not d["n"]:
-                cells.append("-")
-                continue
-            cells.append(
-                f"{d['solved']}/{d['n']} ({100 * d['accuracy']:.1f}%), pass {d['mean_pass_fraction']:.3f}"
-            )
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {tab['all']['excluded']} |")
-    return "\n".join(lines) + "\n"

@@ -1,21 +1,22 @@
-"""Training environments: where tasks come from, how a batch is rolled out, and how it is scored.
+"""Environments and their factory: `make_env` builds every environment with its execution resources.
 
-The GRPO trainer is the same for every environment; it only asks an environment for
+A rollout environment (`sqlrl.agent.loop.Environment`) supplies the hooks of the one rollout loop and
+owns what it executes on: `Text2SQLEnv` (`sqlrl.agent.text2sql`: a read-only `Sandbox`, a `GoldCache`
+and an `Evaluator`) and `DebugEnv` (`sqlrl.agent.debugging`: a `ReplicaPool` of writable replicas).
+Runners build them with `make_env(kind=..., ...)` instead of constructing the resources themselves.
 
-- `tasks` (the training tasks, already filtered to the scorable ones) and `info` (what run.json and
-  split.json record about them),
+A training environment (`make_env(cfg, out)`, what the GRPO trainer uses) adds where the tasks come from:
+- `tasks` (the training tasks, already filtered to the scorable ones), `split_info()` and `gold_audit`
+  (what run.json and split.json record about them),
 - `rollout(batch, policy, budgets, sampling, n_samples)`: trajectories, task-major, from *public* tasks,
 - `score(trajs)`: writes `traj.reward` after the trajectories ended and returns the per-trajectory
   accuracy values used for logging (execution match, or "solved" for debugging tasks).
+`Text2SQLTraining` (`data.kind = "text2sql"`: Spider-layout folders, gold audit, execution-match or
+validity reward) and `DebugTraining` (`data.kind = "debug"`: reward = fraction of hidden tests passed).
 
-Environments are context managers that own their execution resources (a sandbox, a replica pool).
-
-- `Text2SQLEnv` (`data.kind = "text2sql"`): Spider-layout folders, gold audit, hardened read-only
-  sandbox, execution-match or validity reward.
-- `DebugEnv` (`data.kind = "debug"`): stateful SQL-debugging tasks (debugtasks.py) on per-trajectory
-  writable replicas from a pool with lazy reset (pool.py); reward = fraction of hidden tests passed.
-
-Guaranteed: the rollout of both receives only public tasks; scoring happens after the trajectories end.
+What is covered: every environment is a context manager that closes the resources it built (never
+borrowed ones); the rollout receives only public tasks; scoring happens after the trajectories end.
+What is not: the training environments' resources exist only inside `with env:`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 
-class Text2SQLEnv:
+class Text2SQLTraining:
+    """Text-to-SQL training tasks from a Spider-layout folder, on a `Text2SQLEnv`."""
+
     kind = "text2sql"
 
     def __init__(self, cfg, out: Path, *, evaluator_factory=None):
@@ -43,7 +46,7 @@ class Text2SQLEnv:
         self.by_id = {t.public.task_id: t for t in self.tasks}
         self.gold_audit = audit.to_dict()
         self._evaluator_factory = evaluator_factory
-        self.sandbox = None
+        self.env = self.sandbox = self.evaluator = None
 
     def split_info(self) -> dict:
         d = self.cfg.data
@@ -60,38 +63,33 @@ class Text2SQLEnv:
             "train_tasks": len(self.tasks),
         }
 
-    def __enter__(self) -> Text2SQLEnv:
-        from sqlrl.reward.evaluator import Evaluator
-        from sqlrl.sql.sandbox import Sandbox
-
+    def __enter__(self) -> Text2SQLTraining:
         cfg = self.cfg
-        self.sandbox = Sandbox(workers=cfg.run.sandbox_workers, timeout_s=cfg.agent.sql_timeout_s)
         # training reads only the reward value: the literature's test-suite metric (a second execution of
         # every prediction with DISTINCT, and of the gold's variant) is for evaluation (`sqlrl eval`)
-        make = self._evaluator_factory or (
-            lambda sb, gc, kind: Evaluator(sb, gc, kind=kind, test_suite=False)
+        self.env = make_env(
+            workers=cfg.run.sandbox_workers,
+            timeout_s=cfg.agent.sql_timeout_s,
+            gold_cache=self.gold_cache,
+            reward=cfg.grpo.reward,
+            test_suite=False,
+            evaluator_factory=self._evaluator_factory,
         )
-        self.evaluator = make(self.sandbox, self.gold_cache, cfg.grpo.reward)
+        self.sandbox, self.evaluator = self.env.sandbox, self.env.evaluator
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.sandbox is not None:
-            self.sandbox.close()
+        if self.env is not None:
+            self.env.close()
 
     def rollout(self, batch: list, policy, budgets, sampling, n_samples: int) -> list:
-        from sqlrl.agent.loop import run_agent
-
-        return run_agent(
-            [t.public for t in batch], policy, self.sandbox, budgets, sampling, n_samples=n_samples
-        )
+        return self.env.rollout([t.public for t in batch], policy, budgets, sampling, n_samples=n_samples)
 
     def score(self, trajs: list) -> list[float]:
         """Rewards into `traj.reward`; returns the execution-match values of the scored trajectories. The
         validity arm's accuracy comes from the same scoring: its status is the execution-match verdict
         (`match` / `mismatch`, or the failure), so no prediction is executed twice."""
-        from sqlrl.agent.loop import score_trajectories
-
-        score_trajectories(trajs, self.by_id, self.evaluator)
+        self.env.score(trajs, self.by_id)
         if self.cfg.grpo.reward == "execution":
             return [tr.reward["value"] for tr in trajs if tr.reward["value"] is not None]
         accs = []
@@ -104,7 +102,7 @@ class Text2SQLEnv:
         return accs
 
 
-class DebugEnv:
+class DebugTraining:
     """SQL-debugging tasks on pooled writable replicas. `data.path`: a folder with `debug_tasks.jsonl`
     (from `bench/make_debug_tasks.py`), a `.jsonl` file, or `embedded` for the shipped demo slice;
     `data.train_split` selects the tasks' `split` field (the demo slice is all `train`)."""
@@ -139,7 +137,7 @@ class DebugEnv:
             "excluded": {},
             "note": "debugging tasks are validated when built (reference passes, buggy fails)",
         }
-        self.pool = None
+        self.env = self.pool = None
 
     def split_info(self) -> dict:
         from sqlrl.artifacts import sha256_file
@@ -151,42 +149,92 @@ class DebugEnv:
             "train_tasks": len(self.tasks),
         }
 
-    def __enter__(self) -> DebugEnv:
-        from sqlrl.sql.replicas import ReplicaPool
-
+    def __enter__(self) -> DebugTraining:
         g = self.cfg.grpo
-        templates = {t.public.db_id: t.public.db_path for t in self.tasks}
         # every trajectory of a step holds its own replica until it is scored
-        self.pool = ReplicaPool(
-            templates,
-            self.out / ".replicas",
+        self.env = make_env(
+            kind="debug",
+            templates={t.public.db_id: t.public.db_path for t in self.tasks},
+            pool_root=self.out / ".replicas",
             replicas_per_db=g.prompts_per_step * g.group_size,
             workers=self.cfg.run.sandbox_workers,
             timeout_s=self.cfg.agent.sql_timeout_s,
         )
+        self.pool = self.env.pool
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.pool is not None:
-            self.pool.close()
+        if self.env is not None:
+            self.env.close()
 
     def rollout(self, batch: list, policy, budgets, sampling, n_samples: int) -> list:
-        from sqlrl.agent.debugging import run_debug_agent
-
-        return run_debug_agent(
-            [t.public for t in batch], policy, self.pool, budgets, sampling, n_samples=n_samples
-        )
+        return self.env.rollout([t.public for t in batch], policy, budgets, sampling, n_samples=n_samples)
 
     def score(self, trajs: list) -> list[float]:
-        from sqlrl.agent.debugging import score_debug_trajectories
-
-        score_debug_trajectories(trajs, self.by_id, self.pool)
+        self.env.score(trajs, self.by_id)
         return [
             float(tr.reward.get("status") == "solved") for tr in trajs if tr.reward.get("value") is not None
         ]
 
 
-def make_env(cfg, out: Path, *, evaluator_factory=None) -> Any:
-    if cfg.data.kind == "debug":
-        return DebugEnv(cfg, out, evaluator_factory=evaluator_factory)
-    return Text2SQLEnv(cfg, out, evaluator_factory=evaluator_factory)
+def make_env(
+    cfg=None,
+    out: Path | None = None,
+    *,
+    kind: str = "text2sql",
+    evaluator_factory=None,
+    sandbox=None,
+    workers: int = 2,
+    timeout_s: float = 5.0,
+    gold_cache=None,
+    gold_dir: str | Path | None = None,
+    reward: str | None = None,
+    test_suite: bool = True,
+    pool=None,
+    templates: dict | None = None,
+    pool_root: str | Path | None = None,
+    replicas_per_db: int = 4,
+) -> Any:
+    """Build an environment with its resources; what it builds, its `close()` (or `with`) closes.
+
+    With `cfg`: the training environment of `cfg.data.kind` (tasks under `out`; resources on `with`).
+    Otherwise a rollout environment of `kind`:
+    - "text2sql": `Text2SQLEnv` on `sandbox` (else a new `Sandbox(workers, timeout_s)`); with `reward`
+      (an `Evaluator` kind) or `gold_dir`, a `gold_cache` (else a new `GoldCache(gold_dir)`); with
+      `reward`, an evaluator: `evaluator_factory(sandbox, gold_cache, reward)`, by default
+      `Evaluator(sandbox, gold_cache, kind=reward, test_suite=test_suite)`.
+    - "debug": `DebugEnv` on `pool` (else a new `ReplicaPool(templates, pool_root, replicas_per_db,
+      workers, timeout_s)`)."""
+    if cfg is not None:
+        if cfg.data.kind == "debug":
+            return DebugTraining(cfg, out, evaluator_factory=evaluator_factory)
+        return Text2SQLTraining(cfg, out, evaluator_factory=evaluator_factory)
+    if kind == "debug":
+        from sqlrl.agent.debugging import DebugEnv
+        from sqlrl.sql.replicas import ReplicaPool
+
+        if pool is not None:
+            return DebugEnv(pool)
+        pool = ReplicaPool(
+            templates, pool_root, replicas_per_db=replicas_per_db, workers=workers, timeout_s=timeout_s
+        )
+        return DebugEnv(pool, owned=[pool])
+    if kind != "text2sql":
+        raise ValueError(f"unknown environment kind {kind!r} (text2sql | debug)")
+    from sqlrl.agent.text2sql import Text2SQLEnv
+    from sqlrl.reward.evaluator import Evaluator
+    from sqlrl.sql.sandbox import Sandbox
+    from sqlrl.tasks.goldcache import GoldCache
+
+    owned: list = []
+    if sandbox is None:
+        sandbox = Sandbox(workers=workers, timeout_s=timeout_s)
+        owned.append(sandbox)
+    if gold_cache is None and (reward is not None or gold_dir is not None):
+        gold_cache = GoldCache(gold_dir)
+        owned.append(gold_cache)
+    evaluator = None
+    if reward is not None:
+        make = evaluator_factory or (lambda sb, gc, k: Evaluator(sb, gc, kind=k, test_suite=test_suite))
+        evaluator = make(sandbox, gold_cache, reward)
+    return Text2SQLEnv(sandbox, gold_cache, evaluator, owned=owned)

@@ -1,13 +1,16 @@
-"""The one rollout loop: a policy acting as a SQL agent under fixed, recorded budgets.
+"""The one rollout loop: a policy acting as an agent in an environment, under fixed, recorded budgets.
 
-Shapes: single-turn (write SQL, done) and multi-turn (write -> execute -> check -> rewrite until the
-policy says FINAL or a budget ends). The loop is batched: each turn, all live trajectories of a chunk
-are sent to `policy.generate` in one call, and their SQL goes to the sandbox in one `execute_many`.
+`run_episodes(env, items, policy, budgets, sampling)` drives an `Environment` through its hooks (modelled on
+verifiers' MultiTurnEnv): `initial` (the first prompt), `setup` (side effects before the first turn),
+`parse` (a reply -> an action), `execute` (the actions' SQL, batched), `observation` (the next user
+message), `finish` (the answer and stop reason). Scoring is not a hook of the loop: an environment scores
+the finished trajectories afterwards. Environments: `sqlrl.agent.text2sql`, `sqlrl.agent.debugging`.
 
-Guarantees:
-- Only `PublicTask`s are accepted: a `PrivateTask` (which holds the gold) is refused by type at the
-  start, and again per task right before its prompt is built. Nothing the policy sees, and no stopping
-  decision, depends on the gold: the evaluator receives the finished trajectory afterwards.
+What is covered:
+- Batching: each turn, all live trajectories of the call go to `policy.generate` in one call, in item
+  order, with a sampling seed that is a function of (seed, turn, seed_offset) only.
+- Stopping rules are the loop's, for every environment: single-turn, final action, last turn, SQL
+  execution budget, context budget; an invalid reply costs a turn.
 - Budgets (`Budgets`) are explicit, fixed for a run and written into every trajectory; two runs are
   comparable only if their budgets are equal (`Budgets.__eq__`).
 - Token-in/token-out: a trajectory is one token sequence (first prompt, then for each turn the
@@ -16,8 +19,8 @@ Guarantees:
 - A policy infrastructure failure marks the trajectory `infra_error`; it is excluded from scoring,
   never counted as a wrong answer.
 
-Not guaranteed: the same trajectories under a different batch composition in bf16 (kernel choice
-can flip near-tie argmaxes); use float32 when bit-reproducibility across batch shapes matters.
+What is not: the same trajectories under a different batch composition in bf16 (kernel choice can flip
+near-tie argmaxes); use float32 when bit-reproducibility across batch shapes matters.
 """
 
 from __future__ import annotations
@@ -28,9 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlrl.agent.prompts import INVALID_MESSAGE, ChatFormat, Parser, build_messages, observation_message
+from sqlrl.agent.prompts import ChatFormat
 from sqlrl.config import AgentConfig
-from sqlrl.tasks.data import PrivateTask, PublicTask, ensure_public
 
 # The budgets of a run are the `[agent]` section of its config: one definition, one doc line per field.
 Budgets = AgentConfig
@@ -175,18 +177,6 @@ class PolicyInfraError(RuntimeError):
     """Raised by a policy backend when generation failed for infrastructure reasons."""
 
 
-def _check_public(tasks: Sequence[Any]) -> list[PublicTask]:
-    out = []
-    for t in tasks:
-        if isinstance(t, PrivateTask):
-            raise TypeError(
-                f"run_agent received a PrivateTask ({t.public.task_id}): the rollout accepts only public tasks, "
-                "so that the gold can never reach the policy. Pass `task.public` and score with the evaluator."
-            )
-        out.append(ensure_public(t))
-    return out
-
-
 def generate_turn(policy, trajs: list, budgets, sampling: Sampling, turn: int, seed_offset: int = 0):
     """One batched `policy.generate` call for these live trajectories (their token ids as they are).
 
@@ -210,145 +200,115 @@ def generate_turn(policy, trajs: list, budgets, sampling: Sampling, turn: int, s
     return gens, time.perf_counter() - t0
 
 
-def run_agent(
-    tasks: Sequence[PublicTask],
+class Environment:
+    """The hooks `run_episodes` drives. Subclasses set `EXECUTE` (the action kind whose SQL is executed)
+    and `FINAL` / `FINAL_REASON` (the action kind that ends the episode, and the stop reason it records),
+    and implement the hooks below; `setup` and `abort` are optional."""
+
+    EXECUTE = "execute"
+    FINAL = "final"
+    FINAL_REASON = "final"
+
+    def initial(self, task, sample: int, chat: ChatFormat, model: dict, budgets) -> tuple[Trajectory, list]:
+        """The new trajectory (its first prompt rendered) and the chat messages of that prompt; refuses a
+        task that is not public."""
+        raise NotImplementedError
+
+    def setup(self, tr: Trajectory, task, budgets) -> None:
+        """Side effects before the first turn (e.g. lease a replica); may end the trajectory."""
+
+    def parse(self, tr: Trajectory, text: str, multi_turn: bool) -> Any:
+        """The action of a reply: an object with `kind` and `sql`."""
+        raise NotImplementedError
+
+    def finish(self, tr: Trajectory, reason: str, action: Any = None, text: str | None = None) -> None:
+        """End the trajectory: set its answer and `stop_reason = reason`. `action` / `text` are those of the
+        last reply, None when the episode ends without one (context budget, defensive end)."""
+        raise NotImplementedError
+
+    def execute(self, pairs: list[tuple[Trajectory, Any]], budgets) -> None:
+        """Execute the last turn's SQL of each (trajectory, task) and record the results."""
+        raise NotImplementedError
+
+    def observation(self, tr: Trajectory, turn: int, budgets) -> str:
+        """The next user message after `turn` for a trajectory still running."""
+        raise NotImplementedError
+
+    def abort(self, trajs: list[Trajectory]) -> None:
+        """Called with the trajectories built so far when the loop raises, before the exception propagates."""
+
+
+def run_episodes(
+    env: Environment,
+    items: Sequence[tuple[Any, int]],
     policy,
-    sandbox,
     budgets: Budgets,
-    sampling: Sampling = Sampling(),
+    sampling: Sampling,
     *,
-    n_samples: int = 1,
-    chunk_size: int = 512,
-    progress: bool | str = False,
+    seed_offset: int = 0,
+    chat: ChatFormat | None = None,
 ) -> list[Trajectory]:
-    """Run every task `n_samples` times; returns trajectories grouped task-major (task0 s0..sK, task1 ...)."""
-    public = _check_public(tasks)
-    chat = ChatFormat(policy.tokenizer)
+    """Roll out every (task, sample) of `items` as one batch; returns the finished trajectories in order."""
+    chat = chat or ChatFormat(policy.tokenizer)
     model_info = {"name": getattr(policy, "name", None), "identity": getattr(policy, "identity", None)}
-    items = [(t, s) for t in public for s in range(n_samples)]
-    out: list[Trajectory] = []
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(items), desc=progress if isinstance(progress, str) else "rollouts", unit="traj")
-    for start in range(0, len(items), chunk_size):
-        chunk = items[start : start + chunk_size]
-        out.extend(_run_chunk(chunk, policy, sandbox, budgets, sampling, chat, model_info, chunk_seed=start))
-        if bar is not None:
-            bar.update(len(chunk))
-    if bar is not None:
-        bar.close()
-    return out
-
-
-def _run_chunk(
-    chunk, policy, sandbox, budgets: Budgets, sampling: Sampling, chat: ChatFormat, model_info, chunk_seed
-):
     trajs: list[Trajectory] = []
-    histories: list[list[dict]] = []
-    for task, s in chunk:
-        ensure_public(task)  # run-time check right before anything is shown to the policy
-        messages = build_messages(task, turns=budgets.turns, max_schema_chars=budgets.max_schema_chars)
-        tr = Trajectory.from_prompt(
-            chat,
-            messages,
-            task_id=task.task_id,
-            db_id=task.db_id,
-            question=task.question,
-            sample=s,
-            model=model_info,
-            budgets=budgets.to_dict(),
-        )
-        trajs.append(tr)
-        histories.append(messages)
-    tasks = [t for t, _ in chunk]
+    try:
+        histories: list[list[dict]] = []
+        for task, s in items:
+            tr, messages = env.initial(task, s, chat, model_info, budgets)
+            trajs.append(tr)
+            histories.append(messages)
+            env.setup(tr, task, budgets)
+        _turns(env, trajs, histories, [t for t, _ in items], policy, budgets, sampling, chat, seed_offset)
+    except BaseException:
+        env.abort(trajs)
+        raise
+    return trajs
+
+
+def _turns(env: Environment, trajs, histories, tasks, policy, budgets, sampling, chat, seed_offset) -> None:
     multi = budgets.multi_turn
     eos_ids = set(getattr(policy, "eos_token_ids", []) or [])
     for turn in range(1, budgets.turns + 1):
-        live = [i for i, tr in enumerate(trajs) if not tr.done]
-        if not live:
-            break
         ready = []
-        for i in live:
-            if len(trajs[i].token_ids) + budgets.max_new_tokens > budgets.max_context_tokens:
-                trajs[i].final_sql = trajs[i].last_inspected_sql
-                trajs[i].stop_reason = "context_budget"
+        for i, tr in enumerate(trajs):
+            if tr.done:
+                continue
+            if len(tr.token_ids) + budgets.max_new_tokens > budgets.max_context_tokens:
+                env.finish(tr, "context_budget")
             else:
                 ready.append(i)
         if not ready:
             break
-        out = generate_turn(policy, [trajs[i] for i in ready], budgets, sampling, turn, chunk_seed)
+        out = generate_turn(policy, [trajs[i] for i in ready], budgets, sampling, turn, seed_offset)
         if out is None:
             break
         gens, gen_s = out
         to_exec: list[int] = []
         for i, g in zip(ready, gens):
             tr = trajs[i]
-            action = Parser.parse(g.text, multi_turn=multi)
+            action = env.parse(tr, g.text, multi)
             tr.add_completion(g, action.kind, action.sql, gen_s / len(ready))
             if not multi:
-                tr.final_sql = action.sql
-                tr.stop_reason = "single_turn"
-            elif action.kind == "final":
-                tr.final_sql = action.sql or tr.last_inspected_sql
-                tr.stop_reason = "final"
+                env.finish(tr, "single_turn", action, g.text)
+            elif action.kind == env.FINAL:
+                env.finish(tr, env.FINAL_REASON, action, g.text)
             elif turn == budgets.turns:
-                tr.final_sql = action.sql or tr.last_inspected_sql
-                tr.stop_reason = "max_turns"
-            elif action.kind == "inspect":
+                env.finish(tr, "max_turns", action, g.text)
+            elif action.kind == env.EXECUTE:
                 if tr.n_executions >= budgets.max_sql_executions:
-                    tr.final_sql = action.sql
-                    tr.stop_reason = "sql_budget"
+                    env.finish(tr, "sql_budget", action, g.text)
                 else:
                     to_exec.append(i)
             # invalid: observation below, costs the turn
         if to_exec:
-            t0 = time.perf_counter()
-            results = sandbox.execute_many([(tasks[i].db_path, trajs[i].turns[-1].sql) for i in to_exec])
-            exec_s = time.perf_counter() - t0
-            for i, res in zip(to_exec, results):
-                trajs[i].timings["exec_s"] += exec_s / len(to_exec)
-                trajs[i].add_sql_result(res, budgets, "sandbox")
+            env.execute([(trajs[i], tasks[i]) for i in to_exec], budgets)
         if multi and turn < budgets.turns:
             for i in ready:
                 tr = trajs[i]
-                if tr.done:
-                    continue
-                last = tr.turns[-1]
-                if last.action == "inspect":
-                    obs = observation_message(last.observation, turn, budgets.turns)
-                else:
-                    obs = INVALID_MESSAGE
-                histories[i] = tr.add_observation(chat, histories[i], obs, eos_ids)
+                if not tr.done:
+                    obs = env.observation(tr, turn, budgets)
+                    histories[i] = tr.add_observation(chat, histories[i], obs, eos_ids)
     for tr in trajs:
         if not tr.done:  # defensive: loop ended without a decision
-            tr.final_sql = tr.last_inspected_sql
-            tr.stop_reason = "max_turns"
-    return trajs
-
-
-def score_trajectories(trajectories: list[Trajectory], tasks_by_id: dict, evaluator) -> None:
-    """Attach `reward` to each finished trajectory (after it ended; never during)."""
-    todo = []
-    for tr in trajectories:
-        if not tr.done:
-            raise RuntimeError(
-                f"trajectory {tr.task_id} is not finished; the evaluator only scores ended trajectories"
-            )
-        if tr.infra_error:
-            tr.reward = {"value": None, "status": "infra_error", "parts": {"error": tr.infra_error}}
-        else:
-            todo.append(tr)
-    items = [(tr.final_sql, tasks_by_id[tr.task_id]) for tr in todo]
-    if hasattr(evaluator, "score_many"):  # one batched sandbox round trip instead of one per trajectory
-        rewards = evaluator.score_many(items)
-    else:
-        rewards = [evaluator.score(sql, task) for sql, task in items]
-    for tr, r in zip(todo, rewards):
-        tr.reward = {
-            "value": r.value,
-            "status": r.status,
-            "parts": dict(r.parts),
-            "exec_ms": getattr(r, "exec_ms", None),  # diagnostic: the sandbox's time on this SQL
-        }
+            env.finish(tr, "max_turns")

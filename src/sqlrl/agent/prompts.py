@@ -110,7 +110,7 @@ class ChatFormat:
                 "(e.g. qwen2.5-coder-0.5b-instruct) or a tokenizer with `chat_template` set"
             )
         self._eos_texts = set()
-        for tid in _eos_ids(tokenizer):
+        for tid in eos_ids(tokenizer):
             self._eos_texts.add(tokenizer.decode([tid]))
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
@@ -144,7 +144,8 @@ class ChatFormat:
         return self.encode(delta)
 
 
-def _eos_ids(tokenizer) -> list[int]:
+def eos_ids(tokenizer) -> list[int]:
+    """The tokenizer's end-of-turn token ids: its eos token, then the known chat end markers it has."""
     ids = []
     if tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)

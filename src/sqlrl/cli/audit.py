@@ -94,7 +94,7 @@ def leakage_main(argv: list[str]) -> int:
     add_runtime_args(p)
     add_budget_args(p)
     a = p.parse_args(argv)
-    from sqlrl.sql.sandbox import Sandbox
+    from sqlrl.agent.envs import make_env
     from sqlrl.tasks.data import SpiderData
 
     try:
@@ -104,8 +104,8 @@ def leakage_main(argv: list[str]) -> int:
         return 2
     budgets = budgets_from_args(a)
     policy = load_policy(a.model, device=a.device, dtype=a.dtype, engine=a.engine)
-    with Sandbox(workers=2, timeout_s=budgets.sql_timeout_s) as sandbox:
-        result = leakage_audit(tasks, policy, sandbox, budgets, work_dir=a.out)
+    with make_env(workers=2, timeout_s=budgets.sql_timeout_s) as env:
+        result = leakage_audit(tasks, policy, env.sandbox, budgets, work_dir=a.out)
     write_json_atomic(Path(a.out) / "leakage.json", result)
     verdict = "PASSED" if result["passed"] else "FAILED"
     print(

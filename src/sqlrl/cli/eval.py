@@ -116,7 +116,7 @@ def cli_main(argv: list[str]) -> int:
 
 def debug_eval_cli(a, command: list[str]) -> int:
     """`sqlrl eval --kind debug ...`: greedy evaluation of debugging tasks, printed and saved by category."""
-    from sqlrl.agent.debugging import category_table_md
+    from sqlrl.evaluation.debugging import category_table_md
     from sqlrl.evaluation.runner import load_policy
     from sqlrl.generation.device import pick_device
     from sqlrl.tasks.data import select_tasks

@@ -8,7 +8,7 @@ and writes the reward into a separate field.
 Writes to the run folder: `run.json` (provenance), `trajectories.jsonl`, `results.jsonl`,
 `summary.json` (see docs/DESIGN.md "Run folders"). Guaranteed: every task of the split appears in
 `results.jsonl` exactly once, scored or excluded with its reason. Not guaranteed: identical numbers
-across machines in bf16 (see agent.py).
+across machines in bf16 (see `sqlrl.agent.loop`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlrl.agent.loop import Budgets, Sampling, Trajectory, run_agent, score_trajectories
+from sqlrl.agent.envs import make_env
+from sqlrl.agent.loop import Budgets, Sampling, Trajectory
 from sqlrl.artifacts import git_commit, machine_info, write_json_atomic, write_jsonl
 from sqlrl.generation.device import pick_device
 from sqlrl.tasks.data import resolve_data_root, select_tasks
@@ -49,22 +50,19 @@ def evaluate_tasks(
     """Score `tasks` (PrivateTask). With `rollout_all`, the agent also runs on tasks whose gold is
     unscorable (they are still excluded from scoring); the leakage audit uses this so that both of its
     runs roll out exactly the same tasks whatever the golds are."""
-    from sqlrl.reward.evaluator import Evaluator
     from sqlrl.tasks.goldcache import audit_golds
 
     t_start = time.perf_counter()
+    env = make_env(sandbox=sandbox, gold_cache=gold_cache, reward=kind)
     audit = audit_golds(tasks, gold_cache)
     scorable = [t for t in tasks if audit.per_task.get(t.public.task_id) is None]
     rolled = tasks if rollout_all else scorable
-    trajectories = run_agent(
-        [t.public for t in rolled], policy, sandbox, budgets, sampling, progress="eval" if progress else False
+    trajectories = env.rollout(
+        [t.public for t in rolled], policy, budgets, sampling, progress="eval" if progress else False
     )
-    evaluator = Evaluator(sandbox, gold_cache, kind=kind)
     scorable_ids = {t.public.task_id for t in scorable}
-    score_trajectories(
-        [tr for tr in trajectories if tr.task_id in scorable_ids],
-        {t.public.task_id: t for t in scorable},
-        evaluator,
+    env.score(
+        [tr for tr in trajectories if tr.task_id in scorable_ids], {t.public.task_id: t for t in scorable}
     )
     by_id = {tr.task_id: tr for tr in trajectories}
     results = []
@@ -211,9 +209,7 @@ def run_eval(
     sandbox_workers: int = 2,
     command: list[str] | None = None,
 ) -> EvalOutput:
-    from sqlrl.sql.sandbox import Sandbox
     from sqlrl.tasks.data import SpiderData
-    from sqlrl.tasks.goldcache import GoldCache
 
     root = resolve_data_root(data)
     ds = SpiderData(root)
@@ -223,9 +219,10 @@ def run_eval(
     if policy is None:
         policy = load_policy(model, device=device, dtype=dtype, engine=engine)
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    with Sandbox(workers=sandbox_workers, timeout_s=budgets.sql_timeout_s) as sandbox:
-        gold_cache = GoldCache(Path(out) / ".goldcache")
-        output = evaluate_tasks(tasks, policy, sandbox, gold_cache, budgets)
+    with make_env(
+        workers=sandbox_workers, timeout_s=budgets.sql_timeout_s, gold_dir=Path(out) / ".goldcache"
+    ) as env:
+        output = evaluate_tasks(tasks, policy, env.sandbox, env.gold_cache, budgets)
     prov = {
         "command": command or sys.argv,
         "git": git_commit(),

@@ -87,17 +87,15 @@ def static_check(trajectories: list, golds: list[str], min_len: int = 20) -> dic
 
 
 def leakage_audit(tasks: list, policy, sandbox, budgets, *, work_dir: str | Path) -> dict:
+    from sqlrl.agent.envs import make_env
     from sqlrl.evaluation.runner import evaluate_tasks
-    from sqlrl.tasks.goldcache import GoldCache
 
     work_dir = Path(work_dir)
-    real = evaluate_tasks(
-        tasks, policy, sandbox, GoldCache(work_dir / ".gold_real"), budgets, rollout_all=True
-    )
+    with make_env(sandbox=sandbox, gold_dir=work_dir / ".gold_real") as env:
+        real = evaluate_tasks(tasks, policy, sandbox, env.gold_cache, budgets, rollout_all=True)
     mutated_tasks = mutate_golds(tasks)
-    mutated = evaluate_tasks(
-        mutated_tasks, policy, sandbox, GoldCache(work_dir / ".gold_mutated"), budgets, rollout_all=True
-    )
+    with make_env(sandbox=sandbox, gold_dir=work_dir / ".gold_mutated") as env:
+        mutated = evaluate_tasks(mutated_tasks, policy, sandbox, env.gold_cache, budgets, rollout_all=True)
     diff = compare_runs(real.trajectories, mutated.trajectories)
     golds = [t.gold_sql for t in tasks] + [t.gold_sql for t in mutated_tasks]
     static = static_check(real.trajectories + mutated.trajectories, golds)

@@ -238,11 +238,11 @@ def _run_arm(
 
 def _leakage_for_turns(cfg: Config, exp: ExperimentConfig, out: Path, turns: int, eval_tasks: list) -> None:
     """The leakage audit of one turn budget with the base model, into leakage[_t<turns>].json (once)."""
+    from sqlrl.agent.envs import make_env
     from sqlrl.agent.loop import Budgets
     from sqlrl.evaluation.runner import load_policy
     from sqlrl.evidence.leakage import leakage_audit
     from sqlrl.generation.device import free_memory
-    from sqlrl.sql.sandbox import Sandbox
 
     suffix = "" if turns == 1 else f"_t{turns}"
     leak_path = out / f"leakage{suffix}.json"
@@ -256,11 +256,11 @@ def _leakage_for_turns(cfg: Config, exp: ExperimentConfig, out: Path, turns: int
         engine=cfg.run.gen_engine,
         max_batch=cfg.run.gen_max_batch,
     )
-    with Sandbox(workers=cfg.run.sandbox_workers, timeout_s=budgets.sql_timeout_s) as sandbox:
+    with make_env(workers=cfg.run.sandbox_workers, timeout_s=budgets.sql_timeout_s) as env:
         res = leakage_audit(
             eval_tasks[: exp.leakage_tasks],
             policy,
-            sandbox,
+            env.sandbox,
             budgets,
             work_dir=out / f".leakage{suffix}",
         )

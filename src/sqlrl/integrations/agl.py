@@ -170,23 +170,21 @@ class SqlrlLitAgent(LitAgent):
     def _get_sandbox(self):
         with self._init_lock:
             if self._sandbox is None:
-                from sqlrl.sql.sandbox import Sandbox
+                from sqlrl.agent.envs import make_env
 
-                self._sandbox = Sandbox(workers=2, timeout_s=float(self.budgets.sql_timeout_s))
-                self._owned.append(self._sandbox)
+                env = make_env(workers=2, timeout_s=float(self.budgets.sql_timeout_s))
+                self._sandbox = env.sandbox
+                self._owned.append(env)
             return self._sandbox
 
     def _get_evaluator(self, kind: str):
         with self._init_lock:
             if self._evaluator is None:
-                from sqlrl.reward.evaluator import Evaluator
-                from sqlrl.sql.sandbox import Sandbox
-                from sqlrl.tasks.goldcache import GoldCache
+                from sqlrl.agent.envs import make_env
 
-                sb = Sandbox(workers=2, timeout_s=5.0)
-                gc = GoldCache(self.gold_cache_dir)
-                self._owned += [gc, sb]
-                self._evaluator = Evaluator(sb, gc, kind=kind)
+                env = make_env(workers=2, timeout_s=5.0, gold_dir=self.gold_cache_dir, reward=kind)
+                self._owned.append(env)
+                self._evaluator = env.evaluator
             return self._evaluator
 
     def close(self) -> None:
@@ -237,7 +235,7 @@ class SqlrlLitAgent(LitAgent):
 
     # -- the rollout
     def rollout(self, task: dict, resources: dict, rollout: Any) -> float | None:
-        from sqlrl.agent.loop import run_agent
+        from sqlrl.agent.text2sql import run_agent
 
         if isinstance(task, str):
             task = json.loads(task)

@@ -208,7 +208,7 @@ def run_debug_eval(
 ) -> dict:
     """Greedy evaluation of private debugging `tasks`; writes a `sqlrl eval` run folder whose summary.json
     has `by_category` (debugagent.category_table). Returns the summary."""
-    from sqlrl.agent.debugging import category_table, evaluate_debug, write_debug_eval_run
+    from sqlrl.evaluation.debugging import category_table, evaluate_debug, write_debug_eval_run
 
     with tempfile.TemporaryDirectory(prefix="sqlrl-evalpool-") as pool_root:
         trajs, results, summary = evaluate_debug(
@@ -235,7 +235,7 @@ def run_curriculum(
     (model, tokenizer, name, identity)` replaces model loading for training and evaluation (tests).
     `deadline` (a `time.monotonic()` value): stages stop cleanly with a checkpoint and evaluations are
     not started when time is short; `experiment.Unfinished` is raised, and rerunning resumes."""
-    from sqlrl.agent.debugging import category_table_md
+    from sqlrl.evaluation.debugging import category_table_md
     from sqlrl.tasks.data import select_tasks
     from sqlrl.tasks.debugging import load_debug_tasks
     from sqlrl.training import budget

@@ -42,19 +42,19 @@ def _private_task(ref: dict):
 
 
 def _evaluator(kind: str):
-    from sqlrl.reward.evaluator import Evaluator
-    from sqlrl.sql.sandbox import Sandbox
-    from sqlrl.tasks.goldcache import GoldCache
+    from sqlrl.agent.envs import make_env
 
     with _EVAL_LOCK:
         ev = _EVAL_STATE.get(f"evaluator:{kind}")
         if ev is None:
             cache_dir = gold_cache_dir()
-            sandbox = Sandbox(
+            env = make_env(
                 workers=int(os.environ.get("SQLRL_REWARD_WORKERS", "2")),
                 timeout_s=float(os.environ.get("SQLRL_SQL_TIMEOUT_S", "5.0")),
+                gold_dir=cache_dir,
+                reward=kind,
             )
-            ev = _EVAL_STATE[f"evaluator:{kind}"] = Evaluator(sandbox, GoldCache(cache_dir), kind=kind)
+            ev = _EVAL_STATE[f"evaluator:{kind}"] = env.evaluator
         return ev
 
 

@@ -1,6 +1,6 @@
 """The veRL agent loop: sqlrl's own ``run_agent`` for one trajectory against veRL's server manager.
 
-``SqlrlAgentLoop`` (registered as ``sqlrl_agent``) runs ``sqlrl.agent.loop.run_agent`` with a policy
+``SqlrlAgentLoop`` (registered as ``sqlrl_agent``) runs ``sqlrl.agent.text2sql.run_agent`` with a policy
 adapter (``ServerPolicy``) whose ``generate`` is one call of veRL's server manager
 ``generate(request_id, prompt_ids=..., sampling_params=...)`` per turn; observation SQL runs in sqlrl's
 sandbox. The agent's ``final_sql`` reaches the reward through ``extra_fields`` -> ``extra_info``.
@@ -34,13 +34,13 @@ _EXECUTOR: concurrent.futures.ThreadPoolExecutor | None = None
 
 def _shared_sandbox(workers: int, timeout_s: float):
     """One sandbox per process and settings (veRL instantiates an agent loop per trajectory)."""
-    from sqlrl.sql.sandbox import Sandbox
+    from sqlrl.agent.envs import make_env
 
     key = (int(workers), float(timeout_s))
     with _SANDBOX_LOCK:
         sb = _SANDBOXES.get(key)
         if sb is None:
-            sb = _SANDBOXES[key] = Sandbox(workers=workers, timeout_s=timeout_s)
+            sb = _SANDBOXES[key] = make_env(workers=workers, timeout_s=timeout_s).sandbox
         return sb
 
 
@@ -68,14 +68,14 @@ class ServerPolicy:
     identity = None
 
     def __init__(self, server_manager, tokenizer, sampling_params: dict, loop, request_id: str | None = None):
-        from sqlrl.agent.prompts import _eos_ids
+        from sqlrl.agent.prompts import eos_ids
 
         self.server = server_manager
         self.tokenizer = tokenizer
         self.sampling_params = dict(sampling_params)
         self.loop = loop
         self.request_id = request_id or uuid.uuid4().hex
-        self.eos_token_ids = _eos_ids(tokenizer)
+        self.eos_token_ids = eos_ids(tokenizer)
         self.calls = 0
         self.gen_s = 0.0
         self.error: BaseException | None = None
@@ -172,7 +172,8 @@ def make_agent_loop_class():
             self.response_length = self.rollout_config.response_length
 
         async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
-            from sqlrl.agent.loop import Sampling, run_agent
+            from sqlrl.agent.loop import Sampling
+            from sqlrl.agent.text2sql import run_agent
 
             task = public_from_row(kwargs["extra_info"])  # only the public task; the gold is not in the row
             loop = asyncio.get_running_loop()
