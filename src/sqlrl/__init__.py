@@ -45,7 +45,7 @@ _LAZY: dict[str, str] = {
     "CustomReward": "sqlrl.reward.custom:CustomReward",
     "Budgets": "sqlrl.agent.loop:Budgets",
     "Sampling": "sqlrl.agent.loop:Sampling",
-    "run_agent": "sqlrl.agent.loop:run_agent",
+    "run_agent": "sqlrl.agent.text2sql:run_agent",
     "ScriptedPolicy": "sqlrl.generation.scripted:ScriptedPolicy",
     "load_policy": "sqlrl.evaluation.runner:load_policy",
     "evidence_gate": "sqlrl.evidence.gate:evidence_gate",

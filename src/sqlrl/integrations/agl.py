@@ -5,7 +5,7 @@ Targets ``agentlightning==0.3.0`` (Python 3.11; 1.0.x needs >= 3.12) in its own 
 (``SqlrlLitAgent.rollout``): the task is a dict made by ``task_to_agl`` (the public task fields plus a
 reference to the gold: data folder, split, task id); the LLM resource Agent Lightning hands out
 (``LLM``, or ``ProxyLLM`` with its per-rollout URL) becomes a ``sqlrl.generation.policy.OpenAIPolicy``
-(token-in/token-out ``/v1/completions``); ``sqlrl.agent.loop.run_agent`` runs the trajectory; then
+(token-in/token-out ``/v1/completions``); ``sqlrl.agent.text2sql.run_agent`` runs the trajectory; then
 the gold is resolved (``private_lookup(ref)``, default: the Spider-layout data folder) and sqlrl's
 ``Evaluator`` scores ``final_sql``; its value is the rollout's final reward.
 
@@ -124,7 +124,7 @@ def load_private_task(ref: dict):
 
 
 class SqlrlLitAgent(LitAgent):
-    """Agent Lightning ``LitAgent`` running `sqlrl.agent.loop.run_agent` + sqlrl's `Evaluator`.
+    """Agent Lightning ``LitAgent`` running `sqlrl.agent.text2sql.run_agent` + sqlrl's `Evaluator`.
 
     ``tokenizer``: the policy model's tokenizer (prompts are token ids rendered with its chat template).
     ``budgets``: `sqlrl.config.AgentConfig` (default: its defaults). ``sampling``: `sqlrl.agent.loop.Sampling`
