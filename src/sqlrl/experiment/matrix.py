@@ -117,7 +117,8 @@ def run_experiment(
     from sqlrl.generation.device import free_memory
     from sqlrl.sql.sandbox import Sandbox
     from sqlrl.tasks.data import SpiderData, resolve_data_root, select_tasks
-    from sqlrl.training.trainer import config_changes, train
+    from sqlrl.training.runfolder import config_changes
+    from sqlrl.training.trainer import train
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
