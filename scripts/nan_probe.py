@@ -5,7 +5,7 @@ which SDPA kernel? Random-init Qwen2 layers with the 0.5B model's attention shap
 
 For each SDPA backend (default choice, math, efficient, cudnn) and for the default with a 4D mask in
 which fully padded query rows attend to themselves, it runs the same random left-padded batches
-(bf16 autocast over float32 weights, logits on the last columns only, as in sqlrl.training.trainer) and counts
+(bf16 autocast over float32 weights, logits on the last columns only, as in sqlrl.training.update) and counts
 batches whose gradients contain a non-finite value.
 """
 

@@ -369,8 +369,7 @@ class SFTConfig:
     """Also teach the multi-turn protocol: every training reference appears a second time after the
     multi-turn prompt for this many turns, answered with SUBMIT and the solution (what the agent reads
     as submit_solution). 0 = single-turn examples only. Without it a warm-started model answers a
-    multi-turn prompt in the single-turn format, which the agent reads as execute_sql, and never submits
-    (results/2026-11-29-debug-curriculum-gpu: 73 of 73 ran out of turns)."""
+    multi-turn prompt in the single-turn format, which the agent reads as execute_sql, and never submits."""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ import pytest
 from sqlrl.cli.audit import cli_main
 from sqlrl.evidence.weights import audit_weights
 from sqlrl.generation.models import weights_hash
-from sqlrl.training.checkpoint import export_hf, save_checkpoint
+from sqlrl.training.checkpoint import save_checkpoint
+from sqlrl.training.export import export_hf
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -1,4 +1,4 @@
-"""The trainer's metric sinks for W&B and SwanLab (`sqlrl.training.trainer.MetricSinks`).
+"""The trainer's metric sinks for W&B and SwanLab (`sqlrl.training.runfolder.MetricSinks`).
 
 Two layers:
 - a contract test with stand-in modules (runs everywhere, in the main CI venv): the exact calls made
@@ -17,7 +17,7 @@ import types
 import pytest
 
 from sqlrl import config as C
-from sqlrl.training.trainer import MetricSinks
+from sqlrl.training.runfolder import MetricSinks
 
 METRICS = {
     "reward_mean": 0.25,

@@ -13,6 +13,7 @@ from sqlrl.artifacts import read_json
 from sqlrl.cli import export as export_cli
 from sqlrl.generation.models import weights_hash
 from sqlrl.training import checkpoint as ck
+from sqlrl.training import export as ex
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -227,7 +228,7 @@ def test_export_hf_reloads_with_same_hash(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = tiny_model(seed=1)
-    ident = ck.export_hf(
+    ident = ex.export_hf(
         model, tiny_tokenizer(), tmp_path / "final", step=3, source_checkpoint="x/step_000003"
     )
     assert ident["weights_hash"] == weights_hash(model)
@@ -256,7 +257,7 @@ def test_lora_export_merges_and_keeps_adapter(tmp_path):
     ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = pm(input_ids=ids).logits
-    ident = ck.export_hf(pm, None, tmp_path / "merged")
+    ident = ex.export_hf(pm, None, tmp_path / "merged")
     assert ident["lora_merged"] and ident["source_weights_hash"] == before
     assert weights_hash(pm) == before  # the training model still has its adapter, unchanged
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
@@ -286,7 +287,7 @@ def test_lora_checkpoint_save_restore_and_cli_export(tmp_path):
     with pytest.raises(ck.CheckpointError, match="weights hash"):  # adapter onto a different base
         ck.restore_checkpoint(info, _lora(tiny_model(seed=5)))
 
-    direct = ck.export_hf(pm, None, tmp_path / "direct")
+    direct = ex.export_hf(pm, None, tmp_path / "direct")
     assert export_cli.cli_main([str(path), "-o", str(tmp_path / "hf")]) == 1  # LoRA needs --base
     assert (
         export_cli.cli_main([str(tmp_path / "run"), "-o", str(tmp_path / "hf"), "--base", str(base_dir)]) == 0
@@ -321,6 +322,6 @@ def test_zero_lora_merge_is_bit_identical_to_base_including_negative_zero(tmp_pa
         base.model.layers[0].self_attn.q_proj.weight[0, :3] = -0.0  # -0.0 + 0.0 would give +0.0
     base_sd = {k: v.clone() for k, v in base.state_dict().items()}
     pm = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))  # B = 0
-    ck.export_hf(pm, None, tmp_path / "merged")
+    ex.export_hf(pm, None, tmp_path / "merged")
     res = audit_weights(base_sd, base_sd, tmp_path / "merged")
     assert res["verdicts"]["no_update_identical"] is True, res["tensors"]["no_update"]["summary"]

@@ -410,13 +410,13 @@ def test_curriculum_time_budget_stops_with_unfinished_and_resumes(tmp_path, monk
 
 
 def test_sft_forward_uses_the_trainers_attention_kernel_rule(monkeypatch):
-    """SFT's forward runs inside `trainer.train_attention_context` (no cuDNN SDPA on CUDA), like GRPO's."""
+    """SFT's forward runs inside `update.train_attention_context` (no cuDNN SDPA on CUDA), like GRPO's."""
     import contextlib
     import types
 
     import torch
 
-    import sqlrl.training.trainer as T
+    import sqlrl.training.update as U
     from sqlrl.training.sft import answer_loss_sum
 
     seen, inside = [], []
@@ -432,7 +432,7 @@ def test_sft_forward_uses_the_trainers_attention_kernel_rule(monkeypatch):
         assert inside[-1] is True  # called within the context
         return types.SimpleNamespace(logits=torch.zeros(*input_ids.shape, 5, requires_grad=True))
 
-    monkeypatch.setattr(T, "train_attention_context", record)
+    monkeypatch.setattr(U, "train_attention_context", record)
     ids = torch.tensor([[1, 2, 3]])
     loss, n, _ = answer_loss_sum(model, ids, torch.ones_like(ids), torch.tensor([[-100, 2, 3]]))
     assert seen == ["cpu"] and n == 2

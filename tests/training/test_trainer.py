@@ -182,7 +182,7 @@ def test_zero_variance_groups_give_no_gradient(tmp_path):
 def test_scored_groups_and_informative():
     from types import SimpleNamespace as NS
 
-    from sqlrl.training.trainer import informative, scored_groups
+    from sqlrl.training.rollouts import informative, scored_groups
 
     def tr(tid, v):
         return NS(task_id=tid, reward={"value": v})
@@ -423,8 +423,9 @@ def test_nonfinite_gradient_skips_the_update_and_records_why(tmp_path, monkeypat
     import torch
 
     from sqlrl.training import trainer as T
+    from sqlrl.training import update as U
 
-    real = T.sequence_logprobs
+    real = U.sequence_logprobs
     calls = {"n": 0}
 
     def poisoned(model, batch, temperature, autocast_dtype):
@@ -434,7 +435,7 @@ def test_nonfinite_gradient_skips_the_update_and_records_why(tmp_path, monkeypat
             out = out * torch.where(torch.arange(out.shape[1]) == out.shape[1] - 1, float("nan"), 1.0)
         return out
 
-    monkeypatch.setattr(T, "sequence_logprobs", poisoned)
+    monkeypatch.setattr(U, "sequence_logprobs", poisoned)
     run = tmp_path / "nan"
     res = T.train(
         tiny_cfg(steps=2), run, policy_factory=tiny_factory, evaluator_factory=Alternating, progress=False
@@ -453,7 +454,7 @@ def test_nonfinite_gradient_skips_the_update_and_records_why(tmp_path, monkeypat
 
 
 def test_micro_batches_split_by_count_and_by_logit_tokens():
-    from sqlrl.training.trainer import micro_batches
+    from sqlrl.training.update import micro_batches
 
     assert micro_batches([10, 10, 10], 2) == [(0, 2), (2, 3)]
     # cap 600: [100, 200] -> 2 x 200 = 400 fits; adding 300 -> 3 x 300 = 900 does not; [300, 400] -> 800 does not
@@ -469,7 +470,7 @@ def test_micro_batches_split_by_count_and_by_logit_tokens():
 def test_logit_span_is_the_keep_of_build_batch():
     from types import SimpleNamespace as NS
 
-    from sqlrl.training.trainer import build_batch, logit_span
+    from sqlrl.training.update import build_batch, logit_span
 
     a = NS(token_ids=list(range(1, 11)), loss_mask=[0] * 6 + [1] * 4, logprobs=[0.0] * 10)  # 10 - 6 + 1
     b = NS(token_ids=list(range(1, 6)), loss_mask=[0, 1, 1, 0, 1], logprobs=[0.0] * 5)  # 5 - 1 + 1
@@ -546,11 +547,12 @@ def test_out_of_memory_in_the_update_says_what_to_change(tmp_path, monkeypatch):
     import torch
 
     from sqlrl.training import trainer as T
+    from sqlrl.training import update as U
 
     def oom(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 18.33 GiB")
 
-    monkeypatch.setattr(T, "sequence_logprobs", oom)
+    monkeypatch.setattr(U, "sequence_logprobs", oom)
     # every pass fails: the update is retried with smaller passes down to one trajectory, then it stops
     with pytest.raises(
         RuntimeError,
@@ -573,10 +575,11 @@ def test_out_of_memory_retries_the_update_with_smaller_passes(tmp_path, monkeypa
     import torch
 
     from sqlrl.training import trainer as T
+    from sqlrl.training import update as U
 
     a, b = tmp_path / "a", tmp_path / "b"
     T.train(tiny_cfg(steps=2), a, policy_factory=tiny_factory, evaluator_factory=Alternating, progress=False)
-    real = T.sequence_logprobs
+    real = U.sequence_logprobs
     calls = {"oom": 0}
 
     def small_only(model, batch, *args, **kw):
@@ -585,7 +588,7 @@ def test_out_of_memory_retries_the_update_with_smaller_passes(tmp_path, monkeypa
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(model, batch, *args, **kw)
 
-    monkeypatch.setattr(T, "sequence_logprobs", small_only)
+    monkeypatch.setattr(U, "sequence_logprobs", small_only)
     T.train(tiny_cfg(steps=2), b, policy_factory=tiny_factory, evaluator_factory=Alternating, progress=False)
     sa, sb = steps(a), steps(b)
     assert calls["oom"] >= 1 and sb[0]["oom_retries"] >= 1
@@ -632,7 +635,7 @@ def test_out_of_memory_retries_the_update_with_smaller_passes(tmp_path, monkeypa
 def test_training_attention_excludes_the_cudnn_kernel_on_cuda_only(monkeypatch):
     import torch.nn.attention as A
 
-    from sqlrl.training.trainer import train_attention_context
+    from sqlrl.training.update import train_attention_context
 
     seen = []
 
@@ -652,7 +655,7 @@ def test_training_attention_excludes_the_cudnn_kernel_on_cuda_only(monkeypatch):
 
 
 def test_config_changes_splits_memory_only_settings_from_blocking_ones():
-    from sqlrl.training.trainer import config_changes
+    from sqlrl.training.runfolder import config_changes
 
     saved = {"grpo": {"lr": 1e-6, "micro_batch": 32, "micro_batch_logit_tokens": 16384}, "old": {"x": 1}}
     mine = {"grpo": {"lr": 1e-6, "micro_batch": 32, "micro_batch_logit_tokens": 4096}, "run": {"seed": 0}}
@@ -665,7 +668,7 @@ def test_config_changes_splits_memory_only_settings_from_blocking_ones():
 
 
 def test_a_setting_added_later_does_not_block_resuming_an_older_run():
-    from sqlrl.training.trainer import config_changes
+    from sqlrl.training.runfolder import config_changes
 
     before = {"grpo": {"lr": 1e-6}}  # a config.json written before grpo.dynamic_sampling_rounds existed
     assert config_changes(before, {"grpo": {"lr": 1e-6, "dynamic_sampling_rounds": 0}}) == ([], [])

@@ -7,14 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
-from sqlrl.training.checkpoint import (
-    SIDECAR,
-    CheckpointError,
-    export_hf,
-    load_latest,
-    model_from_checkpoint,
-    open_checkpoint,
-)
+from sqlrl.training.checkpoint import SIDECAR, CheckpointError, load_latest, open_checkpoint
+from sqlrl.training.export import export_hf, model_from_checkpoint
 from sqlrl.training.fsdp_export import FSDPExportError, export_fsdp_checkpoint
 
 

@@ -116,7 +116,7 @@ def _experiment_state(
 ) -> dict:
     """experiment.json's content for this run (refused when the folder holds another config; resumed
     with memory-only changes recorded), written once before any arm runs."""
-    from sqlrl.training.trainer import config_changes
+    from sqlrl.training.runfolder import config_changes
 
     exp_path = out / "experiment.json"
     state = read_json(exp_path) if exp_path.exists() else {}

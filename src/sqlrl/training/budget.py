@@ -1,4 +1,5 @@
-"""training.budget."""
+"""Time budgets of long commands (`deadline` = a `time.monotonic()` value): when to stop, and the
+`Unfinished` exception a rerun of the same command resumes from. Nothing here measures or kills."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ class Unfinished(Exception):
 
 
 def check_time(deadline: float | None, need_s: float, what: str) -> None:
+    """Raise `Unfinished` when less than `need_s` seconds are left for `what`."""
     if deadline is not None and time.monotonic() + need_s > deadline:
         raise Unfinished(f"not enough time left for {what}")
 

@@ -1,46 +1,27 @@
-"""Atomic training checkpoints with verifiable sidecars, resume, and Hugging Face export.
+"""Atomic training checkpoints with verifiable sidecars, and resume (Hugging Face export: `export.py`).
 
-Layout of one checkpoint (``RUN/checkpoints/step_000010/``)::
-
-    model.safetensors            full fine-tune: the model state dict (tied aliases stored once)
-    config.json                  full fine-tune: the model config (so `sqlrl export` can rebuild it)
-    adapter_model.safetensors    LoRA (peft): only the adapter weights, in peft's own format
-    adapter_config.json          LoRA (peft): the adapter config (the folder is a loadable peft adapter)
-    optimizer.pt                 torch.save(optimizer.state_dict())       (if an optimizer was given)
-    scheduler.pt                 torch.save(scheduler.state_dict())       (if a scheduler was given)
-    rng.pt                       torch.save(capture_rng()-style dict)
-    tokenizer/                   tokenizer.save_pretrained(...)           (if a tokenizer was given)
-    sidecar.json                 written LAST: step, weights_hash, files {name: {sha256, bytes}}, ...
-
+One checkpoint, ``RUN/checkpoints/step_000010/``: model.safetensors + config.json (full fine-tune; tied
+aliases stored once) or adapter_model.safetensors + adapter_config.json (LoRA, peft format);
+optimizer.pt, scheduler.pt, rng.pt (torch.save), tokenizer/ (when given), and sidecar.json, written
+last: step, weights_hash, files {name: {sha256, bytes}}, data cursor, config hash.
 ``RUN/checkpoints/manifest.json`` lists the complete checkpoints (step, path, weights_hash, created).
 
-Guaranteed:
-- A checkpoint folder named ``step_NNNNNN`` only appears through one ``os.replace`` of a fully
-  written, fsynced temporary folder (``.step_NNNNNN.tmp-<pid>``) whose ``sidecar.json`` was written
-  last. A kill at any moment leaves either the previous state or a dot-prefixed temp folder, which
-  `load_latest` ignores and reports under ``partial``.
-- `load_latest` never loads silently: every file listed in the sidecar must be present with the
-  recorded size and (with ``verify=True``) sha256. If the newest checkpoint is corrupt it raises
-  `CheckpointError` naming the folder and the problem, unless ``fallback=True``, which logs a warning
-  naming it and uses the newest valid older one (reported in ``CheckpointInfo.skipped``).
-- `restore_checkpoint` recomputes ``models.weights_hash`` of the model after loading and raises on a
-  mismatch with the sidecar (this also catches a LoRA checkpoint restored onto the wrong base model or
-  in a different dtype).
-- `export_hf` merges LoRA on a copy and keeps the original bits wherever the merge left a value
-  numerically unchanged (so a zero adapter merges to bit-identical base weights, signed zeros included).
-- `export_hf` writes to a temp folder and renames it into place; ``identity.json`` holds the
-  weights hash of exactly the model that was saved, and reloading the folder with
-  ``AutoModelForCausalLM.from_pretrained`` gives the same ``weights_hash`` (tested on tiny models).
+What is covered:
+- A folder named ``step_NNNNNN`` only appears through one ``os.replace`` of a fully written, fsynced
+  temp folder (``.step_NNNNNN.tmp-<pid>``); a kill leaves the previous state or a dot-prefixed temp
+  folder, which `load_latest` ignores and reports under ``partial``.
+- `load_latest` never loads silently: every file in the sidecar must have the recorded size and (with
+  ``verify=True``) sha256; a corrupt newest checkpoint raises `CheckpointError` naming it, unless
+  ``fallback=True`` (warning, then the newest valid older one, listed in ``CheckpointInfo.skipped``).
+- `restore_checkpoint` recomputes the weights hash after loading and raises on a mismatch (this also
+  catches a LoRA checkpoint restored onto the wrong base model or dtype).
+- Pruning (``keep_last``) never deletes the checkpoint just written, nor the newest one.
 
-Not guaranteed:
-- Durability against power loss on file systems that ignore fsync, or on network file systems where
-  ``os.replace`` of a folder is not atomic.
-- Bit-exact resume of GPU kernels: RNG state is restored (python, numpy, torch CPU and CUDA), but
-  non-deterministic CUDA kernels can still make a resumed run diverge from an uninterrupted one.
-- A LoRA checkpoint stores only the adapter: restoring or exporting it needs the same base model
-  (same weights and dtype); the weights-hash check fails loudly when it is not.
-- Pruning (``keep_last``) deletes older folders; it never deletes the checkpoint just written, nor
-  the newest one.
+What is not:
+- Durability against power loss where fsync is ignored, or where ``os.replace`` of a folder is not atomic.
+- Bit-exact resume of GPU kernels: RNG states are restored (python, numpy, torch CPU and CUDA), but
+  non-deterministic CUDA kernels can still make a resumed run diverge.
+- A LoRA checkpoint without its base model (same weights and dtype).
 """
 
 from __future__ import annotations
@@ -132,7 +113,8 @@ def restore_rng(state: dict) -> None:
 # ----------------------------------------------------------------------------------------- helpers
 
 
-def _now() -> str:
+def utc_now() -> str:
+    """The current UTC time, ISO 8601 to the second (the `created` stamps)."""
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
@@ -141,7 +123,8 @@ def _fsync_file(path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync a folder (its entries), where the platform allows it."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -154,7 +137,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _files_record(folder: Path, exclude: tuple[str, ...] = (SIDECAR,)) -> dict[str, dict]:
+def files_record(folder: Path, exclude: tuple[str, ...] = (SIDECAR,)) -> dict[str, dict]:
     """{relative posix name: {sha256, bytes}} for every regular file under folder (fsyncs them)."""
     out: dict[str, dict] = {}
     for p in sorted(folder.rglob("*")):
@@ -166,11 +149,12 @@ def _files_record(folder: Path, exclude: tuple[str, ...] = (SIDECAR,)) -> dict[s
         _fsync_file(p)
         out[rel] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
     for d in sorted({p.parent for p in folder.rglob("*")} | {folder}):
-        _fsync_dir(d)
+        fsync_dir(d)
     return out
 
 
-def _is_peft(model: Any) -> bool:
+def is_peft(model: Any) -> bool:
+    """The model is a peft (LoRA) wrapper."""
     return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 
 
@@ -210,13 +194,14 @@ def _expand_aliases(sd: dict, aliases: dict[str, str]) -> dict:
     return sd
 
 
-def _model_dtype(model: Any) -> str | None:
+def model_dtype(model: Any) -> str | None:
+    """The dtype of the model's first parameter, as a torch attribute name ("float32")."""
     for p in model.parameters():
         return str(p.dtype).removeprefix("torch.")
     return None
 
 
-def _replace_dir(tmp: Path, final: Path) -> None:
+def replace_dir(tmp: Path, final: Path) -> None:
     """Move a finished temp folder to its final name; an existing final folder is moved aside first."""
     old = None
     if final.exists():
@@ -225,7 +210,7 @@ def _replace_dir(tmp: Path, final: Path) -> None:
             shutil.rmtree(old)
         os.replace(final, old)
     os.replace(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -267,8 +252,8 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     tmp.mkdir()
     try:
-        model_info: dict[str, Any] = {"class": type(model).__name__, "dtype": _model_dtype(model)}
-        if _is_peft(model):
+        model_info: dict[str, Any] = {"class": type(model).__name__, "dtype": model_dtype(model)}
+        if is_peft(model):
             from peft.utils import get_peft_model_state_dict
 
             adapter = getattr(model, "active_adapter", "default")
@@ -310,7 +295,7 @@ def save_checkpoint(
             "weights_file": ADAPTER_WEIGHTS if weights_kind == "lora_adapter" else FULL_WEIGHTS,
             "aliases": aliases,
             "model": model_info,
-            "files": _files_record(tmp),
+            "files": files_record(tmp),
             "optimizer": optimizer is not None,
             "optimizer_class": type(optimizer).__name__ if optimizer is not None else None,
             "scheduler": scheduler is not None,
@@ -320,12 +305,12 @@ def save_checkpoint(
             "data_cursor": dict(data_cursor or {}),
             "config_hash": config_hash,
             "extra": dict(extra or {}),
-            "created": _now(),
+            "created": utc_now(),
             "pid": os.getpid(),
         }
         write_json_atomic(tmp / SIDECAR, sidecar)
-        _fsync_dir(tmp)
-        _replace_dir(tmp, final)
+        fsync_dir(tmp)
+        replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -383,7 +368,7 @@ def _write_manifest(ckdir: Path) -> None:
             "format_version": FORMAT_VERSION,
             "checkpoints": entries,
             "latest": entries[-1]["step"] if entries else None,
-            "updated": _now(),
+            "updated": utc_now(),
         },
     )
 
@@ -502,7 +487,7 @@ def restore_checkpoint(
     sc = info.sidecar
     sd = load_checkpoint_tensors(info)
     if info.is_lora:
-        if not _is_peft(model):
+        if not is_peft(model):
             raise CheckpointError(f"{info.path} holds a LoRA adapter but the model is not a peft model")
         from peft.utils import set_peft_model_state_dict
 
@@ -512,7 +497,7 @@ def restore_checkpoint(
         if unexpected:
             raise CheckpointError(f"{info.path}: adapter tensors not in the model: {unexpected[:5]}")
     else:
-        if _is_peft(model):
+        if is_peft(model):
             raise CheckpointError(f"{info.path} holds full weights but the model is a peft model")
         try:
             model.load_state_dict(sd, strict=True)
@@ -543,139 +528,3 @@ def restore_checkpoint(
     out = copy.deepcopy(sc)
     out["rng"] = rng
     return out
-
-
-# ----------------------------------------------------------------------------------------- export
-
-
-def export_hf(
-    model: Any,
-    tokenizer: Any,
-    out_dir: str | os.PathLike,
-    *,
-    merge_lora: bool = True,
-    source_checkpoint: str | os.PathLike | None = None,
-    step: int | None = None,
-    source_weights_hash: str | None = None,
-) -> dict:
-    """Save ``model`` (+ tokenizer) in Hugging Face format (safetensors) to ``out_dir`` atomically,
-    with ``identity.json`` = {weights_hash, source_checkpoint, step, ...}; returns the identity.
-
-    A peft model with ``merge_lora=True`` is merged on a deep copy (``merge_and_unload``), so the
-    model passed in keeps its adapter and can continue training unchanged; the copy costs one extra
-    model in memory on the model's device. ``merge_lora=False`` on a peft model saves only the
-    adapter (peft format), which needs the base model to load.
-    """
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    to_save = model
-    merged = False
-    if _is_peft(model):
-        source_weights_hash = source_weights_hash or _weights_hash(model)
-        if merge_lora:
-            to_save = copy.deepcopy(model).merge_and_unload()
-            _keep_unchanged_bits(to_save, model)
-            merged = True
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
-        to_save.save_pretrained(str(tmp))
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(tmp))
-        identity = {
-            "format_version": FORMAT_VERSION,
-            "weights_hash": _weights_hash(to_save),
-            "source_checkpoint": str(source_checkpoint) if source_checkpoint is not None else None,
-            "step": step,
-            "source_weights_hash": source_weights_hash,
-            "lora_merged": merged,
-            "adapter_only": _is_peft(to_save),
-            "model_class": type(to_save).__name__,
-            "dtype": _model_dtype(to_save),
-            "created": _now(),
-        }
-        identity["files"] = _files_record(tmp, exclude=(IDENTITY,))
-        write_json_atomic(tmp / IDENTITY, identity)
-        _fsync_dir(tmp)
-        _replace_dir(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        if merged:
-            del to_save
-    return identity
-
-
-def _keep_unchanged_bits(merged: Any, peft_model: Any) -> None:
-    """Where merging left a weight numerically unchanged, restore the original bits. IEEE arithmetic
-    turns -0.0 + 0.0 into +0.0, so merging an all-zero adapter (e.g. a LoRA whose B stayed 0 under
-    lr=0) would otherwise look like a weight change to a bit-level audit."""
-    import torch
-
-    orig = {k.replace(".base_layer.", "."): v for k, v in peft_model.get_base_model().state_dict().items()}
-    with torch.no_grad():
-        for name, t in merged.state_dict().items():
-            o = orig.get(name)
-            if o is None or o.shape != t.shape or o.dtype != t.dtype or o.data_ptr() == t.data_ptr():
-                continue
-            o = o.to(t.device)
-            t.copy_(torch.where(t == o, o, t))
-
-
-def _dtype_of(name: str | None):
-    import torch
-
-    return getattr(torch, name) if name else None
-
-
-def model_from_checkpoint(
-    info: CheckpointInfo, *, base: str | None = None, device: str = "cpu"
-) -> tuple[Any, Any]:
-    """(model, tokenizer or None) rebuilt from a checkpoint, weights hash checked.
-    Full checkpoints rebuild from their config.json; LoRA checkpoints need ``base``."""
-    sc = info.sidecar
-    dtype = _dtype_of((sc.get("model") or {}).get("dtype"))
-    tokenizer = None
-    if (info.path / "tokenizer").is_dir():
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(info.path / "tokenizer"))
-    if info.is_lora:
-        if not base:
-            raise CheckpointError(f"{info.path} is a LoRA adapter checkpoint: pass the base model (--base)")
-        from peft import PeftModel
-
-        from sqlrl.generation.models import load_model
-
-        loaded = load_model(base, device=device, dtype=dtype)
-        tokenizer = tokenizer or loaded.tokenizer
-        model = PeftModel.from_pretrained(loaded.model, str(info.path), is_trainable=False)
-        got = _weights_hash(model)
-        if got != sc["weights_hash"]:
-            raise CheckpointError(
-                f"{info.path}: base {base!r} + adapter gives weights hash {got} != sidecar {sc['weights_hash']} "
-                "(wrong base model or dtype?)"
-            )
-        return model, tokenizer
-    if not (info.path / "config.json").is_file():
-        raise CheckpointError(f"{info.path}: full checkpoint without config.json cannot be rebuilt")
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(str(info.path))
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    restore_checkpoint(info, model, restore_rng_state=False)
-    if tokenizer is None and base:
-        from transformers import AutoTokenizer
-
-        try:
-            from sqlrl.generation.models import resolve_model
-
-            base_path = resolve_model(base)
-            base_path = getattr(base_path, "path", base_path)
-        except Exception:  # noqa: BLE001 -- fall back to the literal name/path
-            base_path = base
-        tokenizer = AutoTokenizer.from_pretrained(str(base_path))
-    return model.to(device), tokenizer

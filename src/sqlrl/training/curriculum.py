@@ -1,38 +1,34 @@
 """`sqlrl curriculum CONFIG.toml`: a staged curriculum on debugging tasks, then evaluation by category.
 
-The run file is a normal run file (`[model]`, `[data]` with kind = "debug", `[agent]`, `[grpo]`, `[run]`)
-plus `[sft]` (the warm start, `sqlrl sft`) and `[curriculum]` with `[[curriculum.stages]]` (config.py):
-by default `sft` (supervised warm start on training references, single-turn format) -> `grpo-single`
-(GRPO, agent.turns = 1) -> `grpo-multi` (GRPO, agent.turns = 3). Output folder `OUT`:
+The run file is a normal run file (`[data]` kind = "debug") plus `[sft]` (the warm start) and
+`[curriculum]` with `[[curriculum.stages]]` (config.py); by default `sft` -> `grpo-single` (agent.turns
+= 1) -> `grpo-multi` (agent.turns = 3). Output folder `OUT`:
 
     OUT/curriculum.json            resolved config (run file + [sft] + [curriculum]), task file, stage records
-    OUT/tasks/debug_tasks.jsonl    only when the task file has no `data.eval_split` tasks (e.g. the embedded
-                                   demo slice): the same tasks re-split by database (data.split_seed,
-                                   data.val_fraction), so evaluation databases are never trained on
+    OUT/tasks/debug_tasks.jsonl    only when the task file has no `data.eval_split` tasks: the same tasks
+                                   re-split by database, so evaluation databases are never trained on
     OUT/NN-<stage>/                the stage's own run folder (`sqlrl sft` or `sqlrl train` layout, final/)
-    OUT/evals/<model>-t<turns>/    `sqlrl eval --kind debug` run folders: base and every stage, greedy, on
-                                   the evaluation split, at every `curriculum.eval_turns` budget
-    OUT/eval_by_category.json/.md  solved rate (accuracy) and mean test-pass fraction per category, with
-                                   counts and excluded counts, for every model and turn budget
+    OUT/evals/<model>-t<turns>/    `sqlrl eval --kind debug` run folders: base and every stage, greedy
+    OUT/eval_by_category.json/.md  solved rate and mean test-pass fraction per category, per model and turns
 
-Guarantees:
-- Stage k starts from stage k-1's exported final weights (`final/`), checked: the weights hash the stage
-  recorded at load time must equal the previous stage's `final/identity.json`.
-- Resumable: rerunning the same command skips a finished stage after checking its config.json equals the
-  config it would run now, the sha256 of every file of its `final/` against identity.json, and the chain
-  of identities; an unfinished stage resumes from its last checkpoint; an evaluation whose folder
-  already holds the same model identity and task ids is not repeated. A changed config is an error.
-- The warm start only ever sees training-split references (`sft.check_training_references`); evaluation
-  scores only after each trajectory ended, with the hidden tests (debugagent.py).
+What is covered:
+- Stage k starts from stage k-1's exported `final/` weights, checked: the weights hash the stage recorded
+  at load time must equal the previous stage's `final/identity.json`.
+- Resumable: a rerun skips a finished stage after checking its config.json, the sha256 of every file of
+  its `final/` and the identity chain; an unfinished stage resumes from its last checkpoint; an
+  evaluation whose folder holds the same model identity, task ids and budgets is not repeated. A
+  changed config (beyond memory-only settings) is an error.
+- The warm start only sees training-split references; evaluation scores each trajectory after it ended,
+  with the hidden tests.
 
-Not guaranteed: that any stage helps. With `curriculum.smoke = true` (or a handful of CPU steps) the
-numbers only show the machinery runs end to end.
+What is not: that any stage helps; a smoke run (`curriculum.smoke`) only shows the machinery runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sys
 import tempfile
 import time
@@ -41,6 +37,9 @@ from pathlib import Path
 from sqlrl import config as C
 from sqlrl.artifacts import git_commit, machine_info, read_json, read_jsonl, sha256_file, write_json_atomic
 from sqlrl.config import Config, ConfigError, CurriculumConfig, SFTConfig, StageConfig
+from sqlrl.training.runfolder import config_changes
+
+log = logging.getLogger(__name__)
 
 
 def load_curriculum(
@@ -162,8 +161,6 @@ def finished_stage(folder: Path, expected_config: dict, init_identity: str | Non
     stage has not finished."""
     if not (folder / "run.json").is_file() or read_json(folder / "run.json").get("status") != "finished":
         return None
-    from sqlrl.training.trainer import config_changes
-
     saved = read_json(folder / "config.json")
     diff, _ = config_changes(saved, expected_config)  # memory-only settings may differ
     if diff:
@@ -219,79 +216,70 @@ def run_debug_eval(
     return summary
 
 
-def run_curriculum(
-    cfg: Config,
-    sft: SFTConfig,
-    cur: CurriculumConfig,
-    out_dir: str | Path,
-    *,
-    policy_factory=None,
-    progress: bool = True,
-    command: list[str] | None = None,
-    evaluator_factory=None,
-    deadline: float | None = None,
-) -> dict:
-    """Run (or resume) every stage, then the evaluation by category. `policy_factory(model_name) ->
-    (model, tokenizer, name, identity)` replaces model loading for training and evaluation (tests).
-    `deadline` (a `time.monotonic()` value): stages stop cleanly with a checkpoint and evaluations are
-    not started when time is short; `experiment.Unfinished` is raised, and rerunning resumes."""
-    from sqlrl.evaluation.debugging import category_table_md
-    from sqlrl.tasks.data import select_tasks
-    from sqlrl.tasks.debugging import load_debug_tasks
-    from sqlrl.training import budget
+def _resume_changes(out: Path, rec_p: Path, full: dict) -> list:
+    """The resume-change records of an existing curriculum folder, plus this invocation's (memory-only)
+    changes; a new folder must be empty (or hold only tasks/). A blocking change is a ConfigError."""
+    if not rec_p.exists():
+        if any(p.name != "tasks" for p in out.iterdir()):
+            raise ConfigError(f"{out} is not empty and holds no curriculum.json; choose a new --out folder")
+        return []
+    earlier = read_json(rec_p)
+    blocking, memory = config_changes(earlier.get("config") or {}, full)
+    if blocking:
+        raise ConfigError(
+            f"{out} holds a curriculum with a different config (differs in {blocking}); rerun with "
+            "the same config to resume, or use a new --out folder"
+        )
+    changes = earlier.get("resume_changes") or []
+    if memory:  # memory-only settings may change on resume; recorded below and in each stage's run
+        log.warning(f"[curriculum] resuming with {memory}")
+        changes.append({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": memory})
+    return changes
+
+
+def _factory_for(policy_factory, name: str):
+    """`policy_factory` bound to one model name (None without a factory)."""
+    return (lambda: policy_factory(name)) if policy_factory is not None else None
+
+
+def _run_stage(stage, folder: Path, scfg: Config, ssft: SFTConfig, resume: bool, kw: dict) -> None:
+    """Train one stage (sft or grpo) into `folder`; raise unless it finished (`Unfinished` when the
+    deadline stopped it)."""
     from sqlrl.training.budget import Unfinished
     from sqlrl.training.sft import train_sft
-    from sqlrl.training.trainer import config_changes, train
+    from sqlrl.training.trainer import train
 
-    check_curriculum(cfg, cur)
-    out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    full = resolved(cfg, sft, cur)
-    rec_p = out / "curriculum.json"
-    earlier_changes: list = []
-    if rec_p.exists():
-        earlier = read_json(rec_p)
-        blocking, memory = config_changes(earlier.get("config") or {}, full)
-        if blocking:
-            raise ConfigError(
-                f"{out} holds a curriculum with a different config (differs in {blocking}); rerun with "
-                "the same config to resume, or use a new --out folder"
-            )
-        earlier_changes = earlier.get("resume_changes") or []
-        if memory:  # memory-only settings may change on resume; recorded below and in each stage's run
-            print(f"[curriculum] resuming with {memory}", file=sys.stderr)
-            earlier_changes.append({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": memory})
-    elif any(p.name != "tasks" for p in out.iterdir()):
-        raise ConfigError(f"{out} is not empty and holds no curriculum.json; choose a new --out folder")
-    tasks_file, tasks_info = prepare_tasks(cfg, out)
-    cfg = cfg.replace(data={"path": str(tasks_file)})
-    record = {
-        "config": full,
-        "smoke": cur.smoke,
-        "command": command or sys.argv,
-        "git": git_commit(),
-        "machine": machine_info(),
-        "tasks": {**tasks_info, "fingerprint": sha256_file(tasks_file)},
-        "stages": [],
-        "status": "running",
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    if earlier_changes:
-        record["resume_changes"] = earlier_changes
-    write_json_atomic(rec_p, record)
+    log.warning(f"[curriculum] {folder.name}: {'resume' if resume else 'start'} ({stage.kind})")
+    deadline = kw["deadline"]
+    if stage.kind == "sft":
+        kw = {k: v for k, v in kw.items() if k != "evaluator_factory"}
+        res = train_sft(scfg, ssft, folder, resume=resume, **kw)
+    else:
+        res = train(scfg, folder, resume=resume, **kw)
+    if not res.get("finished") and deadline is not None and time.monotonic() + 60 > deadline:
+        raise Unfinished(f"stage {folder.name} stopped at step {res.get('steps')} (checkpointed)")
+    if not res.get("finished"):
+        raise RuntimeError(
+            f"stage {folder.name} stopped before its last step; rerun the same command to resume"
+        )
 
-    def factory_for(name: str):
-        return (lambda: policy_factory(name)) if policy_factory is not None else None
 
+def run_stages(
+    cfg: Config, sft: SFTConfig, cur: CurriculumConfig, out: Path, record: dict, **kw
+) -> str | None:
+    """Run (or skip, when finished and checked) every stage in order, each from the previous stage's
+    final weights; appends each stage to `record["stages"]` and rewrites curriculum.json. Returns the
+    base weights' identity. `kw`: policy_factory, progress, command, evaluator_factory, deadline."""
+    from sqlrl.training import budget
+    from sqlrl.training.sft import resolved as sft_resolved
+
+    policy_factory, command = kw.pop("policy_factory"), kw.pop("command")
     init_model, init_identity = cfg.model.name, None
     base_identity = None
-    t0 = time.perf_counter()
     for i, stage in enumerate(cur.stages):
         folder = stage_folder(out, i, stage)
         scfg, ssft = stage_configs(cfg, sft, stage, init_model)
         if stage.kind == "sft":
-            from sqlrl.training.sft import resolved as sft_resolved
-
             expected = json.loads(json.dumps(sft_resolved(scfg, ssft)))
         else:
             expected = json.loads(json.dumps(scfg.resolve()))
@@ -299,43 +287,16 @@ def run_curriculum(
         ts = time.perf_counter()
         if done is not None:
             status = "skipped (finished before; config, final/ files and identity chain checked)"
-            print(f"[curriculum] {folder.name}: {status}", file=sys.stderr)
+            log.warning(f"[curriculum] {folder.name}: {status}")
         else:
-            budget.check_time(deadline, 60, f"stage {folder.name}")
+            budget.check_time(kw["deadline"], 60, f"stage {folder.name}")
             resume = (folder / "config.json").is_file()
-            print(
-                f"[curriculum] {folder.name}: {'resume' if resume else 'start'} ({stage.kind})",
-                file=sys.stderr,
-            )
-            cmd = [*(command or ["sqlrl", "curriculum"]), f"# stage {folder.name}"]
-            if stage.kind == "sft":
-                res = train_sft(
-                    scfg,
-                    ssft,
-                    folder,
-                    resume=resume,
-                    policy_factory=factory_for(init_model),
-                    progress=progress,
-                    command=cmd,
-                    deadline=deadline,
-                )
-            else:
-                res = train(
-                    scfg,
-                    folder,
-                    resume=resume,
-                    policy_factory=factory_for(init_model),
-                    progress=progress,
-                    command=cmd,
-                    evaluator_factory=evaluator_factory,
-                    deadline=deadline,
-                )
-            if not res.get("finished") and deadline is not None and time.monotonic() + 60 > deadline:
-                raise Unfinished(f"stage {folder.name} stopped at step {res.get('steps')} (checkpointed)")
-            if not res.get("finished"):
-                raise RuntimeError(
-                    f"stage {folder.name} stopped before its last step; rerun the same command to resume"
-                )
+            stage_kw = {
+                **kw,
+                "policy_factory": _factory_for(policy_factory, init_model),
+                "command": [*(command or ["sqlrl", "curriculum"]), f"# stage {folder.name}"],
+            }
+            _run_stage(stage, folder, scfg, ssft, resume, stage_kw)
             done = finished_stage(folder, expected, init_identity)
             assert done is not None
             status = "resumed" if resume else "ran"
@@ -358,27 +319,24 @@ def run_curriculum(
                 **_stage_metrics(folder, stage.kind),
             }
         )
-        write_json_atomic(rec_p, record)
+        write_json_atomic(out / "curriculum.json", record)
         init_model, init_identity = str(folder / "final"), done["final_identity"]
+    return base_identity
 
-    # ---- evaluation by category: base and every stage, same tasks, same budgets, greedy ----
+
+def evaluate_models(
+    cfg: Config, cur: CurriculumConfig, out: Path, models: list, eval_tasks, tasks_file: Path, **kw
+) -> dict:
+    """Greedy debug evaluation of every (label, model path, identity) at every `curriculum.eval_turns`
+    budget into OUT/evals/<label>-t<turns>; a folder that already holds the same model identity, task
+    ids and budgets is reused. Returns {"t<turns>": {label: summary}}. `kw`: policy_factory, command,
+    deadline."""
     from sqlrl.agent.loop import Budgets
     from sqlrl.generation.device import pick_device
+    from sqlrl.training import budget
 
-    all_tasks = load_debug_tasks(tasks_file)
-    eval_tasks = select_tasks(
-        [t for t in all_tasks if t.split == cfg.data.eval_split],
-        cfg.data.max_eval_tasks,
-        cfg.data.split_seed,  # not run.seed: every training seed is evaluated on the same tasks
-    )
-    if not eval_tasks:
-        raise ConfigError(f"{tasks_file}: no {cfg.data.eval_split!r} tasks to evaluate on")
+    policy_factory, command, deadline = kw["policy_factory"], kw["command"], kw["deadline"]
     task_ids = [t.task_id for t in eval_tasks]
-    models = []
-    if cur.eval_base:
-        models.append(("base", cfg.model.name, base_identity))
-    for st in record["stages"]:
-        models.append((st["name"], str(out / st["folder"] / "final"), st["final_identity"]))
     evals: dict[str, dict] = {}
     for label, model_name, identity in models:
         policy = None
@@ -396,7 +354,7 @@ def run_curriculum(
                     continue
             budget.check_time(deadline, 45, f"evaluating {label} at {turns} turn(s)")
             if policy is None:
-                print(f"[curriculum] evaluating {label} ({model_name})", file=sys.stderr)
+                log.warning(f"[curriculum] evaluating {label} ({model_name})")
                 if policy_factory is not None:
                     from sqlrl.generation.policy import HFPolicy
 
@@ -432,44 +390,17 @@ def run_curriculum(
             )
             evals.setdefault(f"t{turns}", {})[label] = read_json(ev / "summary.json")
         del policy
-    result = {
-        "smoke": cur.smoke,
-        "note": "smoke run: a few CPU steps on a handful of tasks; these numbers show the machinery runs, not that training helps"
-        if cur.smoke
-        else "",
-        "eval_split": cfg.data.eval_split,
-        "tasks_file": str(tasks_file),
-        "fingerprint": sha256_file(tasks_file),
-        "n_eval_tasks": len(eval_tasks),
-        "eval_tasks_per_category": {
-            c: sum(t.category == c for t in eval_tasks) for c in ("query", "management", "personalization")
-        },
-        "eval_task_ids": task_ids,
-        "models": [{"label": a, "path": b, "identity": c} for a, b, c in models],
-        "by_category": {
-            tk: {label: s.get("by_category") for label, s in per.items()} for tk, per in evals.items()
-        },
-        "stages": [
-            {
-                k: st[k]
-                for k in (
-                    "name",
-                    "kind",
-                    "turns",
-                    "steps",
-                    "base_identity",
-                    "final_identity",
-                    "weights_changed",
-                )
-            }
-            for st in record["stages"]
-        ],
-    }
-    write_json_atomic(out / "eval_by_category.json", result)
+    return evals
+
+
+def eval_report_md(result: dict, models: list, cur: CurriculumConfig) -> str:
+    """eval_by_category.md: the category tables per turn budget, then the stages."""
+    from sqlrl.evaluation.debugging import category_table_md
+
     md = [
         "# Curriculum evaluation by category",
         "",
-        f"Split `{cfg.data.eval_split}` ({len(eval_tasks)} tasks: "
+        f"Split `{result['eval_split']}` ({result['n_eval_tasks']} tasks: "
         + ", ".join(f"{c} {n}" for c, n in result["eval_tasks_per_category"].items())
         + "), greedy. Cell: solved/scored (accuracy = solved rate), mean fraction of hidden tests passed.",
     ]
@@ -493,7 +424,112 @@ def run_curriculum(
         f"| {s['name']} | {s['kind']} | {s['turns']} | {s['steps']} | {s['weights_changed']} |"
         for s in result["stages"]
     ]
-    (out / "eval_by_category.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+    return "\n".join(md) + "\n"
+
+
+STAGE_SUMMARY_KEYS = ("name", "kind", "turns", "steps", "base_identity", "final_identity", "weights_changed")
+
+
+def run_curriculum(
+    cfg: Config,
+    sft: SFTConfig,
+    cur: CurriculumConfig,
+    out_dir: str | Path,
+    *,
+    policy_factory=None,
+    progress: bool = True,
+    command: list[str] | None = None,
+    evaluator_factory=None,
+    deadline: float | None = None,
+) -> dict:
+    """Run (or resume) every stage, then the evaluation by category. `policy_factory(model_name) ->
+    (model, tokenizer, name, identity)` replaces model loading for training and evaluation (tests).
+    `deadline` (a `time.monotonic()` value): stages stop cleanly with a checkpoint and evaluations are
+    not started when time is short; `experiment.Unfinished` is raised, and rerunning resumes."""
+    from sqlrl.tasks.data import select_tasks
+    from sqlrl.tasks.debugging import load_debug_tasks
+
+    check_curriculum(cfg, cur)
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    full = resolved(cfg, sft, cur)
+    rec_p = out / "curriculum.json"
+    earlier_changes = _resume_changes(out, rec_p, full)
+    tasks_file, tasks_info = prepare_tasks(cfg, out)
+    cfg = cfg.replace(data={"path": str(tasks_file)})
+    record = {
+        "config": full,
+        "smoke": cur.smoke,
+        "command": command or sys.argv,
+        "git": git_commit(),
+        "machine": machine_info(),
+        "tasks": {**tasks_info, "fingerprint": sha256_file(tasks_file)},
+        "stages": [],
+        "status": "running",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    if earlier_changes:
+        record["resume_changes"] = earlier_changes
+    write_json_atomic(rec_p, record)
+
+    t0 = time.perf_counter()
+    base_identity = run_stages(
+        cfg,
+        sft,
+        cur,
+        out,
+        record,
+        policy_factory=policy_factory,
+        progress=progress,
+        command=command,
+        evaluator_factory=evaluator_factory,
+        deadline=deadline,
+    )
+
+    # ---- evaluation by category: base and every stage, same tasks, same budgets, greedy ----
+    all_tasks = load_debug_tasks(tasks_file)
+    eval_tasks = select_tasks(
+        [t for t in all_tasks if t.split == cfg.data.eval_split],
+        cfg.data.max_eval_tasks,
+        cfg.data.split_seed,  # not run.seed: every training seed is evaluated on the same tasks
+    )
+    if not eval_tasks:
+        raise ConfigError(f"{tasks_file}: no {cfg.data.eval_split!r} tasks to evaluate on")
+    models = [("base", cfg.model.name, base_identity)] if cur.eval_base else []
+    for st in record["stages"]:
+        models.append((st["name"], str(out / st["folder"] / "final"), st["final_identity"]))
+    evals = evaluate_models(
+        cfg,
+        cur,
+        out,
+        models,
+        eval_tasks,
+        tasks_file,
+        policy_factory=policy_factory,
+        command=command,
+        deadline=deadline,
+    )
+    result = {
+        "smoke": cur.smoke,
+        "note": "smoke run: a few CPU steps on a handful of tasks; these numbers show the machinery runs, not that training helps"
+        if cur.smoke
+        else "",
+        "eval_split": cfg.data.eval_split,
+        "tasks_file": str(tasks_file),
+        "fingerprint": sha256_file(tasks_file),
+        "n_eval_tasks": len(eval_tasks),
+        "eval_tasks_per_category": {
+            c: sum(t.category == c for t in eval_tasks) for c in ("query", "management", "personalization")
+        },
+        "eval_task_ids": [t.task_id for t in eval_tasks],
+        "models": [{"label": a, "path": b, "identity": c} for a, b, c in models],
+        "by_category": {
+            tk: {label: s.get("by_category") for label, s in per.items()} for tk, per in evals.items()
+        },
+        "stages": [{k: st[k] for k in STAGE_SUMMARY_KEYS} for st in record["stages"]],
+    }
+    write_json_atomic(out / "eval_by_category.json", result)
+    (out / "eval_by_category.md").write_text(eval_report_md(result, models, cur), encoding="utf-8")
     record.update(
         status="finished",
         finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -5,27 +5,22 @@ writes, into ``<trainer.default_local_dir>/global_step_N/actor/``::
 
     model_world_size_{W}_rank_{r}.pt        torch.save of the rank's SHARDED model state dict
                                             (DTensor values; ShardedTensor from older FSDP1 setups)
-    optim_world_size_{W}_rank_{r}.pt        sharded optimizer state (not needed for export)
-    extra_state_world_size_{W}_rank_{r}.pt  lr scheduler + RNG (not needed for export)
+    optim_/extra_state_world_size_{W}_rank_{r}.pt   optimizer, scheduler, RNG (not needed for export)
     fsdp_config.json                        {"FSDP_version": 1|2, "world_size": W}
     huggingface/                            config.json (+ tokenizer, generation_config.json)
-    lora_train_meta.json                    only for LoRA runs
 
 and ``<default_local_dir>/latest_checkpointed_iteration.txt`` holds the newest N.
 
-`export_fsdp_checkpoint` accepts the actor folder, a ``global_step_N`` folder or the run folder
-(newest step), reassembles every tensor from the shards in its SAVED dtype (every element placed by the
-DTensor / ShardedTensor offsets and checked to be covered exactly once; replicated copies checked to
-be equal), builds the model from the saved config, loads the merged state dict strictly, checks that the
-loaded model holds exactly the merged tensors (``weights_hash``), and saves it with
-`sqlrl.training.checkpoint.export_hf` (safetensors + identity.json with the weights hash).
+What is covered: `export_fsdp_checkpoint` takes the actor folder, a ``global_step_N`` folder or the run
+folder (newest step), reassembles every tensor in its SAVED dtype (each element placed by the DTensor /
+ShardedTensor offsets and covered exactly once; replicated copies checked equal), loads the merged
+state dict strictly into a model built from the saved config, checks the loaded model holds exactly
+those tensors (``weights_hash``), and saves it with `sqlrl.training.export.export_hf` (identity.json).
+veRL's own merger (``python -m verl.model_merger``) is not used: it casts every tensor to bfloat16,
+assumes a concatenation layout instead of reading offsets, and writes no identity.json.
 
-veRL ships its own merger (``python -m verl.model_merger merge --backend fsdp``); it is not reused because
-it casts every tensor to bfloat16 (an fp32 actor would not export exactly), assumes a shard layout
-(concatenation in rank order) instead of reading offsets, and does not write identity.json.
-
-Not supported (a clear `FSDPExportError`): LoRA checkpoints (use veRL's merger, which writes the
-adapter), tensor parallel / strided (``_StridedShard``) and ``Partial`` placements, remote (HDFS) paths.
+What is not (a clear `FSDPExportError`): LoRA checkpoints (``lora_train_meta.json``; use veRL's merger),
+tensor parallel / strided (``_StridedShard``) and ``Partial`` placements, remote (HDFS) paths.
 """
 
 from __future__ import annotations
@@ -369,7 +364,7 @@ def export_fsdp_checkpoint(
     dtype: str | None = None,
 ) -> dict:
     """Merge a veRL FSDP checkpoint (actor folder, ``global_step_N`` folder or run folder) and save it as a
-    Hugging Face folder via `sqlrl.training.checkpoint.export_hf`. Returns export_hf's identity dict plus
+    Hugging Face folder via `sqlrl.training.export.export_hf`. Returns export_hf's identity dict plus
     ``fsdp`` = {world_size, fsdp_version, n_tensors, actor_dir}.
 
     ``base_config``: a config folder / model id / ``PretrainedConfig`` to build the model from instead of
@@ -379,7 +374,7 @@ def export_fsdp_checkpoint(
     from transformers import AutoModelForCausalLM
 
     from sqlrl.generation.models import weights_hash
-    from sqlrl.training.checkpoint import export_hf
+    from sqlrl.training.export import export_hf
 
     actor_dir = find_fsdp_checkpoint(ckpt_dir)
     if actor_dir is None:

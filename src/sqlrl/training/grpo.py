@@ -1,52 +1,28 @@
 """GRPO objective as pure functions (torch only, no I/O, no model, no optimizer).
 
-The objective (Shao et al. 2024, "DeepSeekMath", eq. 3, outcome supervision):
+Shao et al. 2024 ("DeepSeekMath", eq. 3, outcome supervision), returned as the loss (= -J):
+    A_i = (r_i - mean(r)) / std(r) for the G outputs of a group (same advantage for every token)
+    J = E[ 1/G sum_i 1/|o_i| sum_t ( min(rho_it A_i, clip(rho_it, 1-eps, 1+eps) A_i) - beta KL_k3,it ) ]
+    rho_it = pi_theta / pi_old (of token o_it);  KL_k3 = pi_ref/pi_theta - log(pi_ref/pi_theta) - 1
 
-    For a question q, sample a group of G outputs o_1..o_G from pi_old and score them r_1..r_G.
-    A_i = (r_i - mean(r)) / std(r)                      (same advantage for every token of o_i)
-    J(theta) = E[ 1/G sum_i 1/|o_i| sum_t ( min( rho_it A_i, clip(rho_it, 1-eps, 1+eps) A_i )
-                                            - beta * KL_k3(pi_theta || pi_ref)_it ) ]
-    rho_it = pi_theta(o_it | q, o_i,<t) / pi_old(o_it | q, o_i,<t)
-    KL_k3 = pi_ref/pi_theta - log(pi_ref/pi_theta) - 1            (Schulman's k3 estimator)
+Deliberate departures (configurable where noted):
+1. ``agg="token-mean"`` (default, DAPO): per-token terms summed over the batch's loss tokens / their
+   count; the paper's ``1/G sum_i 1/|o_i| sum_t`` is ``agg="seq-mean"``.
+2. Separate ``clip_low`` / ``clip_high`` (DAPO clip-higher); defaults 0.2 / 0.2 are the paper's clip.
+3. KL (k3, per token inside the aggregation, not clamped) is optional: ``kl_coef`` defaults to 0.0
+   (paper 0.04); with ``ref_logprobs`` and ``kl_coef == 0`` it is measured only (no gradient).
+4. ``scale="std"`` divides by the *sample* std (ddof=1) + ``eps``, as TRL and verl do; ``scale="none"``
+   is Dr. GRPO (Liu et al. 2025). A group whose rewards are all equal (a singleton too) gets exactly 0.
+5. Old log-probs are those recorded at generation time (under logits / temperature), not recomputed:
+   with one gradient step per batch the ratio is 1 in exact arithmetic (REINFORCE with the group-mean
+   baseline), so ``ratio_mean``/``ratio_max``/``clip_frac`` measure generation-vs-training kernel
+   mismatch. The training forward must use the generation temperature. No entropy bonus.
 
-`policy_loss` returns the *loss* (= -J) to minimise.
-
-Departures from the paper, all deliberate, all configurable where noted:
-
-1. Aggregation. Default ``agg="token-mean"`` (DAPO, Yu et al. 2025): sum of per-token terms over
-   every loss token of the batch divided by the number of loss tokens, so long outputs are not
-   down-weighted per token. The paper's ``1/G sum_i 1/|o_i| sum_t`` is ``agg="seq-mean"``
-   (mean over tokens within a sequence, then mean over sequences).
-2. Clip ratios. Separate ``clip_low`` / ``clip_high`` (DAPO "clip-higher"); the paper has one eps.
-   The defaults (0.2 / 0.2) reproduce the paper's symmetric clip.
-3. KL. k3 to a frozen reference as in the paper, added per token *inside* the aggregation (as in
-   the paper), but optional: ``kl_coef`` defaults to 0.0 (the paper uses beta = 0.04). With
-   ``ref_logprobs`` given and ``kl_coef == 0`` the KL is still measured (metric only, no gradient).
-   The k3 log-difference is not clamped.
-4. Std scaling. Optional: ``scale="none"`` gives Dr. GRPO (Liu et al. 2025) mean-only advantages.
-   With ``scale="std"`` we divide by the *sample* standard deviation (Bessel, ddof=1) plus ``eps``,
-   which is what TRL's GRPOTrainer and verl do (``torch.std`` default); the paper does not say.
-5. Degenerate groups. A group whose rewards are all equal (including a group of one) gets advantage
-   exactly 0.0 (it carries no learning signal), and is counted in ``zero_var_groups``.
-6. One gradient step per generated batch (the trainer's default) means pi_theta == pi_old at the
-   moment the loss is taken: the ratio is mathematically 1, clipping never binds and the gradient is
-   exactly REINFORCE with the group-mean baseline. The old log-probs are the ones recorded at
-   generation time (``Generation.logprobs``, under logits / temperature), NOT recomputed by the
-   training forward pass. Consequence: any numerical mismatch between the generation kernels (fast
-   decoding, KV cache, bf16, different attention kernels) and the training forward shows up as
-   ``ratio != 1`` and possibly ``clip_frac > 0`` at the first step; ``ratio_mean``/``ratio_max``
-   and ``clip_frac`` therefore measure that mismatch. The training forward must use the same
-   temperature as generation (``token_logprobs(..., temperature=...)``).
-7. No entropy bonus: entropy is reported (metric only) when given.
-
-Guaranteed: masked positions (prompt tokens, environment-observation tokens, padding) get exactly
-zero gradient, even if their log-prob entries are NaN/inf; advantages, old and reference log-probs
-are treated as constants (detached); with ``loss_scale_tokens`` / ``loss_scale_seqs`` set to the
-global count, summing gradients over micro-batches equals the one-big-batch gradient (up to float
-rounding). Not guaranteed: anything about the model, sampling or the optimizer; overflow of
-``logprobs - old_logprobs`` is clamped to +-LOG_RATIO_CLAMP (10) before ``exp`` (no dual clip).
-
-Every function returns plain Python floats in its metrics dict (JSON-ready).
+What is covered: masked positions (prompt, observations, padding) get exactly zero gradient, even with
+NaN/inf log-probs; advantages, old and reference log-probs are constants (detached); with
+``loss_scale_tokens`` / ``loss_scale_seqs`` set to the global count, summed micro-batch gradients equal
+the one-big-batch gradient (up to rounding); metrics are plain floats. What is not: anything about the
+model, sampling or optimizer; ``logprobs - old_logprobs`` is clamped to +-LOG_RATIO_CLAMP (10) before exp.
 """
 
 from __future__ import annotations

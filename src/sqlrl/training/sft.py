@@ -1,30 +1,24 @@
 """`sqlrl sft CONFIG.toml`: supervised warm start on the reference solutions of training debug tasks.
 
 Each example is one training-split debugging task (`data.kind = "debug"`): the prompt is exactly the
-single-turn prompt the agent builds (`debugagent.build_debug_messages`, rendered with the model's chat
-template by `prompts.ChatFormat`), the target is the reference solution written as the agent's
-single-turn answer (one ```sql block per solution entry) followed by the chat template's end-of-turn
-token. With `sft.submit_turns` = T >= 2 every reference appears a second time after the multi-turn
-prompt for T turns, answered "SUBMIT" + the same blocks (the agent's submit_solution). Cross-entropy
-is taken on the target tokens only (prompt and padding are masked), averaged over all target tokens
-of an optimizer step.
+single-turn prompt the agent builds (`agent.debugging.build_debug_messages`, rendered by
+`prompts.ChatFormat`), the target the reference solution as the agent's single-turn answer (one ```sql
+block per solution entry) plus the chat template's end-of-turn token. With `sft.submit_turns` = T >= 2
+every reference appears again after the multi-turn prompt for T turns, answered "SUBMIT" + the same
+blocks. Cross-entropy on target tokens only, averaged over all target tokens of an optimizer step.
 
-Guarantees:
-- Only training references are used: every task must carry `data.train_split`, `data.train_split` must
-  differ from `data.eval_split`, and no task may sit on a database that has evaluation tasks
-  (`check_training_references`; a violation is a `ValueError` before any model is loaded). The
-  validation references (private gold data) never reach the optimizer.
-- Every target round-trips: decoding its token ids and parsing them with `parse_debug_action` (the
-  single-turn parser, or the multi-turn one for the SUBMIT format, which must also read
-  submit_solution) gives back the reference submission; examples that do not, or that exceed the
-  agent's budgets (`max_new_tokens` for the answer, `max_context_tokens` in all), are dropped and
-  counted in run.json (never silently truncated).
-- Run folder as `sqlrl train`: config.json (resolved run config + [sft]), run.json (provenance, base and
-  final weights identity, whether the weights moved), steps.jsonl (loss per step), split.json,
-  checkpoints/ through `checkpoint.save_checkpoint` (atomic, sha256 sidecars, manifest), final/ (HF export
-  with identity.json). `--resume` continues after a kill from the last complete checkpoint.
+What is covered:
+- Only training references are used: every task must carry `data.train_split`, which must differ from
+  `data.eval_split`, and no task may sit on a database that has evaluation tasks
+  (`check_training_references`: a `ValueError` before any model is loaded).
+- Every target round-trips: decoding its token ids and parsing them with `parse_debug_action` gives back
+  the reference submission; examples that do not, or that exceed the agent's budgets
+  (`max_new_tokens`, `max_context_tokens`), are dropped and counted in run.json (never truncated).
+- The run folder is that of `sqlrl train` (`runfolder.py`): config.json (run config + [sft]), run.json,
+  steps.jsonl, split.json, checkpoints/, final/ with identity.json; `--resume` continues after a kill
+  from the last complete checkpoint.
 
-Not guaranteed: that imitation of references helps the RL stages; a short CPU run proves nothing.
+What is not: that imitation of references helps the RL stages; a short CPU run proves nothing.
 """
 
 from __future__ import annotations
@@ -32,24 +26,29 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import math
-import random
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-from sqlrl.artifacts import (
-    append_jsonl,
-    git_commit,
-    machine_info,
-    read_json,
-    read_jsonl,
-    sha256_file,
-    write_json_atomic,
-    write_jsonl,
-)
+from sqlrl.artifacts import append_jsonl, git_commit, machine_info, sha256_file, write_json_atomic
 from sqlrl.config import Config, ConfigError, SFTConfig
+from sqlrl.training.runfolder import (
+    Checkpointer,
+    check_run_folder,
+    drop_steps_after,
+    export_final,
+    previous_run,
+    previous_seconds,
+    progress_bar,
+    restore_latest,
+    stop_for_time,
+)
+from sqlrl.training.trainer import TaskSampler, load_trainable, make_optimizer, pad_token_id, seed_and_device
+
+log = logging.getLogger(__name__)
 
 
 def expected_submission(task) -> tuple[str, ...]:
@@ -184,15 +183,14 @@ def answer_loss_sum(model, ids, attn, labels, autocast_dtype=None):
     import torch
     import torch.nn.functional as F
 
-    from sqlrl.training.trainer import train_attention_context
+    from sqlrl.training.update import train_attention_context
 
     ctx = (
         torch.autocast("cuda", dtype=autocast_dtype)
         if autocast_dtype is not None
         else contextlib.nullcontext()
     )
-    # the trainer's kernel rule (no cuDNN SDPA on CUDA): the GPU SFT stage of 2026-11-29 had non-finite
-    # gradients in 2 of 40 steps without it (results/2026-11-29-debug-curriculum-gpu-partial)
+    # the trainer's kernel rule (no cuDNN SDPA on CUDA), which SFT on padded batches needs as well
     with ctx, train_attention_context(ids.device.type):
         logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits
     logits = logits[:, :-1, :].float()
@@ -236,6 +234,45 @@ def load_sft_tasks(cfg: Config):
     return select_tasks(train, cfg.data.max_train_tasks, cfg.run.seed), all_tasks, file
 
 
+def split_record(cfg: Config, tasks, all_tasks, file: Path) -> dict:
+    """split.json of a warm start: the splits, the task file and its fingerprint, the tasks and databases."""
+    return {
+        "train_split": cfg.data.train_split,
+        "eval_split": cfg.data.eval_split,
+        "tasks_file": str(file),
+        "train_fingerprint": sha256_file(file),
+        "train_tasks": len(tasks),
+        "task_ids": [t.task_id for t in tasks],
+        "train_db_ids": sorted({t.public.db_id for t in tasks}),
+        "eval_db_ids": sorted({t.public.db_id for t in all_tasks if t.split == cfg.data.eval_split}),
+    }
+
+
+def sft_step(model, optimizer, scheduler, params, batch, sft: SFTConfig, pad_id: int, device, autocast):
+    """One optimizer step on `batch` in micro-batches, the loss averaged over all answer tokens of the
+    step; a non-finite gradient norm skips the parameter write. Returns (loss sum, correct tokens,
+    answer tokens, gradient norm)."""
+    import torch
+
+    n_tok = sum(len(e["target_ids"]) for e in batch)
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum, correct, counted = 0.0, 0, 0
+    for k in range(0, len(batch), sft.micro_batch):
+        ids, attn, labels = collate(batch[k : k + sft.micro_batch], pad_id, device)
+        loss, ntok, corr = answer_loss_sum(model, ids, attn, labels, autocast)
+        (loss / n_tok).backward()
+        loss_sum += float(loss.item())
+        correct += corr
+        counted += ntok
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, sft.max_grad_norm).item())
+    if math.isfinite(grad_norm):
+        optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, correct, counted, grad_norm
+
+
 def train_sft(
     cfg: Config,
     sft: SFTConfig,
@@ -255,17 +292,6 @@ def train_sft(
     import torch
 
     from sqlrl.agent.loop import Budgets
-    from sqlrl.generation.device import device_and_dtypes as _device_and_dtypes
-    from sqlrl.training.budget import out_of_time
-    from sqlrl.training.checkpoint import (
-        capture_rng,
-        export_hf,
-        load_latest,
-        restore_checkpoint,
-        restore_rng,
-        save_checkpoint,
-    )
-    from sqlrl.training.trainer import TaskSampler, check_run_folder, load_trainable
 
     out = Path(out_dir)
     mine = json.loads(json.dumps(resolved(cfg, sft)))
@@ -277,53 +303,24 @@ def train_sft(
         tasks, all_tasks, train_split=cfg.data.train_split, eval_split=cfg.data.eval_split
     )
     out.mkdir(parents=True, exist_ok=True)
-
-    seed = cfg.run.seed
-    random.seed(seed)
-    torch.manual_seed(seed)
-    device, gen_dtype = _device_and_dtypes(cfg)
+    device, gen_dtype = seed_and_device(cfg)
     model, tokenizer, base_name, base_identity = load_trainable(cfg, device, gen_dtype, policy_factory)
 
     examples, dropped = build_sft_examples(tasks, tokenizer, budgets, sft.submit_turns)
     if not examples:
         raise ValueError(f"no usable SFT examples among {len(tasks)} training tasks (dropped: {dropped})")
-    sampler = TaskSampler(len(examples), seed)
+    sampler = TaskSampler(len(examples), cfg.run.seed)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=sft.lr, weight_decay=sft.weight_decay)
-    warm = max(0, sft.warmup_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
-    )
+    optimizer, scheduler = make_optimizer(params, sft.lr, sft.weight_decay, sft.warmup_steps)
 
     start_step, prev_s = 0, 0.0
     if resume:
-        with contextlib.suppress(Exception):
-            prev_s = float(read_json(out / "run.json").get("train_seconds") or 0.0)
-        info = load_latest(out)
-        if info is not None:
-            side = restore_checkpoint(info, model, optimizer, scheduler)
-            sampler.load_state_dict(side["data_cursor"])
-            restore_rng(side["rng"])
-            start_step = int(side["step"])
-        if (out / "steps.jsonl").exists():
-            write_jsonl(
-                out / "steps.jsonl", [r for r in read_jsonl(out / "steps.jsonl") if r["step"] <= start_step]
-            )
+        prev_s = previous_seconds(previous_run(out))
+        start_step = restore_latest(out, model, optimizer, scheduler, sampler) or 0
+        drop_steps_after(out, ("steps.jsonl",), start_step)
     else:
         write_json_atomic(out / "config.json", mine)
-        write_json_atomic(
-            out / "split.json",
-            {
-                "train_split": cfg.data.train_split,
-                "eval_split": cfg.data.eval_split,
-                "tasks_file": str(file),
-                "train_fingerprint": sha256_file(file),
-                "train_tasks": len(tasks),
-                "task_ids": [t.task_id for t in tasks],
-                "train_db_ids": sorted({t.public.db_id for t in tasks}),
-                "eval_db_ids": sorted({t.public.db_id for t in all_tasks if t.split == cfg.data.eval_split}),
-            },
-        )
+        write_json_atomic(out / "split.json", split_record(cfg, tasks, all_tasks, file))
     run_info = {
         "kind": "sft",
         "command": command or sys.argv,
@@ -347,55 +344,25 @@ def train_sft(
     write_json_atomic(out / "run.json", run_info)
 
     autocast = torch.bfloat16 if device == "cuda" else None
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-
-    def checkpoint(at: int) -> None:
-        save_checkpoint(
-            out,
-            at,
-            model=model,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            rng_state=capture_rng(),
-            data_cursor=sampler.state_dict(),
-            config_hash=config_hash(cfg, sft),
-            keep_last=cfg.run.keep_checkpoints,
-        )
-
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=sft.steps, initial=start_step, desc="sft", unit="step")
+    pad_id = pad_token_id(tokenizer)
+    checkpoint = Checkpointer(
+        out, model, optimizer, scheduler, sampler, config_hash(cfg, sft), cfg.run.keep_checkpoints
+    )
+    bar = progress_bar(progress, sft.steps, start_step, "sft")
     t_train0 = time.perf_counter()
     last, done, last_step_s = start_step, 0, 0.0
     for step in range(start_step + 1, sft.steps + 1):
-        if out_of_time(deadline, last_step_s):
-            if last > start_step and last % cfg.run.checkpoint_every != 0:
-                checkpoint(last)
-            print(f"sqlrl sft: stopping before step {step} to meet the time budget", file=sys.stderr)
+        if stop_for_time(deadline, last_step_s, last, start_step, cfg.run.checkpoint_every, checkpoint):
+            log.warning(f"sqlrl sft: stopping before step {step} to meet the time budget")
             break
         t0 = time.perf_counter()
         batch = [examples[i] for i in sampler.next(sft.batch_size)]
-        n_tok = sum(len(e["target_ids"]) for e in batch)
-        model.train()
-        optimizer.zero_grad(set_to_none=True)
-        loss_sum, correct, counted = 0.0, 0, 0
-        for k in range(0, len(batch), sft.micro_batch):
-            ids, attn, labels = collate(batch[k : k + sft.micro_batch], pad_id, device)
-            loss, ntok, corr = answer_loss_sum(model, ids, attn, labels, autocast)
-            (loss / n_tok).backward()
-            loss_sum += float(loss.item())
-            correct += corr
-            counted += ntok
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, sft.max_grad_norm).item())
+        loss_sum, correct, counted, grad_norm = sft_step(
+            model, optimizer, scheduler, params, batch, sft, pad_id, device, autocast
+        )
         skipped = not math.isfinite(grad_norm)
         if skipped:
-            print(f"sqlrl sft: step {step}: non-finite gradient norm; update skipped", file=sys.stderr)
-        else:
-            optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+            log.warning(f"sqlrl sft: step {step}: non-finite gradient norm; update skipped")
         metrics = {
             "step": step,
             "loss": loss_sum / counted if counted else None,
@@ -422,16 +389,12 @@ def train_sft(
     finished = last >= sft.steps
     result: dict = {"steps": last, "finished": finished, "base_identity": base_identity}
     if finished:
-        ident = export_hf(model, tokenizer, out / "final", merge_lora=True, step=last)
+        ident = export_final(model, tokenizer, out, prune=cfg.run.prune_checkpoints_at_end, step=last)
         result.update(
             final=str(out / "final"),
             final_identity=ident.get("weights_hash"),
             weights_changed=ident.get("weights_hash") != base_identity,
         )
-        if cfg.run.prune_checkpoints_at_end:
-            from sqlrl.training.trainer import _prune_checkpoints
-
-            _prune_checkpoints(out)
     total_s = prev_s + time.perf_counter() - t_train0
     run_info.update(
         {

@@ -1,0 +1,322 @@
+"""The update pass of one GRPO step: micro-batches, out-of-memory retry, non-finite gradients.
+
+What is covered:
+- Trajectories with advantage 0 (and `grpo.kl_coef` = 0) or no generated token are left out; the rest
+  run shortest first, in passes (`grpo.micro_batch`, `grpo.micro_batch_logit_tokens`) that only split
+  the step's sum: the objective is normalised over the whole step (`grpo.policy_loss`).
+- Token ids and log-probs are those of generation time; the update never re-tokenizes text. Batches
+  are left-padded with explicit position ids, so `logits_to_keep` covers every generated token.
+- A pass that runs out of GPU memory makes the update start again with a halved logit-token cap (kept
+  for the rest of the run, recorded); a single trajectory that does not fit raises a RuntimeError that
+  names the settings to change.
+- A non-finite gradient norm never reaches the weights: the step is recorded as skipped, with
+  diagnostics (non-finite log-probs, passes with a non-finite loss, parameters with non-finite grads).
+- `grpo.control = "no-update"` runs everything except `optimizer.step()`: AdamW with lr = 0 changes no
+  value but turns -0.0 into +0.0, which the bit-level weight audit must not excuse.
+
+What is not: the same float summation order under different caps (results agree up to rounding), nor
+bit-identical GPU kernels between runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlrl.generation.device import free_memory
+
+log = logging.getLogger(__name__)
+
+
+def build_batch(trajs, advantages, device, pad_id: int):
+    """Left-pad token sequences so every trajectory ends at the last column (so `logits_to_keep` can cover
+    all generated tokens), with explicit position ids."""
+    import torch
+
+    T = max(len(t.token_ids) for t in trajs)
+    B = len(trajs)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, T), dtype=torch.long)
+    mask = torch.zeros((B, T), dtype=torch.float32)
+    old = torch.zeros((B, T), dtype=torch.float32)
+    first_gen = T
+    for b, t in enumerate(trajs):
+        n = len(t.token_ids)
+        ids[b, T - n :] = torch.tensor(t.token_ids, dtype=torch.long)
+        attn[b, T - n :] = 1
+        mask[b, T - n :] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        old[b, T - n :] = torch.tensor(t.logprobs, dtype=torch.float32)
+        gen_pos = [i for i, m in enumerate(t.loss_mask) if m]
+        if gen_pos:
+            first_gen = min(first_gen, T - n + gen_pos[0])
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    adv = torch.tensor(advantages, dtype=torch.float32)
+    keep = T - first_gen + 1  # logits for positions first_gen-1 .. T-1
+    return {
+        "input_ids": ids.to(device),  # [B, T]
+        "attention_mask": attn.to(device),  # [B, T]
+        "position_ids": pos.to(device),  # [B, T]
+        "loss_mask": mask.to(device),  # [B, T]
+        "old_logprobs": old.to(device),  # [B, T]
+        "advantages": adv.to(device),  # [B]
+        "keep": max(2, min(keep, T)),
+    }
+
+
+def train_attention_context(device_type: str):
+    """Attention kernels for training forward/backward passes: on CUDA every SDPA kernel but cuDNN's,
+    which gave non-finite gradients on left-padded batches (fully masked query rows); elsewhere no change.
+    `scripts/nan_probe.py` counts such batches per kernel."""
+    if device_type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+def sequence_logprobs(model, batch, temperature: float, autocast_dtype):
+    """Log-probs of each sequence's own next tokens on the last `keep` columns: [B, keep-1]."""
+    import torch
+
+    from sqlrl.training.grpo import token_logprobs
+
+    keep = batch["keep"]
+    ctx = (
+        torch.autocast("cuda", dtype=autocast_dtype)
+        if autocast_dtype is not None
+        else contextlib.nullcontext()
+    )
+    with ctx, train_attention_context(batch["input_ids"].device.type):
+        out = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            logits_to_keep=keep,
+            use_cache=False,
+        )
+    logits = out.logits[:, :-1, :].float()  # [B, keep-1, V]: predicts tokens at columns T-keep+1 .. T-1
+    targets = batch["input_ids"][:, -keep + 1 :]  # [B, keep-1]
+    return token_logprobs(logits, targets, temperature=temperature)  # [B, keep-1]
+
+
+def logit_span(traj) -> int:
+    """Logit columns `build_batch` keeps for this trajectory: from its first generated token to its
+    end, plus one (at least 2, as in `build_batch`)."""
+    gen = next((i for i, m in enumerate(traj.loss_mask) if m), None)
+    return 2 if gen is None else max(2, len(traj.token_ids) - gen + 1)
+
+
+def micro_batches(spans: list[int], max_seqs: int, max_logit_tokens: int = 0) -> list[tuple[int, int]]:
+    """Split consecutive items (already in batch order) into [start, end) micro-batches.
+
+    A micro-batch holds at most `max_seqs` items and, when `max_logit_tokens` > 0, at most that many
+    items x largest span (the padded logit block the log-prob pass materialises). An item whose own
+    span is above the cap still gets a micro-batch of its own (it cannot be split).
+    """
+    if max_seqs < 1:
+        raise ValueError(f"max_seqs must be >= 1, got {max_seqs}")
+    out: list[tuple[int, int]] = []
+    start, widest = 0, 0
+    for i, span in enumerate(spans):
+        w = max(widest, span)
+        n = i - start + 1
+        if n > 1 and (n > max_seqs or (max_logit_tokens > 0 and n * w > max_logit_tokens)):
+            out.append((start, i))
+            start, w = i, span
+        widest = w
+    if start < len(spans):
+        out.append((start, len(spans)))
+    return out
+
+
+def oom_message(step: int, n: int, keep: int, g, retries: int = 0) -> str:
+    """The error of an update that does not fit even one trajectory per pass: what to change, how to resume."""
+    tried = f" (after {retries} retries with smaller passes)" if retries else ""
+    return (
+        f"out of GPU memory in the update of step {step}{tried}: a micro-batch of {n} trajectories x {keep} "
+        f"logit columns. Lower grpo.micro_batch (now {g.micro_batch}) or cap "
+        f"grpo.micro_batch_logit_tokens (now {g.micro_batch_logit_tokens}; e.g. 4096), then resume from "
+        "the last checkpoint: `sqlrl train ... --resume RUN_DIR`, or for `sqlrl experiment` / `sqlrl "
+        "curriculum` the same command with the new setting (both are memory-only settings, which a resume "
+        "may change)"
+    )
+
+
+@dataclass
+class Passes:
+    """Sums over the passes of one attempt at the update (and where it ran out of memory, if it did)."""
+
+    loss: float = 0.0
+    kl: float = 0.0  # token-weighted
+    clip: float = 0.0  # token-weighted
+    tokens: float = 0
+    nonfinite_logp: int = 0  # diagnostics for a skipped (non-finite) update
+    nonfinite_loss_mb: int = 0
+    oom_at: tuple[int, int] | None = None  # (trajectories, logit columns) of the pass being run
+
+
+@dataclass
+class UpdateResult:
+    """What one step's update did (the update part of the step's metrics)."""
+
+    loss: float
+    kl: float
+    clip_frac: float
+    tokens: float
+    grad_norm: float
+    skipped: bool
+    nonfinite: dict | None
+    applied: bool
+    oom_retries: int
+    logit_cap: int
+    memory_adjustments: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class Learner:
+    """The models and optimizer the update pass works on."""
+
+    model: Any
+    ref_model: Any
+    optimizer: Any
+    scheduler: Any
+    params: list
+    device: str
+    pad_id: int
+    autocast: Any
+
+
+def _run_passes(
+    learner: Learner, active: list, spans: list[int], g, logit_cap: int, total_tokens, n_seqs, acc
+):
+    """Forward and backward every micro-batch of `active`, accumulating into `acc` (a `Passes`)."""
+    import torch
+
+    from sqlrl.training.grpo import policy_loss
+
+    for mb_start, mb_end in micro_batches(spans, g.micro_batch, logit_cap):
+        mb = active[mb_start:mb_end]
+        acc.oom_at = (len(mb), max(spans[mb_start:mb_end]))
+        batch = build_batch([x[0] for x in mb], [x[1] for x in mb], learner.device, learner.pad_id)
+        keep = batch["keep"]
+        logp = sequence_logprobs(learner.model, batch, g.temperature, learner.autocast)  # [b, keep-1]
+        m = batch["loss_mask"][:, -keep + 1 :]
+        old = batch["old_logprobs"][:, -keep + 1 :]
+        ref = None
+        if learner.ref_model is not None:
+            with torch.no_grad():
+                ref = sequence_logprobs(learner.ref_model, batch, g.temperature, learner.autocast)
+        loss, lm = policy_loss(
+            logp,
+            old,
+            batch["advantages"],
+            m,
+            clip_low=g.clip_low,
+            clip_high=g.clip_high,
+            ref_logprobs=ref,
+            kl_coef=g.kl_coef,
+            agg=g.loss_agg,
+            loss_scale_tokens=float(total_tokens) if g.loss_agg == "token-mean" else None,
+            loss_scale_seqs=float(n_seqs) if g.loss_agg == "seq-mean" else None,
+        )
+        with torch.no_grad():
+            acc.nonfinite_logp += int((~torch.isfinite(logp) & (m != 0)).sum().item())
+            acc.nonfinite_loss_mb += int(not bool(torch.isfinite(loss).item()))
+        loss.backward()
+        ntok = float(m.sum().item())
+        acc.loss += float(loss.item())
+        acc.kl += lm.get("kl", 0.0) * ntok
+        acc.clip += lm.get("clip_frac", 0.0) * ntok
+        acc.tokens += ntok
+    acc.oom_at = None
+
+
+def accumulate_gradients(learner: Learner, trajs: list, adv, g, step: int, logit_cap: int):
+    """Gradients of the step's loss over `trajs` (advantages `adv`), in passes; an out-of-memory pass
+    makes it start again with a halved cap. Returns (sums, retries, cap used, cap adjustments)."""
+    import torch
+
+    learner.model.train()
+    total_tokens = sum(tr.generated_tokens for tr in trajs)
+    n_seqs = len(trajs)
+    active = [
+        (tr, float(a))
+        for tr, a in zip(trajs, adv.tolist())
+        if (a != 0.0 or g.kl_coef > 0) and tr.generated_tokens > 0
+    ]
+    active.sort(key=lambda x: len(x[0].token_ids))
+    spans = [logit_span(x[0]) for x in active]
+    oom_retries = 0
+    adjustments: list[dict] = []
+    while True:  # once, unless a pass runs out of GPU memory (then again with smaller passes)
+        learner.optimizer.zero_grad(set_to_none=True)
+        acc = Passes()
+        try:
+            _run_passes(learner, active, spans, g, logit_cap, total_tokens, n_seqs, acc)
+        except torch.OutOfMemoryError:
+            pass  # handled below, outside the except block, so that its frames free their tensors
+        if acc.oom_at is None:
+            return acc, oom_retries, logit_cap, adjustments
+        learner.optimizer.zero_grad(set_to_none=True)
+        free_memory()
+        n_mb, width = acc.oom_at
+        if n_mb <= 1:  # one trajectory per pass already: nothing smaller to try
+            raise RuntimeError(oom_message(step, n_mb, width, g, oom_retries))
+        # The passes only split the step's token sum (the objective is normalised over the whole
+        # step), so a smaller cap changes memory, not what is computed (up to float summation
+        # order). Halve the failing pass; the cap stays for the rest of the run.
+        logit_cap = max(1, n_mb * width // 2)
+        oom_retries += 1
+        adjustments.append({"step": step, "micro_batch_logit_tokens": logit_cap})
+        log.warning(
+            f"sqlrl train: step {step}: out of GPU memory in a pass of {n_mb} trajectories x {width} "
+            f"logit columns; redoing the update with micro_batch_logit_tokens = {logit_cap} "
+            "(memory only; kept for the rest of the run, recorded in steps.jsonl and run.json)"
+        )
+
+
+def update_policy(learner: Learner, trajs: list, adv, g, step: int, logit_cap: int) -> UpdateResult:
+    """One step's update: gradients, clipping, the optimizer step (unless the gradient norm is not
+    finite, or the run is the No-update control), the scheduler step."""
+    import torch
+
+    acc, oom_retries, logit_cap, adjustments = accumulate_gradients(learner, trajs, adv, g, step, logit_cap)
+    params, optimizer = learner.params, learner.optimizer
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, g.max_grad_norm).item()) if params else 0.0
+    skipped = not math.isfinite(grad_norm)
+    nonfinite_diag = None
+    if skipped:  # never apply a non-finite update; the step is recorded as skipped
+        bad = [
+            n
+            for n, p in learner.model.named_parameters()
+            if p.grad is not None and not bool(torch.isfinite(p.grad).all().item())
+        ]
+        nonfinite_diag = {
+            "logprobs_at_loss_tokens": acc.nonfinite_logp,
+            "micro_batches_with_nonfinite_loss": acc.nonfinite_loss_mb,
+            "params_with_nonfinite_grad": len(bad),
+            "first_params": bad[:8],
+        }
+        optimizer.zero_grad(set_to_none=True)
+        log.warning(f"sqlrl train: step {step}: non-finite gradient norm; update skipped ({nonfinite_diag})")
+    applied = not skipped and g.control != "no-update"
+    if applied:  # the No-update control takes every step except the parameter write
+        optimizer.step()
+    learner.scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return UpdateResult(
+        loss=acc.loss,
+        kl=acc.kl / acc.tokens if acc.tokens else 0.0,
+        clip_frac=acc.clip / acc.tokens if acc.tokens else 0.0,
+        tokens=acc.tokens,
+        grad_norm=grad_norm,
+        skipped=skipped,
+        nonfinite=nonfinite_diag,
+        applied=bool(applied),
+        oom_retries=oom_retries,
+        logit_cap=logit_cap,
+        memory_adjustments=adjustments,
+    )
