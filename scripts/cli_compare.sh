@@ -16,6 +16,7 @@
 #      CMP_DATA   shared inputs: a copy of the embedded Spider demo + the tiny TOMLs (default /work/cmp-data)
 #      CMP_RESULTS  results folder for `report --check` / `seeds` (default: this repo's results/)
 #      SKIP_HEAVY=1 skip eval/train/experiment (quick determinism checks)
+#      START_AT=NAME keep OUTDIR's steps before the one named NAME (e.g. experiment-tiny) and run from it
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 [ $# -eq 1 ] || { echo "usage: SQLRL_SRC=SRC [PY=python] $0 OUTDIR" >&2; exit 2; }
@@ -28,7 +29,7 @@ NORMALIZE="$here/scripts/cli_compare_normalize.py"
 export PYTHONPATH="$SRC" COLUMNS=100 PYTHONHASHSEED=0 TOKENIZERS_PARALLELISM=false TZ=UTC LC_ALL=C.UTF-8
 export CUDA_VISIBLE_DEVICES=""
 
-if [ -e "$OUT" ] && [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
+if [ -z "${START_AT:-}" ] && [ -e "$OUT" ] && [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
   echo "$OUT exists and is not empty; use a fresh folder" >&2
   exit 2
 fi
@@ -139,6 +140,10 @@ run() {
   local name=$1; shift
   n=$((n + 1))
   local d; d="$OUT/$(printf '%02d' "$n")-$name"
+  if [ -n "${START_AT:-}" ]; then  # resume an interrupted capture: keep the steps before START_AT
+    [ "$name" = "$START_AT" ] && START_AT= || return 0
+    rm -rf "$d"
+  fi
   mkdir -p "$d"
   printf '%q ' sqlrl "$@" >"$d/cmd"
   local t0; t0=$(date +%s.%N)
