@@ -15,8 +15,7 @@ Deliberate departures (configurable where noted):
    is Dr. GRPO (Liu et al. 2025). A group whose rewards are all equal (a singleton too) gets exactly 0.
 5. Old log-probs are those recorded at generation time (under logits / temperature), not recomputed:
    with one gradient step per batch the ratio is 1 in exact arithmetic (REINFORCE with the group-mean
-   baseline), so ``ratio_mean``/``ratio_max``/``clip_frac`` measure generation-vs-training kernel
-   mismatch. The training forward must use the generation temperature. No entropy bonus.
+   baseline): ``ratio_*``/``clip_frac`` measure kernel mismatch. Same temperature; no entropy bonus.
 
 What is covered: masked positions (prompt, observations, padding) get exactly zero gradient, even with
 NaN/inf log-probs; advantages, old and reference log-probs are constants (detached); with

@@ -1,4 +1,4 @@
-"""The package's import graph: no cycles, and no stage importing a later one.
+"""The package's shape: no import cycle, no stage importing a later one, sizes a reader can hold.
 
 The graph is read with `ast` from every module under src/sqlrl, imports inside functions included
 (they execute on first call, so they close cycles as surely as top-level ones). String imports
@@ -302,4 +302,62 @@ def test_checker_finds_an_import_of_a_moved_name(tmp_path):
         f"{src / 'pkg' / 'b.py'}:5: pkg.a has no moved",
         f"{src / 'pkg' / 'b.py'}:2: pkg.a has no gone",
         f"{src / 'pkg' / 'b.py'}:3: no module pkg.nowhere",
+    ]
+
+
+# ---------------------------------------------------------------- sizes a reader can hold
+
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 150
+MAX_DOCSTRING_LINES = 25
+
+
+def size_problems(src: Path = SRC, package: str = "sqlrl") -> list[str]:
+    """Modules over MAX_MODULE_LINES, functions (methods too, from `def` to their last line) over
+    MAX_FUNCTION_LINES, module docstrings over MAX_DOCSTRING_LINES, and print() outside the CLI."""
+    bad = []
+    for path in sorted((src / package).rglob("*.py")):
+        rel = path.relative_to(src)
+        text = path.read_text()
+        if (n := len(text.splitlines())) > MAX_MODULE_LINES:
+            bad.append(f"{rel}: {n} lines")
+        tree = ast.parse(text)
+        doc = ast.get_docstring(tree, clean=False)
+        if doc and (n := len(doc.strip("\n").splitlines())) > MAX_DOCSTRING_LINES:
+            bad.append(f"{rel}: module docstring {n} lines")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if (n := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES:
+                    bad.append(f"{rel}:{node.lineno} {node.name}: {n} lines")
+            elif (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) == "print"
+                and rel.parts[1] != "cli"
+            ):
+                bad.append(f"{rel}:{node.lineno}: print() in the library (use logging)")
+    return bad
+
+
+def test_sizes_a_reader_can_hold():
+    assert size_problems() == []
+
+
+def test_size_checker_counts_what_it_says(tmp_path):
+    long_fn = "def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES  # def line + body = limit + 1
+    doc = '"""' + "line\n" * MAX_DOCSTRING_LINES + 'one too many"""\n'
+    src = _write(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": doc + long_fn + "print('x')\n",
+            "b.py": "x = 1\n" * (MAX_MODULE_LINES + 1),
+            "cli/__init__.py": "print('fine here')\n",
+            "ok.py": '"""' + "l\n" * (MAX_DOCSTRING_LINES - 1) + 'last"""\n' + "def g():\n    pass\n",
+        },
+    )
+    assert size_problems(src, "pkg") == [
+        "pkg/a.py: module docstring 26 lines",
+        f"pkg/a.py:{MAX_DOCSTRING_LINES + 2} f: {MAX_FUNCTION_LINES + 1} lines",
+        f"pkg/a.py:{MAX_DOCSTRING_LINES + 2 + MAX_FUNCTION_LINES + 1}: print() in the library (use logging)",
+        f"pkg/b.py: {MAX_MODULE_LINES + 1} lines",
     ]
