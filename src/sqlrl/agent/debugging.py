@@ -209,17 +209,6 @@ class DebugEnv(Environment):
         self.pool = pool
         self._owned = list(owned)
 
-    def __enter__(self) -> DebugEnv:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        for obj in self._owned:
-            obj.close()
-        self._owned.clear()
-
     def capacity(self, db_id: str) -> int:
         """How many replicas of `db_id` the pool has (ValueError for a database it does not serve)."""
         try:

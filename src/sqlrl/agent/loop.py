@@ -208,6 +208,19 @@ class Environment:
     EXECUTE = "execute"
     FINAL = "final"
     FINAL_REASON = "final"
+    _owned: list  # resources this environment closes (set by the subclass's __init__)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close what this environment built (what it was handed stays open)."""
+        for obj in self._owned:
+            obj.close()
+        self._owned.clear()
 
     def initial(self, task, sample: int, chat: ChatFormat, model: dict, budgets) -> tuple[Trajectory, list]:
         """The new trajectory (its first prompt rendered) and the chat messages of that prompt; refuses a

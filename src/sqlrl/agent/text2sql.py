@@ -64,17 +64,6 @@ class Text2SQLEnv(Environment):
         self.evaluator = evaluator
         self._owned = list(owned)
 
-    def __enter__(self) -> Text2SQLEnv:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        for obj in self._owned:
-            obj.close()
-        self._owned.clear()
-
     # ------------------------------------------------------------------------------- loop hooks
 
     def initial(self, task, sample: int, chat: ChatFormat, model: dict, budgets) -> tuple[Trajectory, list]:
