@@ -343,7 +343,7 @@ def _prune(ckdir: Path, *, keep_last: int, keep_step: int) -> None:
         trash = ckdir / f".{p.name}.del-{os.getpid()}"
         os.replace(p, trash)  # atomic: a half-deleted folder never looks like a checkpoint
         shutil.rmtree(trash, ignore_errors=True)
-        log.info("pruned checkpoint %s", p)
+        log.debug("pruned checkpoint %s", p)
 
 
 def _write_manifest(ckdir: Path) -> None:
