@@ -188,7 +188,8 @@ CASES = [
     # --- values: floats, ints, NULLs, types
     ("float_rel_inside", "SELECT x FROM t", [(1.0,)], [(1.0000005,)], True),
     ("float_rel_outside", "SELECT x FROM t", [(1.0,)], [(1.0000015,)], False),
-    ("float_big_inside", "SELECT x FROM t", [(1e12,)], [(1e12 + 1e5,)], True),
+    ("float_big_inside", "SELECT x FROM t", [(1e12 + 0.5,)], [(1e12 + 1e5 + 0.5,)], True),
+    ("float_big_integral_exact", "SELECT x FROM t", [(1e12,)], [(1e12 + 1e5,)], False),
     ("float_big_outside", "SELECT x FROM t", [(1e12,)], [(1e12 + 2e6,)], False),
     ("float_abs_inside", "SELECT x FROM t", [(0.0,)], [(5e-10,)], True),
     ("float_abs_outside", "SELECT x FROM t", [(0.0,)], [(2e-9,)], False),
@@ -241,6 +242,48 @@ def test_execution_match_table(name, gold_sql, gold, pred, expected):
     # the rules are symmetric for plain multisets
     if not gold_shape(gold_sql).order_matters:
         assert execution_match(pcols, pred, gcols, gold, gold_shape(gold_sql)).match is expected
+
+
+# (gold value, predicted value, match?): integers and integral floats compare exactly; the 1e-6
+# relative tolerance applies only when one side is a non-integral float
+VALUE_PAIRS = [
+    (1000001, 1000000.0, False),  # off by one, the float is integral: no tolerance
+    (1000000.0, 1000001, False),
+    (1000001, 1000000, False),
+    (3, 3.0, True),
+    (3.0, 3, True),
+    (2**53 + 1, float(2**53), False),  # the int is not representable; == is exact in Python
+    (10**18, 10**18 + 1, False),
+    (-1000001, -1000000.0, False),
+    (-5, -5.0, True),
+    (0, -0.0, True),
+    (0.0, -0.0, True),
+    (1e16, 1e16 + 2, False),  # both integral floats
+    (1e16, 10**16, True),
+    (1e16 + 2, 10**16, False),
+    (1e16, 1e16, True),
+    (1.5, 1.5000001, True),  # non-integral, within 1e-6 relative
+    (1.5, 1.5000100, False),
+    (-2.25, -2.2500001, True),
+    (3, 3.0000001, True),  # one side non-integral: tolerance applies
+    (1000000.5, 1000001.0, True),  # |diff| 0.5 <= 1e-6 * 1000001
+    (1e16 + 0.0, 1e16 + 0.5, True),  # 1e16 + 0.5 rounds to the integral 1e16: == holds
+    (1, "1", False),
+    (1.0, "1.0", False),
+    ("1000001", 1000000.0, False),
+    (None, 0, False),
+]
+
+
+@pytest.mark.parametrize("gold,pred,expected", VALUE_PAIRS, ids=[f"{g!r}~{p!r}" for g, p, _ in VALUE_PAIRS])
+def test_value_equality_integral_exact_non_integral_tolerant(gold, pred, expected):
+    for g, p in ((gold, pred), (pred, gold)):  # symmetric
+        assert execution_match(["x"], [(g,)], ["x"], [(p,)]).match is expected, (g, p)
+        # inside a multiset with a float elsewhere (the tolerance path) and in an ordered result
+        m = execution_match(["k", "x"], [("a", g), ("b", 0.5)], ["k", "x"], [("b", 0.5), ("a", p)])
+        assert m.match is expected, (g, p, m)
+        seq = execution_match(["x"], [(g,), (9.5,)], ["x"], [(p,), (9.5,)], GoldShape(order_matters=True))
+        assert seq.match is expected, (g, p, seq)
 
 
 def test_empty_with_different_column_count_is_mismatch_for_us_but_equal_for_test_suite():
