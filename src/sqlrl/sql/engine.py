@@ -124,6 +124,9 @@ def classify_error(e: BaseException, timeout_s: float) -> tuple[str, str]:
         return "timeout", f"statement exceeded the time limit of {timeout_s:g} s"
     if name == "SQLITE_AUTH" or msg.startswith(("not authorized", "authorization denied")):
         return "forbidden", f"{msg} (read-only sandbox: only SELECT statements are allowed)"
+    if msg.startswith("vtable constructor failed"):
+        # a virtual table (json_each, json_tree, ...) whose schema declaration the authorizer denied
+        return "forbidden", f"{msg} (virtual tables such as json_each / json_tree are not allowed)"
     if name.startswith("SQLITE_READONLY") or "readonly database" in msg:
         return "forbidden", msg
     if name == "SQLITE_TOOBIG" or msg in ("string or blob too big", "statement too long"):
