@@ -737,6 +737,62 @@ def test_evaluator_with_real_sandbox_and_gold_cache(db, tmp_path):
         assert ev.score(GOLD, make_task(db, "SELECT name FROM singer WHERE 0")).status == "gold_unscorable"
 
 
+def _numbers_db(path, n: int) -> str:
+    """A real database whose table t holds x = 1..n."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (x INTEGER PRIMARY KEY)")
+    con.execute(
+        f"WITH RECURSIVE c(v) AS (SELECT 1 UNION ALL SELECT v + 1 FROM c LIMIT {n}) INSERT INTO t SELECT v FROM c"
+    )
+    con.commit()
+    con.close()
+    return str(path)
+
+
+@pytest.mark.skipif(not HAVE_SANDBOX, reason="sqlrl.sql.sandbox not written yet")
+def test_gold_over_the_prediction_row_cap_is_unscorable_not_a_mismatch(tmp_path):
+    """Gold and prediction share one row cap (the sandbox's default, 100,000): an identical
+    prediction of a 100,001-row gold is excluded as gold_too_many_rows, never scored 0."""
+    from sqlrl.sql.result import MAX_ROWS
+    from sqlrl.sql.sandbox import Sandbox
+    from sqlrl.tasks.goldcache import GoldCache
+
+    assert MAX_ROWS == 100_000
+    db = _numbers_db(tmp_path / "nums" / "nums.sqlite", MAX_ROWS + 1)
+    over, at_cap = "SELECT x FROM t", f"SELECT x FROM t WHERE x <= {MAX_ROWS}"
+    with Sandbox(workers=1) as sb, GoldCache(tmp_path / "cache", workers=1) as gc:
+        ev = Evaluator(sb, gc)
+        r = ev.score(over, make_task(db, over))
+        assert (r.status, r.value, r.parts.get("reason")) == (
+            "gold_unscorable",
+            None,
+            "gold_too_many_rows",
+        ), r
+        assert gc.get(db, over).unscorable_reason == "gold_too_many_rows"
+        r = ev.score(at_cap, make_task(db, at_cap))
+        assert (r.status, r.value) == ("match", 1.0), r
+        assert ev.score(f"SELECT x FROM t WHERE x < {MAX_ROWS}", make_task(db, at_cap)).status == "mismatch"
+
+
+@pytest.mark.skipif(not HAVE_SANDBOX, reason="sqlrl.sql.sandbox not written yet")
+def test_gold_cache_with_a_larger_row_cap_than_the_sandbox_still_unscorable(tmp_path):
+    """A gold cached under a larger cap than the predictions' sandbox keeps (here 200 vs 100 rows) is
+    excluded by the Evaluator: no prediction could match it."""
+    from sqlrl.sql.sandbox import Sandbox
+    from sqlrl.tasks.goldcache import GoldCache
+
+    db = _numbers_db(tmp_path / "nums" / "nums.sqlite", 150)
+    gold = "SELECT x FROM t"
+    with Sandbox(workers=1, max_rows=100) as sb, GoldCache(tmp_path / "cache", max_rows=200, workers=1) as gc:
+        assert gc.get(db, gold).row_count == 150
+        r = Evaluator(sb, gc).score(gold, make_task(db, gold))
+        assert (r.status, r.parts.get("reason")) == ("gold_unscorable", "gold_too_many_rows"), r
+        at_cap = "SELECT x FROM t WHERE x <= 100"
+        assert Evaluator(sb, gc).score(at_cap, make_task(db, at_cap)).status == "match"
+        assert Evaluator(sb, gc).score(gold, make_task(db, at_cap)).status == "exec_error"  # too_many_rows
+
+
 # ------------------------------------------------------------------------------------------ CLI
 
 
