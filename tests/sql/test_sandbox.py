@@ -304,6 +304,17 @@ def test_column_names_count_toward_the_output_cap(sb, files):
     assert r.status == "ok" and len(r.columns) == 100 and r.rows == [("v" * 15_000,) * 100]
 
 
+def test_error_messages_are_capped(sb, files):
+    """SQLite quotes the offending token in its message: a 900,000-character one stays out."""
+    big = "a" * 900_000
+    for sql, status in (
+        (f'SELECT 1 FROM singer s "{big}"', "syntax_error"),
+        (f'SELECT 1 FROM "{big}"', "runtime_error"),
+    ):
+        r = sb.execute(files["small"], sql)
+        assert r.status == status and 0 < len(r.message) <= 1000, (r.status, len(r.message))
+
+
 def test_missing_database_is_runtime_error_and_creates_nothing(sb, tmp_path):
     p = tmp_path / "nope.sqlite"
     r = sb.execute(p, "SELECT 1")

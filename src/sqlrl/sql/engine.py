@@ -114,7 +114,19 @@ def _open_read_only(path: str, cfg: dict, deadline: Deadline) -> sqlite3.Connect
     return conn
 
 
+MAX_MESSAGE_CHARS = 1000
+
+
 def classify_error(e: BaseException, timeout_s: float) -> tuple[str, str]:
+    """(status, message) of a failed statement; the message is cut at `MAX_MESSAGE_CHARS` characters
+    (SQLite quotes the offending token, which can be as long as the SQL text)."""
+    status, msg = _classify(e, timeout_s)
+    if len(msg) > MAX_MESSAGE_CHARS:
+        msg = msg[: MAX_MESSAGE_CHARS - 30] + f"... ({len(msg)} characters in all)"
+    return status, msg
+
+
+def _classify(e: BaseException, timeout_s: float) -> tuple[str, str]:
     if isinstance(e, MemoryError):
         return "too_large", "memory limit exceeded"
     msg = str(e)
