@@ -188,7 +188,8 @@ CASES = [
     # --- values: floats, ints, NULLs, types
     ("float_rel_inside", "SELECT x FROM t", [(1.0,)], [(1.0000005,)], True),
     ("float_rel_outside", "SELECT x FROM t", [(1.0,)], [(1.0000015,)], False),
-    ("float_big_inside", "SELECT x FROM t", [(1e12,)], [(1e12 + 1e5,)], True),
+    ("float_big_inside", "SELECT x FROM t", [(1e12 + 0.5,)], [(1e12 + 1e5 + 0.5,)], True),
+    ("float_big_integral_exact", "SELECT x FROM t", [(1e12,)], [(1e12 + 1e5,)], False),
     ("float_big_outside", "SELECT x FROM t", [(1e12,)], [(1e12 + 2e6,)], False),
     ("float_abs_inside", "SELECT x FROM t", [(0.0,)], [(5e-10,)], True),
     ("float_abs_outside", "SELECT x FROM t", [(0.0,)], [(2e-9,)], False),
@@ -241,6 +242,48 @@ def test_execution_match_table(name, gold_sql, gold, pred, expected):
     # the rules are symmetric for plain multisets
     if not gold_shape(gold_sql).order_matters:
         assert execution_match(pcols, pred, gcols, gold, gold_shape(gold_sql)).match is expected
+
+
+# (gold value, predicted value, match?): integers and integral floats compare exactly; the 1e-6
+# relative tolerance applies only when one side is a non-integral float
+VALUE_PAIRS = [
+    (1000001, 1000000.0, False),  # off by one, the float is integral: no tolerance
+    (1000000.0, 1000001, False),
+    (1000001, 1000000, False),
+    (3, 3.0, True),
+    (3.0, 3, True),
+    (2**53 + 1, float(2**53), False),  # the int is not representable; == is exact in Python
+    (10**18, 10**18 + 1, False),
+    (-1000001, -1000000.0, False),
+    (-5, -5.0, True),
+    (0, -0.0, True),
+    (0.0, -0.0, True),
+    (1e16, 1e16 + 2, False),  # both integral floats
+    (1e16, 10**16, True),
+    (1e16 + 2, 10**16, False),
+    (1e16, 1e16, True),
+    (1.5, 1.5000001, True),  # non-integral, within 1e-6 relative
+    (1.5, 1.5000100, False),
+    (-2.25, -2.2500001, True),
+    (3, 3.0000001, True),  # one side non-integral: tolerance applies
+    (1000000.5, 1000001.0, True),  # |diff| 0.5 <= 1e-6 * 1000001
+    (1e16 + 0.0, 1e16 + 0.5, True),  # 1e16 + 0.5 rounds to the integral 1e16: == holds
+    (1, "1", False),
+    (1.0, "1.0", False),
+    ("1000001", 1000000.0, False),
+    (None, 0, False),
+]
+
+
+@pytest.mark.parametrize("gold,pred,expected", VALUE_PAIRS, ids=[f"{g!r}~{p!r}" for g, p, _ in VALUE_PAIRS])
+def test_value_equality_integral_exact_non_integral_tolerant(gold, pred, expected):
+    for g, p in ((gold, pred), (pred, gold)):  # symmetric
+        assert execution_match(["x"], [(g,)], ["x"], [(p,)]).match is expected, (g, p)
+        # inside a multiset with a float elsewhere (the tolerance path) and in an ordered result
+        m = execution_match(["k", "x"], [("a", g), ("b", 0.5)], ["k", "x"], [("b", 0.5), ("a", p)])
+        assert m.match is expected, (g, p, m)
+        seq = execution_match(["x"], [(g,), (9.5,)], ["x"], [(p,), (9.5,)], GoldShape(order_matters=True))
+        assert seq.match is expected, (g, p, seq)
 
 
 def test_empty_with_different_column_count_is_mismatch_for_us_but_equal_for_test_suite():
@@ -692,6 +735,62 @@ def test_evaluator_with_real_sandbox_and_gold_cache(db, tmp_path):
         assert ev.score("DROP TABLE singer", task).status == "exec_error"
         assert ev.score(None, task).status == "no_sql"
         assert ev.score(GOLD, make_task(db, "SELECT name FROM singer WHERE 0")).status == "gold_unscorable"
+
+
+def _numbers_db(path, n: int) -> str:
+    """A real database whose table t holds x = 1..n."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (x INTEGER PRIMARY KEY)")
+    con.execute(
+        f"WITH RECURSIVE c(v) AS (SELECT 1 UNION ALL SELECT v + 1 FROM c LIMIT {n}) INSERT INTO t SELECT v FROM c"
+    )
+    con.commit()
+    con.close()
+    return str(path)
+
+
+@pytest.mark.skipif(not HAVE_SANDBOX, reason="sqlrl.sql.sandbox not written yet")
+def test_gold_over_the_prediction_row_cap_is_unscorable_not_a_mismatch(tmp_path):
+    """Gold and prediction share one row cap (the sandbox's default, 100,000): an identical
+    prediction of a 100,001-row gold is excluded as gold_too_many_rows, never scored 0."""
+    from sqlrl.sql.result import MAX_ROWS
+    from sqlrl.sql.sandbox import Sandbox
+    from sqlrl.tasks.goldcache import GoldCache
+
+    assert MAX_ROWS == 100_000
+    db = _numbers_db(tmp_path / "nums" / "nums.sqlite", MAX_ROWS + 1)
+    over, at_cap = "SELECT x FROM t", f"SELECT x FROM t WHERE x <= {MAX_ROWS}"
+    with Sandbox(workers=1) as sb, GoldCache(tmp_path / "cache", workers=1) as gc:
+        ev = Evaluator(sb, gc)
+        r = ev.score(over, make_task(db, over))
+        assert (r.status, r.value, r.parts.get("reason")) == (
+            "gold_unscorable",
+            None,
+            "gold_too_many_rows",
+        ), r
+        assert gc.get(db, over).unscorable_reason == "gold_too_many_rows"
+        r = ev.score(at_cap, make_task(db, at_cap))
+        assert (r.status, r.value) == ("match", 1.0), r
+        assert ev.score(f"SELECT x FROM t WHERE x < {MAX_ROWS}", make_task(db, at_cap)).status == "mismatch"
+
+
+@pytest.mark.skipif(not HAVE_SANDBOX, reason="sqlrl.sql.sandbox not written yet")
+def test_gold_cache_with_a_larger_row_cap_than_the_sandbox_still_unscorable(tmp_path):
+    """A gold cached under a larger cap than the predictions' sandbox keeps (here 200 vs 100 rows) is
+    excluded by the Evaluator: no prediction could match it."""
+    from sqlrl.sql.sandbox import Sandbox
+    from sqlrl.tasks.goldcache import GoldCache
+
+    db = _numbers_db(tmp_path / "nums" / "nums.sqlite", 150)
+    gold = "SELECT x FROM t"
+    with Sandbox(workers=1, max_rows=100) as sb, GoldCache(tmp_path / "cache", max_rows=200, workers=1) as gc:
+        assert gc.get(db, gold).row_count == 150
+        r = Evaluator(sb, gc).score(gold, make_task(db, gold))
+        assert (r.status, r.parts.get("reason")) == ("gold_unscorable", "gold_too_many_rows"), r
+        at_cap = "SELECT x FROM t WHERE x <= 100"
+        assert Evaluator(sb, gc).score(at_cap, make_task(db, at_cap)).status == "match"
+        assert Evaluator(sb, gc).score(gold, make_task(db, at_cap)).status == "exec_error"  # too_many_rows
 
 
 # ------------------------------------------------------------------------------------------ CLI

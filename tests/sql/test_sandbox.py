@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import shutil
 import signal
 import sqlite3
@@ -136,6 +137,10 @@ ATTACKS: list[tuple[str, str, set[str]]] = [
     ("rollback", "ROLLBACK", {"forbidden"}),
     ("savepoint", "SAVEPOINT s1", {"forbidden"}),
     ("release", "RELEASE s1", {"forbidden"}),
+    ("json_each", "SELECT * FROM json_each('[1, 2]')", {"forbidden"}),
+    ("json_tree", "SELECT key, value FROM json_tree('{{\"a\": [1]}}')", {"forbidden"}),
+    ("json_each_join", "SELECT count(*) FROM {t}, json_each('[1]')", {"forbidden"}),
+    ("json_each_cte", "WITH j AS (SELECT value FROM json_tree('[1]')) SELECT * FROM j", {"forbidden"}),
     ("load_extension", "SELECT load_extension('{dir}/evil')", {"forbidden"}),
     ("writefile", "SELECT writefile('{dir}/w.txt', 'x')", {"forbidden", "runtime_error"}),
     ("readfile", "SELECT readfile('{gold}')", {"forbidden", "runtime_error"}),
@@ -273,6 +278,41 @@ def test_too_large_keeps_rows_that_fit(files):
         r = s.execute(files["small"], "SELECT name FROM singer ORDER BY id")
         assert r.status == "too_large" and 0 < r.row_count < 200
         assert r.rows == [(f"name {i}",) for i in range(1, r.row_count + 1)]
+
+
+def _named_columns(name_len: int, ncols: int, value_len: int = 0) -> str:
+    """One row of `ncols` columns, all named with the same `name_len` characters, each value a
+    string of `value_len` characters (the integer 1 when 0); the SQL text stays short."""
+    val = f"printf('%.*c', {value_len}, 'v')" if value_len else "1"
+    return f'WITH t AS (SELECT {val} AS "{"c" * name_len}") SELECT ' + ", ".join(["t.*"] * ncols) + " FROM t"
+
+
+def test_column_names_count_toward_the_output_cap(sb, files):
+    """The 8 MiB cap covers the column names as well as the rows."""
+    sql = _named_columns(30_000, 1984)  # 59.5 MB of names from 40 KB of SQL
+    assert len(sql) < 40_000
+    r = sb.execute(files["small"], sql)
+    assert r.status == "too_large", (r.status, len(r.columns))
+    assert r.columns == [] and r.rows == [] and "column names" in r.message
+    assert len(pickle.dumps(r)) < 10_000  # nothing of the 59.5 MB comes back
+    # names that fit (200 x 30,000 = 6.0 MB) plus one row of 200 x 15,000 = 3.0 MB: over 8 MiB together
+    r = sb.execute(files["small"], _named_columns(30_000, 200, 15_000))
+    assert r.status == "too_large" and r.rows == [], (r.status, r.row_count)
+    assert len(pickle.dumps(r)) < 8 * 2**20
+    # names plus row within the cap (3.0 MB + 1.5 MB): ok, everything returned
+    r = sb.execute(files["small"], _named_columns(30_000, 100, 15_000))
+    assert r.status == "ok" and len(r.columns) == 100 and r.rows == [("v" * 15_000,) * 100]
+
+
+def test_error_messages_are_capped(sb, files):
+    """SQLite quotes the offending token in its message: a 900,000-character one stays out."""
+    big = "a" * 900_000
+    for sql, status in (
+        (f'SELECT 1 FROM singer s "{big}"', "syntax_error"),
+        (f'SELECT 1 FROM "{big}"', "runtime_error"),
+    ):
+        r = sb.execute(files["small"], sql)
+        assert r.status == status and 0 < len(r.message) <= 1000, (r.status, len(r.message))
 
 
 def test_missing_database_is_runtime_error_and_creates_nothing(sb, tmp_path):

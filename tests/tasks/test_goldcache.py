@@ -315,3 +315,50 @@ def test_resolved_paths_shared_by_calls_and_sql_hashes_remembered(db, tmp_path):
     assert stale.rows == plain[0].rows and len(cache._executor.calls) == n
     fresh = cache.get_many([(str(db), GOLDS[0])], progress=False, resolved={})[0]
     assert fresh.rows == [(9, "z")] and len(cache._executor.calls) == n + 1
+
+
+def _numbers_db(path: Path, n: int) -> Path:
+    """A real database whose table t holds x = 1..n."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (x INTEGER PRIMARY KEY, s TEXT)")
+    con.execute(
+        f"WITH RECURSIVE c(v) AS (SELECT 1 UNION ALL SELECT v + 1 FROM c LIMIT {n}) "
+        "INSERT INTO t SELECT v, printf('%.*c', 100, 's') FROM c"
+    )
+    con.commit()
+    con.close()
+    return path
+
+
+def test_gold_over_the_row_cap_is_too_many_rows_with_its_own_reason(tmp_path):
+    """One row cap for gold and prediction: a gold over it is unscorable (gold_too_many_rows, its
+    own reason, counted by the audit), at the cap it is scorable; the cached verdict follows the cap."""
+    db = _numbers_db(tmp_path / "data" / "nums.sqlite", 150)
+    over, at_cap = "SELECT x FROM t", "SELECT x FROM t WHERE x <= 100"
+    cache_dir = tmp_path / "cache"
+    with GoldCache(cache_dir, max_rows=100, workers=1) as gc:
+        r = gc.get(db, over)
+        assert (r.status, r.rows, r.row_count) == ("too_many_rows", [], 0), r
+        assert not r.scorable and r.unscorable_reason == "gold_too_many_rows"
+        assert gc.get(db, at_cap).scorable and gc.get(db, at_cap).row_count == 100
+        tasks = [
+            PrivateTask(PublicTask(f"t/{i}", "nums", "q?", "", "", str(db)), sql)
+            for i, sql in enumerate((over, at_cap, over))
+        ]
+        audit = audit_golds(tasks, gc, progress=False)
+        assert audit.scorable == 1 and dict(audit.excluded) == {"gold_too_many_rows": 2}
+    with GoldCache(cache_dir, max_rows=200, workers=1) as gc:  # a larger cap measures again
+        assert gc.get(db, over).row_count == 150 and gc.executions == 1
+    with GoldCache(cache_dir, max_rows=120, workers=1) as gc:  # the 150 rows cached above: over 120
+        assert gc.get(db, over).status == "too_many_rows" and gc.executions == 0
+
+
+def test_gold_over_the_byte_cap_is_too_large_with_its_own_reason(tmp_path):
+    db = _numbers_db(tmp_path / "data" / "nums.sqlite", 150)
+    with GoldCache(tmp_path / "cache", max_result_bytes=5_000, workers=1) as gc:
+        r = gc.get(db, "SELECT s FROM t")  # 150 x 100 characters
+        assert (r.status, r.unscorable_reason, r.rows) == ("too_large", "gold_too_large", []), r
+        assert gc.get(db, "SELECT s FROM t WHERE x <= 10").scorable
+    with GoldCache(tmp_path / "cache", workers=1) as gc:  # the default 8 MiB cap: measured again
+        assert gc.get(db, "SELECT s FROM t").row_count == 150

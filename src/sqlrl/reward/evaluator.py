@@ -2,7 +2,8 @@
 
 What is covered:
 - statuses: gold unscorable -> `gold_unscorable`, value None (decided before looking at the
-  prediction, so every arm is scored on the same tasks); no/empty SQL (or sandbox `empty_sql`) ->
+  prediction, so every arm is scored on the same tasks; a gold over the sandbox's `max_rows` is
+  `gold_too_many_rows`); no/empty SQL (or sandbox `empty_sql`) ->
   `no_sql`, 0; sandbox syntax_error / forbidden / multiple_statements / runtime_error /
   too_many_rows / too_large -> `exec_error`, 0 (parts["sandbox_status"] says which); timeout ->
   `timeout`, 0; worker_crash, an unknown sandbox status, or an exception from the sandbox or the gold
@@ -45,7 +46,12 @@ _REFS_LOCK = threading.Lock()
 _ref_serial = iter(range(1, 2**62))
 
 
-def _gold_scorable(gold: Any) -> tuple[bool, str | None]:
+def _gold_scorable(gold: Any, max_rows: int | None = None) -> tuple[bool, str | None]:
+    """(scorable?, reason); a gold with more rows than the predictions' sandbox keeps (`max_rows`) is
+    unscorable (`gold_too_many_rows`): no prediction could match it."""
+    n = getattr(gold, "row_count", None)
+    if isinstance(max_rows, int) and isinstance(n, int) and n > max_rows:
+        return False, "gold_too_many_rows"
     scorable = getattr(gold, "scorable", None)
     if scorable is None:
         status = getattr(gold, "status", None)
@@ -251,6 +257,7 @@ class Evaluator:
         dups: list[tuple[int, tuple]] = []  # (position, key) of repeats of a pending pair
         # _gold_scorable per gold object: `fetched` holds them all, so an id stays theirs in this call
         verdicts: dict[int, tuple[bool, str | None]] = {}
+        cap = getattr(self.sandbox, "max_rows", None)  # the row cap of a prediction
         for i, ((final_sql, _), (db_path, gold_sql)) in enumerate(zip(items, checked)):
             try:
                 gold = fetched[i] if fetched is not None else self.gold_cache.get(db_path, gold_sql)
@@ -262,10 +269,10 @@ class Evaluator:
             if fetched is not None:
                 hit = verdicts.get(id(gold))
                 if hit is None:
-                    hit = verdicts[id(gold)] = _gold_scorable(gold)
+                    hit = verdicts[id(gold)] = _gold_scorable(gold, cap)
                 scorable, why = hit
             else:
-                scorable, why = _gold_scorable(gold)
+                scorable, why = _gold_scorable(gold, cap)
             if not scorable:
                 out[i] = Reward(None, "gold_unscorable", {**base, "reason": why or "gold_unscorable"})
             elif final_sql is None or not final_sql.strip().strip(";").strip():

@@ -6,7 +6,7 @@ standard library only, nothing is executed or parsed here, so sandbox workers im
 
 What is covered:
 - the comparison rules, stated exactly in `execution_match`'s docstring: column count, cell equality
-  with float tolerance, rows as a multiset, a top-level ORDER BY with tie runs and LIMIT/OFFSET
+  (exact for integral values, a tolerance for non-integral floats), rows as a multiset, a top-level ORDER BY with tie runs and LIMIT/OFFSET
   boundary runs, column permutation within a bounded search, DISTINCT not stripped;
 - determinism, symmetry up to the float/tie rules, no exception on sqlite3 values, bounded time;
 - the test-suite equality (`test_suite_result_eq`): exact values, strict order, empty equals empty.
@@ -118,6 +118,11 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, int | float)
 
 
+def _non_integral(v: Any) -> bool:
+    """A float with a fractional part (NaN and infinities included): the only cells compared with tolerance."""
+    return type(v) is float and not v.is_integer()
+
+
 class _Cmp:
     """Cell/row/multiset equality under one tolerance setting (tol=False: exact Python equality)."""
 
@@ -129,8 +134,8 @@ class _Cmp:
     def cell(self, a: Any, b: Any) -> bool:
         if a == b:
             return True
-        if not self.tol or not (type(a) is float or type(b) is float) or not (_is_num(a) and _is_num(b)):
-            return False
+        if not self.tol or not (_non_integral(a) or _non_integral(b)) or not (_is_num(a) and _is_num(b)):
+            return False  # integers and integral floats compare exactly (rule 2)
         try:
             return math.isclose(float(a), float(b), rel_tol=self.rel, abs_tol=self.abs)
         except OverflowError:
@@ -246,10 +251,10 @@ def execution_match(
 
     1. Column count. A different number of columns is a mismatch, even when both results are empty
        (`reason="column_count"`). Column *names* are ignored.
-    2. Values. Two cells are equal when Python `==` says so (so NULL equals NULL, int 1 equals float
-       1.0), or when at least one is a float, both are numbers (int/float, not str/bytes) and
-       `math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)`. Two ints are compared exactly. Strings,
-       bytes and numbers never equal each other ('1' != 1). Strings are case-sensitive.
+    2. Values. Two cells are equal when Python `==` says so (NULL equals NULL, 3 equals 3.0, 0 equals
+       -0.0), or when one is a NON-INTEGRAL float, both are numbers (int/float, not str/bytes) and
+       `math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)`: integers and integral floats compare exactly
+       (1000001 != 1000000.0, 1e16 != 1e16 + 2). Numbers never equal str/bytes ('1' != 1).
     3. Rows are a multiset: duplicates count, row order is ignored ...
     4. ... unless the gold has a top-level ORDER BY (see `sqlrl.reward.shape`). Then:
        a. If every ORDER BY key resolves to an output column of the gold, the gold rows are cut into

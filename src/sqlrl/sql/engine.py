@@ -8,9 +8,10 @@ Covered:
 - `run_one` (sandbox): a cached connection per file (LRU, keyed by path, inode, size and mtime),
   opened `file:PATH?mode=ro&immutable=1` with `query_only=1`, `trusted_schema=0`,
   `temp_store=MEMORY` set before `read_only_authorizer` is installed.
-- `fetch_rows`: growing `fetchmany` chunks; more than `max_rows` rows -> `too_many_rows` (the first
-  `max_rows` kept), more than `max_result_bytes` (marshalled size) -> `too_large` (rows that fitted
-  kept). SQLITE_TOOBIG and memory exhaustion also give `too_large`.
+- `fetch_result` / `fetch_rows`: growing `fetchmany` chunks; more than `max_rows` rows ->
+  `too_many_rows` (the first `max_rows` kept), more than `max_result_bytes` (marshalled size of the
+  column names plus the rows) -> `too_large` (rows that fitted kept; no columns when the names alone
+  exceed it). SQLITE_TOOBIG and memory exhaustion also give `too_large`.
 - Text that is not valid UTF-8 is decoded with `bytes.decode("utf-8", "replace")`: a statement is run
   with the C fast path first and re-run with the replacing decoder only when that fails.
 Not covered: calls that never return to the VM (one huge function call) ignore the soft deadline;
@@ -77,8 +78,7 @@ def run_statement(
     try:
         try:
             cur = conn.execute(sql)
-            cols = [d[0] for d in cur.description] if cur.description else []
-            status, rows, msg = fetch_rows(cur, cfg, deadline)
+            status, cols, rows, msg = fetch_result(cur, cfg, deadline)
         except sqlite3.OperationalError as e:
             if not str(e).startswith("Could not decode to UTF-8"):
                 raise
@@ -87,8 +87,7 @@ def run_statement(
             conn.text_factory = _decode_replace
             try:
                 cur = conn.execute(sql)
-                cols = [d[0] for d in cur.description] if cur.description else []
-                status, rows, msg = fetch_rows(cur, cfg, deadline)
+                status, cols, rows, msg = fetch_result(cur, cfg, deadline)
             finally:
                 conn.text_factory = str
         return status, cols, rows, msg
@@ -115,7 +114,19 @@ def _open_read_only(path: str, cfg: dict, deadline: Deadline) -> sqlite3.Connect
     return conn
 
 
+MAX_MESSAGE_CHARS = 1000
+
+
 def classify_error(e: BaseException, timeout_s: float) -> tuple[str, str]:
+    """(status, message) of a failed statement; the message is cut at `MAX_MESSAGE_CHARS` characters
+    (SQLite quotes the offending token, which can be as long as the SQL text)."""
+    status, msg = _classify(e, timeout_s)
+    if len(msg) > MAX_MESSAGE_CHARS:
+        msg = msg[: MAX_MESSAGE_CHARS - 30] + f"... ({len(msg)} characters in all)"
+    return status, msg
+
+
+def _classify(e: BaseException, timeout_s: float) -> tuple[str, str]:
     if isinstance(e, MemoryError):
         return "too_large", "memory limit exceeded"
     msg = str(e)
@@ -124,6 +135,9 @@ def classify_error(e: BaseException, timeout_s: float) -> tuple[str, str]:
         return "timeout", f"statement exceeded the time limit of {timeout_s:g} s"
     if name == "SQLITE_AUTH" or msg.startswith(("not authorized", "authorization denied")):
         return "forbidden", f"{msg} (read-only sandbox: only SELECT statements are allowed)"
+    if msg.startswith("vtable constructor failed"):
+        # a virtual table (json_each, json_tree, ...) whose schema declaration the authorizer denied
+        return "forbidden", f"{msg} (virtual tables such as json_each / json_tree are not allowed)"
     if name.startswith("SQLITE_READONLY") or "readonly database" in msg:
         return "forbidden", msg
     if name == "SQLITE_TOOBIG" or msg in ("string or blob too big", "statement too long"):
@@ -137,12 +151,26 @@ def classify_error(e: BaseException, timeout_s: float) -> tuple[str, str]:
     return "runtime_error", (msg or type(e).__name__)[:1000]
 
 
-def fetch_rows(cur: sqlite3.Cursor, cfg: dict, deadline: Deadline) -> tuple[str, list, str]:
-    """All rows up to the caps. Result size = bytes of the rows serialised with `marshal` (what is sent)."""
+def fetch_result(cur: sqlite3.Cursor, cfg: dict, deadline: Deadline) -> tuple[str, list, list, str]:
+    """(status, columns, rows, message) under the caps: the column names count toward
+    `max_result_bytes` with the rows; names alone over it -> `too_large` with no columns and no rows."""
+    cols = [d[0] for d in cur.description] if cur.description else []
+    head = len(marshal.dumps(cols))
+    max_bytes = cfg["max_result_bytes"]
+    if head > max_bytes:
+        msg = f"result larger than {max_bytes} bytes: the column names alone take {head}; 0 rows kept"
+        return "too_large", [], [], msg
+    status, rows, msg = fetch_rows(cur, cfg, deadline, used=head)
+    return status, cols, rows, msg
+
+
+def fetch_rows(cur: sqlite3.Cursor, cfg: dict, deadline: Deadline, used: int = 0) -> tuple[str, list, str]:
+    """All rows up to the caps. Result size = `used` (the column names' bytes) + bytes of the rows
+    serialised with `marshal` (what is sent)."""
     max_rows = cfg["max_rows"]
     max_bytes = cfg["max_result_bytes"]
     rows: list[tuple] = []
-    nbytes = 0
+    nbytes = used
     chunk = 64
     dumps = marshal.dumps
     while True:

@@ -11,7 +11,8 @@ Covered:
 - `read_only_authorizer` (sandbox): an allowlist of SELECT, READ, RECURSIVE, FUNCTION except
   `DENY_FUNCTIONS` (`load_extension`, `readfile`, `writefile`, `edit`, `fts3_tokenizer`, ...) and
   the read-only schema pragmas (`READ_ONLY_PRAGMAS`). Writes, DDL incl. TEMP objects, ATTACH,
-  transactions, other pragmas and virtual tables (hence `json_each`, `pragma_*()`) are denied.
+  transactions, other pragmas and virtual tables (hence `json_each`, `json_tree`, `pragma_*()`) are
+  denied; each denial is reported as `forbidden` (`sqlrl.sql.engine.classify_error`).
 - `write_authorizer` (replicas): the same plus the write actions of `WRITE_ACTIONS`, reporting each
   one compiled; ATTACH / DETACH, transactions, savepoints, other pragmas, virtual tables, ANALYZE
   and VACUUM's internal ATTACH stay denied.

@@ -13,6 +13,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+# the result caps of one statement, the same for a gold (`sqlrl.tasks.goldcache`) and a prediction
+# (`sqlrl.sql.sandbox.Sandbox`): a gold over them is unscorable, never a mismatch
+MAX_ROWS = 100_000
+MAX_RESULT_BYTES = 8 * 2**20  # marshalled column names and rows
+
 STATUSES = (
     "ok",
     "empty_sql",

@@ -31,7 +31,7 @@ from typing import Any
 
 from sqlrl.sql.engine import Deadline, run_one
 from sqlrl.sql.guard import check_statement
-from sqlrl.sql.result import SQLResult, failure
+from sqlrl.sql.result import MAX_RESULT_BYTES, MAX_ROWS, SQLResult, failure
 from sqlrl.sql.scoring import run_scored, score_batch
 from sqlrl.sql.workers import WorkerPool, close_at_exit, forget_at_exit, serve_batches
 
@@ -102,8 +102,8 @@ class Sandbox:
         workers: int = 2,
         timeout_s: float = 5.0,
         hard_timeout_s: float | None = None,
-        max_rows: int = 100_000,
-        max_result_bytes: int = 8 * 2**20,
+        max_rows: int = MAX_ROWS,
+        max_result_bytes: int = MAX_RESULT_BYTES,
         max_value_bytes: int = 4 * 2**20,
         max_sql_chars: int = 1_000_000,
         heap_limit_bytes: int = 512 * 2**20,

@@ -4,7 +4,9 @@
 `execute(db_path, sql, timeout_s=None)`) with a generous timeout (60 s by default) and caches the
 `GoldResult` under (sha256 of the database file, sha256 of the exact SQL text), in memory and
 optionally in one SQLite file, `gold_cache.v1.sqlite`, in `cache_dir`. Statuses: `ok` (at least one
-row), `empty`, `timeout`, `error` (anything else the sandbox reports); `scorable` is ok with rows.
+row), `empty`, `timeout`, `too_many_rows` / `too_large` (over the caps a prediction has,
+`sqlrl.sql.result.MAX_ROWS` / `MAX_RESULT_BYTES`: unscorable, never a mismatch), `error` (anything else
+the sandbox reports); `scorable` is ok with rows.
 
 What is covered:
 - a gold runs at most once per (database bytes, SQL text) per cache; a cached `timeout` is trusted
@@ -18,8 +20,6 @@ What is covered:
 
 What is not:
 - the SQL text is hashed exactly as given: whitespace changes are a different key;
-- an `error` from a sandbox limit (rows, size) depends on the settings of the run that cached it
-  (the default sandbox here has generous limits for that reason);
 - concurrent writers are serialized by SQLite locking (busy timeout 30 s); on network file systems
   without working locks, use one cache folder per process.
 """
@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import marshal
 import os
 import sqlite3
 import sys
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlrl.sql.result import MAX_RESULT_BYTES, MAX_ROWS
 from sqlrl.tasks.data import PrivateTask, file_sha256
 
 log = logging.getLogger(__name__)
@@ -56,12 +58,10 @@ __all__ = [
 
 CACHE_FILE = "gold_cache.v1.sqlite"
 DEFAULT_TIMEOUT_S = 60.0
-GOLD_MAX_ROWS = 1_000_000  # asked of the default sandbox: a gold's result must be complete
-GOLD_MAX_RESULT_BYTES = 512 * 2**20
 PROGRESS_MIN_TASKS = 100
 _SQL_SHAS_MAX = 65536
 
-_REASONS = {"error": "gold_error", "timeout": "gold_timeout", "empty": "gold_empty"}
+_REASONS = {s: "gold_" + s for s in ("error", "timeout", "empty", "too_many_rows", "too_large")}
 
 
 class GoldCacheError(RuntimeError):
@@ -101,12 +101,13 @@ def decode_value(v: Any) -> Any:
 
 @dataclass(frozen=True)
 class GoldResult:
-    status: str  # ok | error | timeout | empty
+    status: str  # ok | error | timeout | empty | too_many_rows | too_large
     columns: list[str]
     rows: list[tuple]
     row_count: int
     message: str = ""
     elapsed_ms: float = 0.0
+    caps: tuple[int, int] = (0, 0)  # (max_rows, max_result_bytes) a too_many_rows / too_large was found under
 
     @property
     def scorable(self) -> bool:
@@ -114,7 +115,8 @@ class GoldResult:
 
     @property
     def unscorable_reason(self) -> str | None:
-        """None when scorable, else gold_error | gold_timeout | gold_empty."""
+        """None when scorable, else gold_error | gold_timeout | gold_empty | gold_too_many_rows |
+        gold_too_large."""
         if self.scorable:
             return None
         return _REASONS.get(self.status, "gold_empty" if self.status == "ok" else "gold_error")
@@ -127,6 +129,7 @@ class GoldResult:
             "row_count": self.row_count,
             "message": self.message,
             "elapsed_ms": self.elapsed_ms,
+            **({"caps": list(self.caps)} if self.caps != (0, 0) else {}),
         }
 
     @classmethod
@@ -138,10 +141,11 @@ class GoldResult:
             row_count=int(d["row_count"]),
             message=d.get("message", ""),
             elapsed_ms=float(d.get("elapsed_ms", 0.0)),
+            caps=(int(d["caps"][0]), int(d["caps"][1])) if "caps" in d else (0, 0),
         )
 
 
-def _from_sql_result(res: Any) -> GoldResult:
+def _from_sql_result(res: Any, caps: tuple[int, int] = (0, 0)) -> GoldResult:
     status = getattr(res, "status", None)
     columns = list(getattr(res, "columns", None) or [])
     rows = [tuple(r) for r in (getattr(res, "rows", None) or [])]
@@ -152,6 +156,8 @@ def _from_sql_result(res: Any) -> GoldResult:
         return GoldResult("ok" if row_count > 0 else "empty", columns, rows, row_count, message, elapsed)
     if status == "timeout":
         return GoldResult("timeout", columns, [], 0, message or "timeout", elapsed)
+    if status in ("too_many_rows", "too_large"):  # the rows kept up to the cap are not a result
+        return GoldResult(status, [], [], 0, f"{status}: {message}".strip(), elapsed, caps)
     return GoldResult("error", [], [], 0, f"{status}: {message}".strip(), elapsed)
 
 
@@ -168,6 +174,9 @@ class GoldCache:
     `executor`: an object with `execute(db_path, sql, timeout_s=None)` returning a sandbox
     `SQLResult`-like object; by default a `sqlrl.sql.sandbox.Sandbox(workers=workers, timeout_s=timeout_s,
     ...)` is built on first use and closed by `close()`. Use as a context manager.
+    `max_rows` / `max_result_bytes`: the caps of a scorable gold, those of the predictions' sandbox
+    (default `sqlrl.sql.result.MAX_ROWS` / `MAX_RESULT_BYTES`); a gold over them is `too_many_rows` /
+    `too_large`, whatever cached it before.
     """
 
     def __init__(
@@ -178,6 +187,8 @@ class GoldCache:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         workers: int = 2,
         retries: int = 2,
+        max_rows: int = MAX_ROWS,
+        max_result_bytes: int = MAX_RESULT_BYTES,
     ):
         if timeout_s <= 0:
             raise ValueError("timeout_s must be > 0")
@@ -185,6 +196,9 @@ class GoldCache:
         self.timeout_s = float(timeout_s)
         self.workers = int(workers)
         self.retries = int(retries)
+        self.max_rows = int(max_rows)
+        self.max_result_bytes = int(max_result_bytes)
+        self._caps = (self.max_rows, self.max_result_bytes)
         self._executor = executor
         self._own_executor = executor is None
         self._mem: dict[tuple[str, str], tuple[GoldResult, float]] = {}
@@ -239,11 +253,11 @@ class GoldCache:
             params = inspect.signature(Sandbox).parameters
         except (TypeError, ValueError):
             params = {}
-        # golds must come back complete: ask for generous limits where the sandbox has them
+        # a gold is scorable within the caps a prediction has
         if "max_rows" in params:
-            kwargs["max_rows"] = GOLD_MAX_ROWS
+            kwargs["max_rows"] = self.max_rows
         if "max_result_bytes" in params:
-            kwargs["max_result_bytes"] = GOLD_MAX_RESULT_BYTES
+            kwargs["max_result_bytes"] = self.max_result_bytes
         if "hard_timeout_s" in params:
             kwargs["hard_timeout_s"] = self.timeout_s + 30.0
         return Sandbox(**kwargs)
@@ -353,12 +367,32 @@ class GoldCache:
         if hit is None:
             hit = self._disk_get(key)
             if hit is not None:
+                hit = (self._capped(hit[0]), hit[1])
                 self._mem[key] = hit
         if hit is None:
             return None
         result, measured_timeout = hit
         if result.status == "timeout" and measured_timeout < self.timeout_s:
             return None  # timed out under a shorter limit than ours: measure again
+        if result.status == "too_many_rows" and result.caps[0] < self.max_rows:
+            return None  # over a smaller row cap than ours: measure again
+        if result.status == "too_large" and result.caps[1] < self.max_result_bytes:
+            return None
+        if result.status == "error" and result.message.startswith(("too_many_rows:", "too_large:")):
+            return None  # a cap failure cached without its caps: measure again
+        return result
+
+    def _capped(self, result: GoldResult) -> GoldResult:
+        """`result` under this cache's caps: an ok result over them becomes too_many_rows / too_large."""
+        if result.status != "ok":
+            return result
+        if result.row_count > self.max_rows:
+            msg = f"too_many_rows: more than {self.max_rows} rows (the cap of a prediction)"
+            return GoldResult("too_many_rows", [], [], 0, msg, result.elapsed_ms, self._caps)
+        size = len(marshal.dumps(result.columns)) + len(marshal.dumps(result.rows))
+        if size > self.max_result_bytes:
+            msg = f"too_large: result of {size} bytes, over {self.max_result_bytes} (the cap of a prediction)"
+            return GoldResult("too_large", [], [], 0, msg, result.elapsed_ms, self._caps)
         return result
 
     def _execute_one(self, db_path: str, sql: str) -> GoldResult:
@@ -367,7 +401,7 @@ class GoldCache:
             res = self.executor.execute(db_path, sql, timeout_s=self.timeout_s)
             self.executions += 1
             if getattr(res, "status", None) != "worker_crash":
-                return _from_sql_result(res)
+                return self._capped(_from_sql_result(res, self._caps))
             last = str(getattr(res, "message", ""))
         raise GoldCacheError(
             f"the sandbox worker crashed {self.retries + 1} times running a gold on {db_path} ({last}); "
@@ -489,7 +523,7 @@ class GoldCache:
                             if getattr(res, "status", None) == "worker_crash":
                                 done.append((key, self._execute_one(db, sql)))
                             else:
-                                done.append((key, _from_sql_result(res)))
+                                done.append((key, self._capped(_from_sql_result(res, self._caps))))
                     else:
                         for key, (db, sql) in part:
                             done.append((key, self._execute_one(db, sql)))
