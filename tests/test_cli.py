@@ -49,6 +49,15 @@ def test_top_level_help_lists_every_command():
 CONFIGS = Path(__file__).resolve().parents[1] / "src" / "sqlrl" / "configs"
 WRITERS = {  # every command that writes a run folder; RUN is the folder
     "train": ["train", str(CONFIGS / "quickstart.toml"), "--out", "RUN"],
+    "train-verl": [
+        "train",
+        str(CONFIGS / "quickstart.toml"),
+        "--engine",
+        "verl",
+        "--out",
+        "RUN",
+        "--dry-run",
+    ],
     "train-resume": ["train", str(CONFIGS / "quickstart.toml"), "--resume", "RUN"],
     "sft": ["sft", str(CONFIGS / "debug-curriculum.toml"), "--out", "RUN"],
     "sft-resume": ["sft", str(CONFIGS / "debug-curriculum.toml"), "--resume", "RUN"],
