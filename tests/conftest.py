@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,3 +44,36 @@ def shop_tasks(shop_db: str):
         PrivateTask(PublicTask(f"shop/{i:05d}", "shop", q, schema, "", shop_db), gold)
         for i, (q, gold) in enumerate(qs)
     ]
+
+
+HOLDER = """
+import sys
+from sqlrl.artifacts import lock_run_folder
+with lock_run_folder({folder!r}):
+    print("held", flush=True)
+    sys.stdin.read()  # until the test closes stdin (or kills this process)
+"""
+
+
+@pytest.fixture()
+def hold_run_lock():
+    """`hold(folder) -> Popen`: another process holding `folder`'s run lock (`artifacts.lock_run_folder`)
+    until its stdin is closed (`release(p)`) or it is killed; holders still running at teardown are released."""
+    started: list[subprocess.Popen] = []
+
+    def hold(folder: Path) -> subprocess.Popen:
+        p = subprocess.Popen(
+            [sys.executable, "-c", HOLDER.format(folder=str(folder))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        started.append(p)
+        assert p.stdout.readline().strip() == "held"
+        return p
+
+    yield hold
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=30)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +44,46 @@ def test_top_level_help_lists_every_command():
     assert rc == 0 and heavy == "-"
     for cmd in COMMANDS:
         assert f"  {cmd} " in out, cmd
+
+
+CONFIGS = Path(__file__).resolve().parents[1] / "src" / "sqlrl" / "configs"
+WRITERS = {  # every command that writes a run folder; RUN is the folder
+    "train": ["train", str(CONFIGS / "quickstart.toml"), "--out", "RUN"],
+    "train-verl": [
+        "train",
+        str(CONFIGS / "quickstart.toml"),
+        "--engine",
+        "verl",
+        "--out",
+        "RUN",
+        "--dry-run",
+    ],
+    "train-resume": ["train", str(CONFIGS / "quickstart.toml"), "--resume", "RUN"],
+    "sft": ["sft", str(CONFIGS / "debug-curriculum.toml"), "--out", "RUN"],
+    "sft-resume": ["sft", str(CONFIGS / "debug-curriculum.toml"), "--resume", "RUN"],
+    "curriculum": ["curriculum", str(CONFIGS / "debug-curriculum.toml"), "--out", "RUN"],
+    "experiment": ["experiment", str(CONFIGS / "quickstart.toml"), "--out", "RUN"],
+    "eval": ["eval", "--out", "RUN", "--limit", "2"],
+    "eval-debug": ["eval", "--kind", "debug", "--split", "test", "--out", "RUN", "--limit", "2"],
+    "audit-leakage": ["audit", "leakage", "--out", "RUN", "--limit", "2"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRITERS))
+def test_a_writer_on_a_folder_another_process_holds_exits_2_naming_it_and_the_pid(
+    name, tmp_path, capsys, hold_run_lock
+):
+    from sqlrl import cli
+
+    run = tmp_path / "run"
+    holder = hold_run_lock(run)
+    try:
+        rc = cli.main([str(run) if x == "RUN" else x for x in WRITERS[name]])
+        err = capsys.readouterr().err.strip()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert rc == 2, err
+    assert err.startswith("sqlrl ") and "\n" not in err, err
+    assert f"run folder {run} is in use by another sqlrl process (PID {holder.pid}," in err
+    assert not run.exists()  # the holder made it for its lock and removed it; nothing was written

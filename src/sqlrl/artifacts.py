@@ -2,19 +2,24 @@
 
 Guarantees: `write_json_atomic` never leaves a half-written file under the final name (write to a
 temporary file in the same folder, fsync, then `os.replace`). `sha256_file` streams, so large files
-do not need to fit in memory. Nothing here imports torch.
+do not need to fit in memory. `lock_run_folder` gives one process at a time a run folder (an OS
+lock on `RUN_LOCK_FILE` inside it, released by the OS when the holder dies, even by `kill -9`).
+Nothing here imports torch.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
+import inspect
 import json
 import os
 import platform
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +191,98 @@ def machine_info() -> dict:
             info["accelerator"] = torch.cuda.get_device_name(0)
             info["cuda"] = torch.version.cuda
     return info
+
+
+RUN_LOCK_FILE = ".sqlrl.lock"  # inside a run folder while a process writes it; holds the writer's PID
+_HELD: dict[str, int] = {}  # run folders this process holds -> how many times it entered each
+
+
+class RunFolderLocked(RuntimeError):
+    """Another process holds the run folder's lock (`lock_run_folder`)."""
+
+    def __init__(self, folder: Path, pid: str):
+        self.folder, self.pid = folder, pid
+        super().__init__(
+            f"run folder {folder} is in use by another sqlrl process (PID {pid}, lock {RUN_LOCK_FILE}); "
+            "wait for it to end or stop it, or choose another folder"
+        )
+
+
+def _holder_pid(fd: int) -> str:
+    with contextlib.suppress(OSError, ValueError):
+        pid = os.pread(fd, 32, 0).decode("ascii").strip()
+        if pid.isdigit():
+            return pid
+    return "unknown"
+
+
+@contextlib.contextmanager
+def lock_run_folder(folder: str | os.PathLike) -> Iterator[Path]:
+    """Hold an exclusive OS lock (`fcntl.flock`) on `folder` while the block runs; the folder is created
+    when missing. Rules:
+    - another process holding it: `RunFolderLocked` at once (no waiting), naming the folder and its PID;
+    - this process holding it already (a runner calling another on the same folder): entered again;
+      folders nested in a held one have their own locks, so a runner may run others inside its folder;
+    - the lock file `RUN_LOCK_FILE` holds the PID; it is removed on release (and the folder too when
+      this call created it and it is still empty); a holder killed by any signal leaves the file, unlocked
+      (the OS drops the lock with the process), and the next writer takes it.
+    POSIX only (fcntl). The lock file is not part of a run: folder checks and listings skip it."""
+    import fcntl
+
+    folder = Path(folder)
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    key = os.path.realpath(folder)
+    if key in _HELD:
+        _HELD[key] += 1
+        try:
+            yield folder
+        finally:
+            _HELD[key] -= 1
+        return
+    path = folder / RUN_LOCK_FILE
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _holder_pid(fd)
+            os.close(fd)
+            raise RunFolderLocked(folder, pid) from None
+        try:  # the file locked must still be the one at `path` (a holder removes it when it ends)
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+    _HELD[key] = 1
+    try:
+        yield folder
+    finally:
+        del _HELD[key]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)
+        if created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def holds_run_lock(param: str) -> Callable:
+    """Decorator: the function runs holding `lock_run_folder` on its argument named `param` (a run
+    folder), from before its first check until it returns or raises."""
+
+    def wrap(fn: Callable) -> Callable:
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            folder = sig.bind(*args, **kwargs).arguments[param]
+            with lock_run_folder(folder):
+                return fn(*args, **kwargs)
+
+        return run
+
+    return wrap

@@ -320,6 +320,30 @@ def test_resume_refuses_a_different_config(tmp_path):
         )
 
 
+def test_a_run_another_process_holds_is_refused_untouched_then_resumes(tmp_path, hold_run_lock):
+    """Two writers of one run folder: the second is refused before it writes; the run resumes later."""
+    from sqlrl.artifacts import RunFolderLocked
+    from sqlrl.training.trainer import train
+
+    run = tmp_path / "r"
+    kw = {"policy_factory": tiny_factory, "evaluator_factory": Alternating, "progress": False}
+    train(tiny_cfg(steps=2), run, stop_after=1, **kw)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    holder = hold_run_lock(run)
+    try:
+        with pytest.raises(RunFolderLocked, match=f"PID {holder.pid},"):
+            train(tiny_cfg(steps=2), run, resume=True, **kw)
+        with pytest.raises(RunFolderLocked, match=f"PID {holder.pid},"):
+            train(tiny_cfg(steps=2), run, **kw)
+        after = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != ".sqlrl.lock"}
+        assert after == before
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert train(tiny_cfg(steps=2), run, resume=True, **kw)["finished"]
+    assert [s["step"] for s in steps(run)] == [1, 2]
+
+
 def test_kill_minus_9_then_resume(tmp_path):
     """A real SIGKILL in the middle of a run; resuming finishes it with the uninterrupted result."""
     tests = str(Path(__file__).resolve().parent)
@@ -337,6 +361,10 @@ def test_kill_minus_9_then_resume(tmp_path):
     assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    from sqlrl.artifacts import RUN_LOCK_FILE
+
+    # the killed writer's lock file stays, holding its PID; the OS released the lock with the process
+    assert (run / RUN_LOCK_FILE).read_text() == f"{proc.pid}\n"
     done = subprocess.run(
         [sys.executable, "-c", TINY_DRIVER.format(tests=tests, steps=4, lr=1e-3, out=str(run), resume=True)],
         env=env,
@@ -345,6 +373,7 @@ def test_kill_minus_9_then_resume(tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    assert not (run / RUN_LOCK_FILE).exists()  # removed by the resume when it ended
     assert [s["step"] for s in steps(run)] == [1, 2, 3, 4]
     # a step scored before the kill but not checkpointed is dropped from sql.jsonl, then scored again once
     sql = [json.loads(line) for line in (run / "sql.jsonl").read_text().splitlines()]

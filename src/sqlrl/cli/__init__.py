@@ -107,8 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     module_name, _, func_name = target.partition(":")
     module = importlib.import_module(module_name)
     handler = getattr(module, func_name or "cli_main")
+    from sqlrl.artifacts import RunFolderLocked
+
     try:
         return int(handler(rest) or 0)
+    except RunFolderLocked as e:
+        print(f"sqlrl {name}: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("sqlrl: interrupted", file=sys.stderr)
         return 130

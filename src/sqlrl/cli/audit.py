@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from sqlrl.artifacts import dumps, write_json_atomic
+from sqlrl.artifacts import dumps, lock_run_folder, write_json_atomic
 from sqlrl.evidence.leakage import leakage_audit
 from sqlrl.evidence.weights import audit_weights
 
@@ -103,10 +103,11 @@ def leakage_main(argv: list[str]) -> int:
         print(f"sqlrl audit leakage: {e}", file=sys.stderr)
         return 2
     budgets = budgets_from_args(a)
-    policy = load_policy(a.model, device=a.device, dtype=a.dtype, engine=a.engine)
-    with make_env(workers=2, timeout_s=budgets.sql_timeout_s) as env:
-        result = leakage_audit(tasks, policy, env.sandbox, budgets, work_dir=a.out)
-    write_json_atomic(Path(a.out) / "leakage.json", result)
+    with lock_run_folder(a.out):  # RunFolderLocked -> exit 2 (cli.main)
+        policy = load_policy(a.model, device=a.device, dtype=a.dtype, engine=a.engine)
+        with make_env(workers=2, timeout_s=budgets.sql_timeout_s) as env:
+            result = leakage_audit(tasks, policy, env.sandbox, budgets, work_dir=a.out)
+        write_json_atomic(Path(a.out) / "leakage.json", result)
     verdict = "PASSED" if result["passed"] else "FAILED"
     print(
         f"leakage audit {verdict}: {result['tasks']} tasks, first difference: {result['first_difference']}, "

@@ -9,6 +9,7 @@ from pathlib import Path
 from sqlrl.agent.loop import Budgets
 from sqlrl.artifacts import (
     git_commit,
+    lock_run_folder,
     machine_info,
     sha256_file,
 )
@@ -122,43 +123,46 @@ def debug_eval_cli(a, command: list[str]) -> int:
     from sqlrl.tasks.data import select_tasks
     from sqlrl.tasks.debugging import load_debug_tasks, resolve_debug_file
 
-    try:
-        file = resolve_debug_file(a.data)
-        all_tasks = load_debug_tasks(file)
-        tasks = select_tasks([t for t in all_tasks if t.split == a.split], a.limit, a.seed)
-        if not tasks:
-            splits = sorted({t.split for t in all_tasks})
-            raise ValueError(
-                f"{file}: no tasks with split {a.split!r} (splits there: {splits}); pass --split, or use "
-                "`sqlrl curriculum`, which re-splits a file without evaluation tasks by database"
+    with lock_run_folder(a.out):  # taken before the model loads; RunFolderLocked -> exit 2 (cli.main)
+        try:
+            file = resolve_debug_file(a.data)
+            all_tasks = load_debug_tasks(file)
+            tasks = select_tasks([t for t in all_tasks if t.split == a.split], a.limit, a.seed)
+            if not tasks:
+                splits = sorted({t.split for t in all_tasks})
+                raise ValueError(
+                    f"{file}: no tasks with split {a.split!r} (splits there: {splits}); pass --split, or use "
+                    "`sqlrl curriculum`, which re-splits a file without evaluation tasks by database"
+                )
+            if a.endpoint:
+                policy = load_endpoint_policy(a.endpoint, a.model, a.tokenizer)
+            else:
+                policy = load_policy(a.model, device=a.device, dtype=a.dtype, engine=a.engine)
+            budgets = budgets_from_args(a)
+            prov = {
+                "command": command,
+                "git": git_commit(),
+                "machine": machine_info(),
+                "kind": "debug",
+                "model": {
+                    "name": getattr(policy, "name", a.model),
+                    "identity": getattr(policy, "identity", None),
+                },
+                "data": str(file),
+                "split": a.split,
+                "limit": a.limit,
+                "task_ids": [t.task_id for t in tasks],
+                "fingerprint": sha256_file(file),
+                "budgets": budgets.to_dict(),
+                "sampling": {"temperature": 0.0, "seed": a.seed},
+                "device": pick_device(a.device),
+            }
+            summ = run_debug_eval(
+                tasks=tasks, policy=policy, budgets=budgets, out=Path(a.out), provenance=prov
             )
-        if a.endpoint:
-            policy = load_endpoint_policy(a.endpoint, a.model, a.tokenizer)
-        else:
-            policy = load_policy(a.model, device=a.device, dtype=a.dtype, engine=a.engine)
-        budgets = budgets_from_args(a)
-        prov = {
-            "command": command,
-            "git": git_commit(),
-            "machine": machine_info(),
-            "kind": "debug",
-            "model": {
-                "name": getattr(policy, "name", a.model),
-                "identity": getattr(policy, "identity", None),
-            },
-            "data": str(file),
-            "split": a.split,
-            "limit": a.limit,
-            "task_ids": [t.task_id for t in tasks],
-            "fingerprint": sha256_file(file),
-            "budgets": budgets.to_dict(),
-            "sampling": {"temperature": 0.0, "seed": a.seed},
-            "device": pick_device(a.device),
-        }
-        summ = run_debug_eval(tasks=tasks, policy=policy, budgets=budgets, out=Path(a.out), provenance=prov)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        print(f"sqlrl eval: {e}", file=sys.stderr)
-        return 2
-    print(category_table_md([(str(prov["model"]["name"]), summ["by_category"])]))
-    print(f"n={summ['n']} solved_rate={summ['solved_rate']} excluded={summ['excluded']} -> {a.out}")
-    return 0
+        except (ValueError, FileNotFoundError, RuntimeError) as e:
+            print(f"sqlrl eval: {e}", file=sys.stderr)
+            return 2
+        print(category_table_md([(str(prov["model"]["name"]), summ["by_category"])]))
+        print(f"n={summ['n']} solved_rate={summ['solved_rate']} excluded={summ['excluded']} -> {a.out}")
+        return 0

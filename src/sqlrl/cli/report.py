@@ -1,4 +1,8 @@
-"""`sqlrl report`: the evidence gate over an experiment folder, then report.md / report.html."""
+"""`sqlrl report`: the evidence gate over an experiment folder, then report.md / report.html.
+
+Takes no run-folder lock (`artifacts.lock_run_folder`): it only reads the runs, and the report files
+it writes are rewritten whole (atomically) from them, so two reports of one folder write the same files.
+"""
 
 from __future__ import annotations
 

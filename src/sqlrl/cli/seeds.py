@@ -1,4 +1,8 @@
-"""`sqlrl seeds`: the across-seed verdict over experiment folders that differ only in run.seed."""
+"""`sqlrl seeds`: the across-seed verdict over experiment folders that differ only in run.seed.
+
+Takes no run-folder lock (`artifacts.lock_run_folder`): it only reads the experiment folders, and the
+summary files it writes are rewritten whole (atomically) from them, the same for every invocation.
+"""
 
 from __future__ import annotations
 

@@ -74,6 +74,7 @@ def _launch_verl(a) -> int:
     run folder, then runs `python -m verl.trainer.main_ppo` there (veRL is never vendored or re-implemented)."""
     import subprocess
 
+    from sqlrl.artifacts import lock_run_folder
     from sqlrl.cli.verl_config import cli_main as verl_config_main
 
     out = Path(a.out or f"runs/{Path(a.config).stem}-verl").resolve()
@@ -94,11 +95,20 @@ def _launch_verl(a) -> int:
         args += ["--set", ov]
     if a.model_path:
         args += ["--model-path", a.model_path]
-    rc = verl_config_main(args)
-    if rc != 0:
-        return rc
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(out), "--config-name", "verl"]
-    print("sqlrl train --engine verl: " + " ".join(cmd))
-    if a.dry_run:
-        return 0
-    return subprocess.call(cmd, cwd=out)
+    with lock_run_folder(out):  # veRL writes the run folder; RunFolderLocked -> exit 2 (cli.main)
+        rc = verl_config_main(args)
+        if rc != 0:
+            return rc
+        cmd = [
+            sys.executable,
+            "-m",
+            "verl.trainer.main_ppo",
+            "--config-path",
+            str(out),
+            "--config-name",
+            "verl",
+        ]
+        print("sqlrl train --engine verl: " + " ".join(cmd))
+        if a.dry_run:
+            return 0
+        return subprocess.call(cmd, cwd=out)

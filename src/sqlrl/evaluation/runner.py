@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sqlrl.agent.envs import make_env
 from sqlrl.agent.loop import Budgets, Sampling, Trajectory
-from sqlrl.artifacts import git_commit, machine_info, write_json_atomic, write_jsonl
+from sqlrl.artifacts import git_commit, holds_run_lock, machine_info, write_json_atomic, write_jsonl
 from sqlrl.generation.device import pick_device
 from sqlrl.tasks.data import resolve_data_root, select_tasks
 
@@ -191,6 +191,7 @@ def load_endpoint_policy(endpoint: str, model: str, tokenizer: str | None = None
     return OpenAIPolicy(endpoint, model, api_key=api_key or os.environ.get("OPENAI_API_KEY"), tokenizer=tok)
 
 
+@holds_run_lock("out")
 def run_eval(
     *,
     model: str,

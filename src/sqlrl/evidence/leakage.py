@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlrl.artifacts import machine_info
+from sqlrl.artifacts import holds_run_lock, machine_info
 
 FIELDS = ("prompt_ids", "token_ids", "final_sql", "stop_reason", "n_turns", "actions")
 
@@ -86,6 +86,7 @@ def static_check(trajectories: list, golds: list[str], min_len: int = 20) -> dic
     return {"passed": not hits, "golds_checked": len(needles), "hits": hits[:10], "n_hits": len(hits)}
 
 
+@holds_run_lock("work_dir")
 def leakage_audit(tasks: list, policy, sandbox, budgets, *, work_dir: str | Path) -> dict:
     from sqlrl.agent.envs import make_env
     from sqlrl.evaluation.runner import evaluate_tasks

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from sqlrl.artifacts import git_commit, machine_info, read_json, write_json_atomic
+from sqlrl.artifacts import git_commit, holds_run_lock, machine_info, read_json, write_json_atomic
 from sqlrl.config import Config, ConfigError, from_dict
 from sqlrl.training.budget import Unfinished, check_time
 
@@ -309,6 +309,7 @@ def _audit_weights(cfg: Config, exp: ExperimentConfig, out: Path) -> None:
     write_json_atomic(out / "weights_audit.json", wa)
 
 
+@holds_run_lock("out_dir")
 def run_experiment(
     cfg: Config,
     exp: ExperimentConfig,

@@ -35,7 +35,16 @@ import time
 from pathlib import Path
 
 from sqlrl import config as C
-from sqlrl.artifacts import git_commit, machine_info, read_json, read_jsonl, sha256_file, write_json_atomic
+from sqlrl.artifacts import (
+    RUN_LOCK_FILE,
+    git_commit,
+    holds_run_lock,
+    machine_info,
+    read_json,
+    read_jsonl,
+    sha256_file,
+    write_json_atomic,
+)
 from sqlrl.config import Config, ConfigError, CurriculumConfig, SFTConfig, StageConfig
 from sqlrl.training.runfolder import config_changes
 
@@ -194,6 +203,7 @@ def _default_policy(model_name: str, cfg: Config):
     return load_policy(model_name, device=cfg.run.device, dtype=cfg.model.dtype, engine=cfg.run.gen_engine)
 
 
+@holds_run_lock("out")
 def run_debug_eval(
     *,
     tasks,
@@ -220,7 +230,7 @@ def _resume_changes(out: Path, rec_p: Path, full: dict) -> list:
     """The resume-change records of an existing curriculum folder, plus this invocation's (memory-only)
     changes; a new folder must be empty (or hold only tasks/). A blocking change is a ConfigError."""
     if not rec_p.exists():
-        if any(p.name != "tasks" for p in out.iterdir()):
+        if any(p.name not in ("tasks", RUN_LOCK_FILE) for p in out.iterdir()):
             raise ConfigError(f"{out} is not empty and holds no curriculum.json; choose a new --out folder")
         return []
     earlier = read_json(rec_p)
@@ -430,6 +440,7 @@ def eval_report_md(result: dict, models: list, cur: CurriculumConfig) -> str:
 STAGE_SUMMARY_KEYS = ("name", "kind", "turns", "steps", "base_identity", "final_identity", "weights_changed")
 
 
+@holds_run_lock("out_dir")
 def run_curriculum(
     cfg: Config,
     sft: SFTConfig,

@@ -11,7 +11,8 @@ What is covered:
 - Metric sinks: TensorBoard (when installed), W&B and SwanLab (when asked for) get the same scalars.
 - Pruning: a finished, exported run may delete its checkpoint folders; the manifest stays, marked.
 
-What is not: protection against two processes writing the same folder at once.
+- One writer: `train` and `train_sft` hold the folder's OS lock (`artifacts.lock_run_folder`) for the
+  whole run, checks included; a second process on the same folder gets `RunFolderLocked`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlrl.artifacts import read_json, read_jsonl, write_json_atomic, write_jsonl
+from sqlrl.artifacts import RUN_LOCK_FILE, read_json, read_jsonl, write_json_atomic, write_jsonl
 from sqlrl.config import Config, ConfigError
 from sqlrl.training.budget import out_of_time
 
@@ -79,7 +80,7 @@ def check_run_folder(out: Path, mine: dict, resume: bool, command: str) -> list[
                 "resume with the same config file (or start a new run folder)"
             )
         return memory
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and any(p.name != RUN_LOCK_FILE for p in out.iterdir()):
         raise ConfigError(f"run folder {out} is not empty; choose a new --out or pass --resume {out}")
     return []
 

@@ -33,7 +33,14 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from sqlrl.artifacts import append_jsonl, git_commit, machine_info, sha256_file, write_json_atomic
+from sqlrl.artifacts import (
+    append_jsonl,
+    git_commit,
+    holds_run_lock,
+    machine_info,
+    sha256_file,
+    write_json_atomic,
+)
 from sqlrl.config import Config, ConfigError, SFTConfig
 from sqlrl.training.runfolder import (
     Checkpointer,
@@ -273,6 +280,7 @@ def sft_step(model, optimizer, scheduler, params, batch, sft: SFTConfig, pad_id:
     return loss_sum, correct, counted, grad_norm
 
 
+@holds_run_lock("out_dir")
 def train_sft(
     cfg: Config,
     sft: SFTConfig,

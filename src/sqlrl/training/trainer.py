@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlrl.artifacts import append_jsonl, git_commit, machine_info, write_json_atomic
+from sqlrl.artifacts import append_jsonl, git_commit, holds_run_lock, machine_info, write_json_atomic
 from sqlrl.config import Config
 from sqlrl.generation.device import device_and_dtypes
 from sqlrl.training.rollouts import RolloutSource, StepSample, advantages, informative
@@ -351,6 +351,7 @@ def arm_kind(cfg: Config) -> str:
     return "grpo"
 
 
+@holds_run_lock("out_dir")
 def train(
     cfg: Config,
     out_dir: str | Path,
