@@ -110,3 +110,66 @@ def test_shipped_curriculum_configs_validate(name):
     assert cfg.data.kind == "debug"
     if name.endswith("-gpu.toml"):  # the settings the 2026-11-29 GPU runs called for
         assert cfg.grpo.micro_batch_logit_tokens == 4096 and cfg.run.checkpoint_every == 20
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "grpo.lr=inf",
+        "grpo.temperature=inf",
+        "grpo.kl_coef=inf",
+        "grpo.lr=nan",
+        "grpo.top_p=-inf",
+        "agent.sql_timeout_s=inf",
+        "grpo.betas=[0.9, nan]",
+        "grpo.lr=1e400",
+    ],
+)
+def test_non_finite_floats_are_rejected(tmp_path, override):
+    """Every float field, not a list of them: inf and nan never reach config.json as Infinity/NaN."""
+    key = override.split("=", 1)[0]
+    with pytest.raises(C.ConfigError, match="is not a finite number.*give a finite value") as e:
+        C.load(write(tmp_path, ""), [override])
+    assert key.split(".", 1)[1] in str(e.value)
+
+
+def test_non_finite_floats_in_the_file_and_in_the_sft_table_are_rejected(tmp_path):
+    with pytest.raises(C.ConfigError, match=r"grpo\.clip_high = nan is not a finite number"):
+        C.load(write(tmp_path, "[grpo]\nclip_high = nan\n"))
+    with pytest.raises(C.ConfigError, match=r"sft\.lr = inf is not a finite number"):
+        C.sft_from_dict({"lr": float("inf")})
+    with pytest.raises(C.ConfigError, match="not a finite number"):
+        C.Config().replace(run={}, grpo={"max_grad_norm": float("inf")})
+
+
+def _cli(argv, capsys):
+    from sqlrl.cli import main
+
+    rc = main(argv)
+    captured = capsys.readouterr()
+    return rc, captured.err.strip()
+
+
+@pytest.mark.parametrize("command", ["train", "experiment"])
+def test_cli_plain_value_where_a_table_is_overridden_is_one_line_exit_2(tmp_path, capsys, command):
+    p = write(tmp_path, 'model = "x"\n')
+    rc, err = _cli([command, str(p), "--set", "model.name=smollm2-135m-instruct"], capsys)
+    assert rc == 2
+    assert "model is a plain value (model = 'x')" in err and "[model]" in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["train", "experiment"])
+def test_cli_invalid_utf8_file_is_one_line_exit_2(tmp_path, capsys, command):
+    p = tmp_path / "bad.toml"
+    p.write_bytes(b"[grpo]\nsteps = 3\n# caf\xe9\n")
+    rc, err = _cli([command, str(p)], capsys)
+    assert rc == 2
+    assert "not UTF-8 text (byte b'\\xe9' at offset 22)" in err and "save the file as UTF-8" in err
+    assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["train", "experiment"])
+def test_cli_non_finite_override_is_one_line_exit_2(tmp_path, capsys, command):
+    rc, err = _cli([command, str(write(tmp_path, "")), "--set", "grpo.lr=inf"], capsys)
+    assert rc == 2 and "grpo.lr = inf is not a finite number" in err and len(err.splitlines()) == 1

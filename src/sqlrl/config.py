@@ -3,7 +3,7 @@
 A run file has the sections `[model]`, `[data]`, `[agent]`, `[grpo]` and `[run]`; every key is
 optional and falls back to the default documented here. Unknown sections or keys, wrong types and
 out-of-range values raise `ConfigError` with what is wrong, why, and how to fix it (including the
-closest valid key name). `resolve()` returns the fully resolved config as a plain dict, which every
+closest valid key name). Every float field must be finite: `inf` and `nan` are rejected wherever they appear. `resolve()` returns the fully resolved config as a plain dict, which every
 run saves as `config.json`; `config_hash()` is the sha256 of that JSON and goes into checkpoints.
 
 Guaranteed: a config that loads is internally consistent (e.g. multi-turn has max_turns >= 2).
@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import re
 import tomllib
 import types
@@ -280,7 +281,16 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where} must be a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            raise ConfigError(
+                f"{where} = {value!r} is not a finite number; no setting works with inf, nan or a value "
+                "beyond the float range, give a finite value"
+            )
+        return number
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where} must be a string, got {value!r}")
@@ -332,6 +342,15 @@ def read_raw(path: str | Path, overrides: list[str] | None = None) -> dict:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e}); fix the syntax at the position shown") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {e.object[e.start : e.start + 1]!r} at offset {e.start}); "
+            "TOML files are UTF-8, save the file as UTF-8"
+        ) from None
+    except OSError as e:
+        raise ConfigError(
+            f"{path}: cannot be read ({e.strerror}); check the path and its permissions"
+        ) from None
     for ov in overrides or []:
         apply_override(raw, ov)
     return raw
@@ -488,7 +507,13 @@ def apply_override(raw: dict, override: str) -> None:
         parsed = tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
         parsed = value  # a bare string
-    raw.setdefault(section, {})[name] = parsed
+    table = raw.setdefault(section, {})
+    if not isinstance(table, dict):
+        raise ConfigError(
+            f"override {override!r}: {section} is a plain value ({section} = {table!r}) in the file, not a "
+            f"[{section}] table; write it as [{section}] with {name} = ... in the file"
+        )
+    table[name] = parsed
 
 
 def validate(cfg: Config, source: str = "<config>") -> None:

@@ -129,14 +129,31 @@ def test_corrupt_checkpoint_is_named_and_fallback_uses_previous(tmp_path, how, c
     make_run(tmp_path, steps=(1, 2))
     newest = tmp_path / "checkpoints" / "step_000002"
     expected = _corrupt(newest, how)
+    older = tmp_path / "checkpoints" / "step_000001"
     with pytest.raises(ck.CheckpointError) as ei:
         ck.load_latest(tmp_path)
     assert str(newest) in str(ei.value) and expected in str(ei.value)
+    assert f"the newest valid older checkpoint is {older} (step 1)" in str(ei.value)
+    assert "--resume-from-valid" in str(ei.value) and "\n" not in str(ei.value)
     with caplog.at_level("WARNING"):
         info = ck.load_latest(tmp_path, fallback=True)
     assert info.step == 1
     assert info.skipped[0]["path"] == str(newest)
-    assert "step_000002" in caplog.text
+    assert len(caplog.records) == 1 and str(newest) in caplog.text
+    assert f"resuming from the newest valid older checkpoint {older} (step 1)" in caplog.text
+
+
+def test_remove_partial_deletes_interrupted_saves_only(tmp_path, caplog):
+    make_run(tmp_path, steps=(1,))
+    ckdir = tmp_path / "checkpoints"
+    (ckdir / ".step_000002.tmp-123").mkdir()
+    (ckdir / ".step_000002.tmp-123" / "model.safetensors").write_bytes(b"partial")
+    (ckdir / ".step_000003.tmp-45").mkdir()
+    with caplog.at_level("WARNING"):
+        assert ck.remove_partial(tmp_path) == [".step_000002.tmp-123", ".step_000003.tmp-45"]
+    assert sorted(p.name for p in ckdir.iterdir()) == ["manifest.json", "step_000001"]
+    assert "removed 2 interrupted checkpoint save(s)" in caplog.text
+    assert ck.remove_partial(tmp_path) == [] and ck.remove_partial(tmp_path / "nowhere") == []
 
 
 def test_no_valid_checkpoint_raises_even_with_fallback(tmp_path):

@@ -292,6 +292,7 @@ def test_resume_gives_the_same_next_step(tmp_path):
         evaluator_factory=Alternating,
         progress=False,
     )
+    assert not (part / "checkpoints" / ".step_000002.tmp-999").exists()  # removed on resume
     a, b = steps(full), steps(part)
     assert [s["step"] for s in b] == [1, 2, 3]
     for x, y in zip(a, b):
@@ -738,3 +739,61 @@ def test_out_of_memory_in_generation_retries_with_half_the_batch(tmp_path, monke
     info = json.loads((run / "run.json").read_text())
     assert info["generation_memory_adjustments"] == [{"engine": "fast", "max_batch": seen[1]}]
     assert s1["grad_norm"] > 0  # the step trained as usual
+
+
+def _toml(cfg) -> str:
+    """A run file for `cfg` (JSON scalars and lists are TOML values)."""
+    return "".join(
+        f"[{sec}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in vals.items())
+        for sec, vals in cfg.resolve().items()
+    )
+
+
+def test_cli_resume_with_a_corrupt_latest_checkpoint(tmp_path, monkeypatch, capsys):
+    """Refused in one line (exit 2) naming the corrupt and the valid older checkpoint and the flag;
+    with --resume-from-valid the run resumes from step 1 and says so; interrupted saves are removed."""
+    import functools
+
+    import sqlrl.cli.train as cli_train
+    from sqlrl.cli import main
+    from sqlrl.training.trainer import train
+
+    run = tmp_path / "run"
+    r = train(
+        tiny_cfg(steps=3),
+        run,
+        policy_factory=tiny_factory,
+        evaluator_factory=Alternating,
+        progress=False,
+        stop_after=2,
+    )
+    assert not r["finished"]
+    ckdir = run / "checkpoints"
+    weights = ckdir / "step_000002" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    (ckdir / ".step_000003.tmp-999").mkdir()
+    (ckdir / ".step_000003.tmp-999" / "model.safetensors").write_bytes(b"partial")
+    toml = tmp_path / "tiny.toml"
+    toml.write_text(_toml(tiny_cfg(steps=3)), encoding="utf-8")
+    real = functools.partial(
+        train, policy_factory=tiny_factory, evaluator_factory=Alternating, progress=False
+    )
+    monkeypatch.setattr(cli_train, "train", real)
+    capsys.readouterr()
+
+    assert main(["train", str(toml), "--resume", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "removed 1 interrupted checkpoint save(s)" in err[0] and ".step_000003.tmp-999" in err[0]
+    assert not (ckdir / ".step_000003.tmp-999").exists()
+    line = err[-1]
+    assert line.startswith(
+        f"sqlrl train: corrupt checkpoint {ckdir / 'step_000002'}: model.safetensors: size 100"
+    )
+    assert f"newest valid older checkpoint is {ckdir / 'step_000001'} (step 1)" in line
+    assert "--resume-from-valid" in line and len(err) == 2
+    assert [s["step"] for s in steps(run)] == [1, 2]  # nothing changed
+
+    assert main(["train", str(toml), "--resume", str(run), "--resume-from-valid"]) == 0
+    err = capsys.readouterr().err
+    assert f"resuming from the newest valid older checkpoint {ckdir / 'step_000001'} (step 1)" in err
+    assert [s["step"] for s in steps(run)] == [1, 2, 3]

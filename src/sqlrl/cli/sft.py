@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from sqlrl.config import ConfigError
+from sqlrl.training.checkpoint import CheckpointError
 from sqlrl.training.sft import train_sft
 
 
@@ -19,6 +20,11 @@ def cli_main(argv: list[str]) -> int:
     p.add_argument("config", help="TOML run file, e.g. configs/debug-curriculum.toml")
     p.add_argument("--out", help="run folder (default runs/<config stem>-sft)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    p.add_argument(
+        "--resume-from-valid",
+        action="store_true",
+        help="with --resume: if the newest checkpoint is corrupt, resume from the newest valid older one",
+    )
     p.add_argument(
         "--set",
         action="append",
@@ -38,8 +44,15 @@ def cli_main(argv: list[str]) -> int:
         if cfg.agent.turns != 1:  # the warm start is single-turn whatever the file's RL turns are
             cfg = cfg.replace(agent={"turns": 1})
         out = a.resume or a.out or f"runs/{Path(a.config).stem}-sft"
-        res = train_sft(cfg, sft, out, resume=bool(a.resume), command=["sqlrl", "sft", *argv])
-    except (ConfigError, ValueError, FileNotFoundError) as e:
+        res = train_sft(
+            cfg,
+            sft,
+            out,
+            resume=bool(a.resume),
+            command=["sqlrl", "sft", *argv],
+            resume_from_valid=a.resume_from_valid,
+        )
+    except (ConfigError, ValueError, FileNotFoundError, CheckpointError) as e:
         print(f"sqlrl sft: {e}", file=sys.stderr)
         return 2
     print(

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from sqlrl.config import ConfigError
+from sqlrl.training.checkpoint import CheckpointError
 from sqlrl.training.trainer import train
 
 
@@ -16,6 +17,11 @@ def cli_main(argv: list[str]) -> int:
     p.add_argument("--out", help="run folder (default runs/<config stem>)")
     p.add_argument(
         "--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last complete checkpoint"
+    )
+    p.add_argument(
+        "--resume-from-valid",
+        action="store_true",
+        help="with --resume: if the newest checkpoint is corrupt, resume from the newest valid older one",
     )
     p.add_argument(
         "--set",
@@ -57,8 +63,14 @@ def cli_main(argv: list[str]) -> int:
         return 0
     out = a.resume or a.out or f"runs/{Path(a.config).stem}"
     try:
-        res = train(cfg, out, resume=bool(a.resume), command=["sqlrl", "train", *argv])
-    except (ConfigError, ValueError, FileNotFoundError) as e:
+        res = train(
+            cfg,
+            out,
+            resume=bool(a.resume),
+            command=["sqlrl", "train", *argv],
+            resume_from_valid=a.resume_from_valid,
+        )
+    except (ConfigError, ValueError, FileNotFoundError, CheckpointError) as e:
         print(f"sqlrl train: {e}", file=sys.stderr)
         return 2
     print(

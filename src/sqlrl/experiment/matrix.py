@@ -29,7 +29,6 @@ import json
 import logging
 import sys
 import time
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -60,18 +59,13 @@ class ExperimentConfig:
 
 
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tuple[Config, ExperimentConfig]:
-    from sqlrl.config import apply_override
+    from sqlrl.config import read_raw
 
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"experiment file {path} does not exist")
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML ({e})") from None
-    for ov in overrides or []:
-        apply_override(raw, ov)
+    raw = read_raw(path, overrides)
     exp_raw = raw.pop("experiment", {})
+    if not isinstance(exp_raw, dict):
+        raise ConfigError(f"{path}: experiment must be an [experiment] table of keys, got {exp_raw!r}")
     cfg = from_dict(raw, source=str(path))
     known = set(ExperimentConfig.__dataclass_fields__)
     for k in exp_raw:

@@ -11,8 +11,9 @@ What is covered:
   temp folder (``.step_NNNNNN.tmp-<pid>``); a kill leaves the previous state or a dot-prefixed temp
   folder, which `load_latest` ignores and reports under ``partial``.
 - `load_latest` never loads silently: every file in the sidecar must have the recorded size and (with
-  ``verify=True``) sha256; a corrupt newest checkpoint raises `CheckpointError` naming it, unless
-  ``fallback=True`` (warning, then the newest valid older one, listed in ``CheckpointInfo.skipped``).
+  ``verify=True``) sha256; a corrupt newest checkpoint raises `CheckpointError` naming it and the newest
+  valid older one, unless ``fallback=True`` (one warning naming both, then that older one, listed in
+  ``CheckpointInfo.skipped``). `remove_partial` deletes the temp folders of interrupted saves (on resume).
 - `restore_checkpoint` recomputes the weights hash after loading and raises on a mismatch (this also
   catches a LoRA checkpoint restored onto the wrong base model or dtype).
 - Pruning (``keep_last``) never deletes the checkpoint just written, nor the newest one.
@@ -424,9 +425,10 @@ def load_latest(
 ) -> CheckpointInfo | None:
     """The newest valid checkpoint of a run, or None if the run has no checkpoint folders.
 
-    A corrupt newest checkpoint raises `CheckpointError` (path + problem) unless ``fallback=True``,
-    which logs a warning naming it and continues with older ones. If checkpoint folders exist but
-    none is valid, `CheckpointError` is raised in both modes.
+    A corrupt newest checkpoint raises `CheckpointError` in one line (its path and problems, and the
+    newest valid older checkpoint, if any) unless ``fallback=True``, which logs that line as a warning
+    and returns the newest valid older checkpoint. If checkpoint folders exist but none is valid,
+    `CheckpointError` is raised in both modes.
     """
     ckdir = Path(run_dir) / "checkpoints"
     if not ckdir.is_dir():
@@ -438,11 +440,19 @@ def load_latest(
     for step, path in _complete_dirs(ckdir):
         sc, problems = validate_checkpoint(path, verify=verify)
         if not problems:
+            if skipped:
+                bad = "; ".join(
+                    f"corrupt checkpoint {s['path']}: {'; '.join(s['problems'])}" for s in skipped
+                )
+                if not fallback:
+                    raise CheckpointError(
+                        f"{bad}; the newest valid older checkpoint is {path} (step {step}): resume from it "
+                        "with --resume-from-valid (fallback=True), or repair or remove the corrupt one"
+                    )
+                log.warning(
+                    "%s; resuming from the newest valid older checkpoint %s (step %d)", bad, path, step
+                )
             return CheckpointInfo(step=step, path=path, sidecar=sc, partial=partial, skipped=skipped)
-        msg = f"corrupt checkpoint {path}: " + "; ".join(problems)
-        if not fallback:
-            raise CheckpointError(msg)
-        log.warning("%s -- falling back to an older checkpoint", msg)
         skipped.append({"path": str(path), "step": step, "problems": problems})
     if skipped:
         raise CheckpointError(
@@ -452,6 +462,22 @@ def load_latest(
             + "; ".join(f"{s['path']}: {s['problems']}" for s in skipped)
         )
     return None
+
+
+def remove_partial(run_dir: str | os.PathLike) -> list[str]:
+    """Delete the temp folders (``.step_NNNNNN.tmp-<pid>``) that interrupted saves left in the run's
+    checkpoints folder; returns their names. Call it only while no other process saves into the run."""
+    ckdir = Path(run_dir) / "checkpoints"
+    if not ckdir.is_dir():
+        return []
+    removed = sorted(p.name for p in ckdir.iterdir() if _TMP_RE.match(p.name) and p.is_dir())
+    for name in removed:
+        shutil.rmtree(ckdir / name, ignore_errors=True)
+    if removed:
+        log.warning(
+            "removed %d interrupted checkpoint save(s) in %s: %s", len(removed), ckdir, ", ".join(removed)
+        )
+    return removed
 
 
 def open_checkpoint(path: str | os.PathLike, *, verify: bool = True) -> CheckpointInfo:

@@ -99,12 +99,17 @@ def previous_seconds(prev_run: dict) -> float:
     return 0.0
 
 
-def restore_latest(out: Path, model, optimizer, scheduler, sampler) -> int | None:
-    """Restore the run's newest valid checkpoint (weights, optimizer, scheduler, data cursor, RNG);
-    returns its step, or None when the run has no checkpoint."""
-    from sqlrl.training.checkpoint import load_latest, restore_checkpoint, restore_rng
+def restore_latest(
+    out: Path, model, optimizer, scheduler, sampler, *, from_valid: bool = False
+) -> int | None:
+    """Restore the run's newest checkpoint (weights, optimizer, scheduler, data cursor, RNG); returns its
+    step, or None when the run has no checkpoint. Temp folders of interrupted saves are deleted first. A
+    corrupt newest checkpoint raises `CheckpointError` (one line naming the newest valid older one)
+    unless `from_valid`, which restores that older one and says so."""
+    from sqlrl.training.checkpoint import load_latest, remove_partial, restore_checkpoint, restore_rng
 
-    info = load_latest(out)
+    remove_partial(out)
+    info = load_latest(out, fallback=from_valid)
     if info is None:
         return None
     side = restore_checkpoint(info, model, optimizer, scheduler)

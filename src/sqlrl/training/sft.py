@@ -292,8 +292,9 @@ def train_sft(
     command: list[str] | None = None,
     stop_after: int | None = None,
     deadline: float | None = None,
+    resume_from_valid: bool = False,
 ) -> dict:
-    """Run the warm start into `out_dir`. `policy_factory() -> (model, tokenizer, name, identity)` replaces
+    """Run the warm start into `out_dir` (`resume_from_valid`: see `trainer.train`). `policy_factory() -> (model, tokenizer, name, identity)` replaces
     model loading (tests). `deadline` (a `time.monotonic()` value) stops cleanly, with a checkpoint,
     before a step that would probably end after it (the trainer's rule). Returns {steps, finished, final,
     final_identity, base_identity, weights_changed}."""
@@ -324,7 +325,9 @@ def train_sft(
     start_step, prev_s = 0, 0.0
     if resume:
         prev_s = previous_seconds(previous_run(out))
-        start_step = restore_latest(out, model, optimizer, scheduler, sampler) or 0
+        start_step = (
+            restore_latest(out, model, optimizer, scheduler, sampler, from_valid=resume_from_valid) or 0
+        )
         drop_steps_after(out, ("steps.jsonl",), start_step)
     else:
         write_json_atomic(out / "config.json", mine)

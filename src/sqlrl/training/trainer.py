@@ -240,7 +240,7 @@ class Resumed:
 
 
 def resume_grpo(
-    cfg: Config, out: Path, models: PolicyModels, optimizer, scheduler, sampler, changes
+    cfg: Config, out: Path, models: PolicyModels, optimizer, scheduler, sampler, changes, from_valid=False
 ) -> Resumed:
     """Restore a GRPO run from its newest checkpoint; record allowed config `changes`; drop metric lines
     of later steps. A resumed run keeps a logit-token cap an earlier invocation lowered, unless the
@@ -249,7 +249,7 @@ def resume_grpo(
     r = Resumed(prev_train_s=previous_seconds(prev_run))
     with contextlib.suppress(Exception):
         r.earlier_adjustments = list(prev_run.get("memory_adjustments") or [])
-    restored = restore_latest(out, models.train, optimizer, scheduler, sampler)
+    restored = restore_latest(out, models.train, optimizer, scheduler, sampler, from_valid=from_valid)
     if restored is not None:
         r.start_step = restored
         models.sync()
@@ -363,8 +363,10 @@ def train(
     stop_after: int | None = None,
     deadline: float | None = None,
     evaluator_factory=None,
+    resume_from_valid: bool = False,
 ) -> dict:
-    """Run GRPO. `stop_after` ends the process-local loop after that many steps (for kill/resume tests);
+    """Run GRPO. With `resume`, a corrupt newest checkpoint stops it (`CheckpointError`) unless
+    `resume_from_valid`, which resumes from the newest valid older checkpoint. `stop_after` ends the process-local loop after that many steps (for kill/resume tests);
     `deadline` (a `time.monotonic()` value) stops cleanly, with a checkpoint, before a step that would
     probably end after it, so a time-limited session can resume the run later. `policy_factory` ->
     (model, tokenizer, name, identity) and `evaluator_factory(sandbox, gold_cache, kind)` replace the
@@ -389,7 +391,7 @@ def train(
     params = [p for p in m.train.parameters() if p.requires_grad]
     optimizer, scheduler = make_optimizer(params, g.lr, g.weight_decay, g.warmup_steps, betas=g.betas)
     if resume:
-        r = resume_grpo(cfg, out, m, optimizer, scheduler, sampler, resume_changes)
+        r = resume_grpo(cfg, out, m, optimizer, scheduler, sampler, resume_changes, resume_from_valid)
     else:
         r = Resumed(logit_cap=g.micro_batch_logit_tokens)
         write_json_atomic(out / "config.json", cfg.resolve())
