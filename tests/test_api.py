@@ -21,6 +21,9 @@ from sqlrl.tasks.goldcache import GoldCache, GoldResult
 
 ROOT = Path(__file__).resolve().parents[1]
 
+sys.path.insert(0, str(ROOT / "tests" / "training"))
+from test_trainer import tiny_factory  # noqa: E402  (the trainer tests' tiny Qwen2 policy)
+
 
 def test_import_is_cheap():
     code = "import sys, sqlrl; print(sorted(m for m in ('torch', 'transformers', 'sqlglot') if m in sys.modules))"
@@ -177,31 +180,6 @@ def test_the_users_exception_propagates(stack, shop_tasks):
 
 
 # ------------------------------------------------------------------------------ sqlrl.train(reward=...)
-
-
-def tiny_factory():
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from sqlrl.generation.models import weights_hash
-    from sqlrl.generation.scripted import make_chat_tokenizer
-
-    tok = make_chat_tokenizer()
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-    )
-    model = Qwen2ForCausalLM(cfg).float()
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    return model, tok, "tiny-qwen2", weights_hash(model)
 
 
 def tiny_cfg(**data):
