@@ -28,6 +28,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from sqlrl.reward.cut import Cut, fetch_cuts
 from sqlrl.reward.match import Reward, execution_match, test_suite_result_eq
 from sqlrl.reward.reproducible import is_deterministic_sql, reproducible
 from sqlrl.reward.scoring import EXEC_ERROR_STATUSES, PERMUTATION_NOTE, fail_parts, match_parts
@@ -104,6 +105,7 @@ class _Pair:
     gold: Any
     sql: str
     key: tuple | None  # (db_path, gold SQL, prediction) of a deterministic prediction; None otherwise
+    cut: Cut | None = None  # the gold's LIMIT/OFFSET cut (`sqlrl.reward.cut`), when it has one
 
 
 class Evaluator:
@@ -288,6 +290,7 @@ class Evaluator:
                 pending.append(_Pair(i, db_path, gold_sql, gold, final_sql, key))
 
         reusable: dict[tuple, Reward] = {}  # key -> reward whose every execution was reproducible
+        pending = self._with_cuts(pending, out, base)
         if pending:
             rest = self._score_in_workers(pending, out, base, want_ts, reusable)
             if rest:
@@ -308,6 +311,27 @@ class Evaluator:
             for i, r in zip(redo, self.score_many([items[i] for i in redo])):
                 out[i] = r
         return out  # type: ignore[return-value]
+
+    def _with_cuts(self, pending: list[_Pair], out: list, base: dict) -> list[_Pair]:
+        """The pending pairs with their gold's cut; a pair whose gold's full result could not be
+        fetched (infrastructure) gets `infra_error` in `out` and is dropped."""
+        if not pending:
+            return pending
+        get = self._gold_many if hasattr(self.gold_cache, "get_many") else self._gold_each
+        cuts = fetch_cuts({(p.db_path, p.gold_sql): p.gold for p in pending}, get)
+        kept = []
+        for p in pending:
+            cut = cuts.get((p.db_path, p.gold_sql))
+            if isinstance(cut, BaseException):
+                err = f"gold_cache (full ordered result): {type(cut).__name__}: {cut}"
+                out[p.i] = Reward(None, "infra_error", {**base, "error": err})
+                continue
+            p.cut = cut
+            kept.append(p)
+        return kept
+
+    def _gold_each(self, items: list[tuple[str, str]]) -> list[Any]:
+        return [self.gold_cache.get(db_path, sql) for db_path, sql in items]
 
     def _score_in_workers(
         self, pending: list[_Pair], out: list, base: dict, want_ts: bool, reusable: dict
@@ -416,7 +440,7 @@ class Evaluator:
                 continue
             gold = p.gold
             shape = gold_shape(p.gold_sql)
-            m = execution_match(gold.columns, gold.rows, res.columns, res.rows, shape)
+            m = execution_match(gold.columns, gold.rows, res.columns, res.rows, shape, p.cut)
             parts = match_parts(base, m, shape, len(gold.rows), len(res.rows))
             if m.reason == "permutation_bound":
                 parts["note"] = PERMUTATION_NOTE
@@ -442,14 +466,15 @@ class Evaluator:
     def _gold_refs(p: _Pair, gold: Any, refs: dict, variants: dict, want_ts: bool) -> tuple | None:
         """(ref keys, extra) for the worker items of pairs with this gold, registering the payloads in
         `refs`; None when a payload is too large to ship (the parent-side path scores those pairs)."""
-        weight = _cells(gold)
+        weight = _cells(gold) + (p.cut.cells() if p.cut is not None else 0)
         if weight > _WORKER_GOLD_MAX_CELLS:
             return None
         gk = _ref_key(gold, p.gold_sql)
         if gk not in refs:
             sh = gold_shape(p.gold_sql)
             shape_t = (sh.order_matters, sh.key_columns, sh.has_limit, sh.limit, sh.has_offset, sh.parsed)
-            refs[gk] = (weight, (gold.columns, gold.rows, shape_t))
+            cut_t = (p.cut.runs, p.cut.pools) if p.cut is not None else None
+            refs[gk] = (weight, (gold.columns, gold.rows, shape_t, cut_t))
         if want_ts:
             v_sql = remove_distinct(p.gold_sql)
             if v_sql != p.gold_sql:
