@@ -155,6 +155,11 @@ class GRPOConfig:
     """`execution`: execution match with the gold; `validity`: 1 when the SQL executes (control arm)."""
     control: Literal["none", "no-update"] = "none"
     """`no-update`: every step runs with learning rate 0 (weights must stay bit-identical)."""
+    task_sampling: Literal["epoch", "pass_rate"] = "epoch"
+    """Which tasks a step draws: `epoch`, a seeded permutation of the training tasks per epoch;
+    `pass_rate`, weighted by each task's estimated pass rate p from its scored rollouts so far,
+    weight max(p (1 - p), 0.02), so tasks the policy solves sometimes come more often than tasks it
+    always or never solves (`sqlrl.training.sampling`)."""
     dynamic_sampling_rounds: int = 0
     """Dynamic sampling (DAPO): after a step's rollouts, up to this many extra rounds of
     `prompts_per_step` fresh tasks each, until `prompts_per_step` groups with unequal rewards are found;

@@ -1,7 +1,8 @@
 """The sample of one GRPO step: rollouts of fresh tasks, scored, grouped, with advantages.
 
 What is covered:
-- Tasks come from the run's `TaskSampler` (a seeded epoch permutation); the sampling seed of round r of
+- Tasks come from the run's sampler (`sqlrl.training.sampling`: an epoch permutation, or weighted by
+  pass rate, fed each scored reward); the sampling seed of round r of
   step s is `seed * 1_000_003 + s + r * 10_000_019`, so round 0 is the step's seed of a run without
   dynamic sampling.
 - Trajectories excluded for infrastructure reasons (reward value None) are left out of the groups and
@@ -107,7 +108,8 @@ class RolloutSource:
         from sqlrl.agent.loop import Sampling
 
         g = self.grpo
-        batch_tasks = [self.tasks[i] for i in self.sampler.next(g.prompts_per_step)]
+        picked = self.sampler.next(g.prompts_per_step)
+        batch_tasks = [self.tasks[i] for i in picked]
         t_r = time.perf_counter()
         sampling_seed = self.seed * 1_000_003 + step + r * 10_000_019
         got = self.env.rollout(
@@ -121,6 +123,11 @@ class RolloutSource:
         t_s = time.perf_counter()
         scored = self.env.score(got)
         sample.t_score += time.perf_counter() - t_s
+        observe = getattr(self.sampler, "observe", None)
+        if observe is not None:  # a pass-rate sampler learns each task's rewards
+            index = {self.tasks[i].task_id: i for i in picked}
+            for tr in got:
+                observe(index[tr.task_id], [tr.reward["value"]])
         if self.sql_log is not None:
             append_jsonl_many(self.sql_log, (sql_record(step, r, tr) for tr in got))
         return got, scored

@@ -54,57 +54,10 @@ from sqlrl.training.runfolder import (
     restore_latest,
     stop_for_time,
 )
+from sqlrl.training.sampling import make_sampler
 from sqlrl.training.update import Learner, UpdateResult, update_policy
 
 log = logging.getLogger(__name__)
-
-
-class TaskSampler:
-    """Seeded epoch permutations over task indices; `state_dict()` is the data cursor."""
-
-    def __init__(self, n: int, seed: int):
-        if n <= 0:
-            raise ValueError("no training tasks to sample from")
-        self.n, self.seed, self.epoch, self.pos = n, seed, 0, 0
-        self._perm = self._make_perm()
-
-    def _make_perm(self) -> list[int]:
-        perm = list(range(self.n))
-        random.Random(self.seed * 1_000_003 + self.epoch).shuffle(perm)
-        return perm
-
-    def next(self, k: int) -> list[int]:
-        """`k` task indices; no index twice in one batch while k <= n (a batch that straddles an epoch
-        boundary takes the new epoch's first indices that are not already in the batch)."""
-        out: list[int] = []
-        while len(out) < k:
-            if self.pos >= self.n:
-                self.epoch += 1
-                self.pos = 0
-                self._perm = self._make_perm()
-                self._reordered = False
-                if out and k <= self.n:
-                    taken = set(out)
-                    self._perm = [i for i in self._perm if i not in taken] + [
-                        i for i in self._perm if i in taken
-                    ]
-                    self._reordered = True
-            out.append(self._perm[self.pos])
-            self.pos += 1
-        return out
-
-    def state_dict(self) -> dict:
-        perm = list(self._perm) if getattr(self, "_reordered", False) else None
-        return {"epoch": self.epoch, "pos": self.pos, "n": self.n, "seed": self.seed, "perm": perm}
-
-    def load_state_dict(self, s: dict) -> None:
-        if s["n"] != self.n or s["seed"] != self.seed:
-            raise ValueError(
-                f"data cursor is for {s['n']} tasks / seed {s['seed']}, this run has {self.n} / {self.seed}"
-            )
-        self.epoch, self.pos = s["epoch"], s["pos"]
-        self._perm = list(s["perm"]) if s.get("perm") else self._make_perm()
-        self._reordered = bool(s.get("perm"))
 
 
 def load_trainable(cfg: Config, device: str, gen_dtype: str, policy_factory=None):
@@ -386,7 +339,7 @@ def train(
 
     # ---- data: the environment decides where tasks come from and how they are rolled out and scored ----
     env = make_env(cfg, out, evaluator_factory=evaluator_factory)
-    sampler = TaskSampler(len(env.tasks), cfg.run.seed)
+    sampler = make_sampler(cfg.grpo.task_sampling, len(env.tasks), cfg.run.seed)
     m = build_models(cfg, device, gen_dtype, policy_factory)
     params = [p for p in m.train.parameters() if p.requires_grad]
     optimizer, scheduler = make_optimizer(params, g.lr, g.weight_decay, g.warmup_steps, betas=g.betas)
@@ -447,6 +400,8 @@ def train(
             metrics = step_metrics(
                 step, sample, upd, lr, m.policy, gen_before, (t0, time.perf_counter() - t1)
             )
+            if hasattr(sampler, "stats"):  # pass-rate sampling: tasks seen, and those in the middle
+                metrics.update(sampler.stats())
             append_jsonl(out / "steps.jsonl", metrics)
             if cfg.run.log_rollouts:
                 for tr in sample.trajs[: cfg.run.log_rollouts]:
