@@ -197,6 +197,11 @@ class RunConfig:
     """Trajectories per step written to rollouts.jsonl (text and token ids) for inspection."""
     log_sql: bool = True
     """Every scored training trajectory's SQL, reward and status written to sql.jsonl (compact, no text)."""
+    eval_every: int = 0
+    """Learning curve: greedy validation accuracy every N steps and at the last step, in curve.jsonl
+    (0 = off; Text-to-SQL only; its time is kept out of train_seconds)."""
+    eval_tasks: int = 0
+    """With eval_every: a seeded subset of this many validation tasks per point (0 = the whole split)."""
 
 
 @dataclass(frozen=True)
@@ -563,6 +568,9 @@ def validate(cfg: Config, source: str = "<config>") -> None:
         "rounds per step; 0 = off)",
     )
     need(a.turns >= 1, "agent.turns must be >= 1")
+    r = cfg.run
+    ok = r.eval_every >= 0 and r.eval_tasks >= 0 and (r.eval_every == 0 or d.kind == "text2sql")
+    need(ok, "run.eval_every / eval_tasks must be >= 0 (0 = off / whole split); the curve is text2sql-only")
     need(a.max_new_tokens >= 8, "agent.max_new_tokens must be >= 8")
     need(
         a.turns == 1 or a.max_sql_executions >= 1,

@@ -40,6 +40,7 @@ from typing import Any
 from sqlrl.artifacts import append_jsonl, git_commit, holds_run_lock, machine_info, write_json_atomic
 from sqlrl.config import Config
 from sqlrl.generation.device import device_and_dtypes
+from sqlrl.training.curve import Curve
 from sqlrl.training.rollouts import RolloutSource, StepSample, advantages, informative
 from sqlrl.training.runfolder import (
     Checkpointer,
@@ -376,6 +377,7 @@ def train(
         out, m.train, optimizer, scheduler, sampler, cfg.config_hash(), cfg.run.keep_checkpoints
     )
     memory_adjustments: list[dict] = []
+    curve = Curve(cfg, out, env, budgets, resumed_from)
     with env:
         for step in range(start_step + 1, g.steps + 1):
             if stop_for_time(
@@ -418,13 +420,16 @@ def train(
                 bar.update(1)
             if step % cfg.run.checkpoint_every == 0 or step == g.steps:
                 checkpoint(step)
+            point = curve(step, m.policy, step == g.steps)
+            if point is not None:
+                sinks.log({"val_execution_match": point["execution_match"]}, step)
             steps_done, last_step, last_step_s = steps_done + 1, step, time.perf_counter() - t0
             if stop_after is not None and steps_done >= stop_after:
                 break
     if bar is not None:
         bar.close()
     sinks.close()
-    train_s = time.perf_counter() - t_train0
+    train_s = time.perf_counter() - t_train0 - curve.seconds
     finished = last_step >= g.steps
     result = {"steps": last_step, "finished": finished}
     if finished:
@@ -439,6 +444,7 @@ def train(
             "generation_memory_adjustments": list(m.policy.memory_adjustments),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "train_seconds": round(total_s, 2),
+            "curve_seconds": round(curve.seconds, 2),
             "gpu_minutes": round(total_s / 60.0, 3) if device == "cuda" else None,
             **result,
         }
