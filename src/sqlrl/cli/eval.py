@@ -105,36 +105,29 @@ def cli_main(argv: list[str]) -> int:
         policy = load_endpoint_policy(a.endpoint, a.model, a.tokenizer) if a.endpoint else None
         if policy is None and a.self_consistency:  # loaded once for both evaluations
             policy = load_policy(a.model, device=a.device, dtype=a.dtype, engine=a.engine)
+        tasks = {  # the same tasks for greedy and self-consistency
+            "data": a.data,
+            "split": a.split,
+            "out": a.out,
+            "budgets": budgets_from_args(a),
+            "limit": a.limit,
+            "seed": a.seed,
+            "split_seed": a.split_seed,
+            "val_fraction": a.val_fraction,
+        }
         out = run_eval(
             model=a.model,
-            data=a.data,
-            split=a.split,
-            out=a.out,
-            budgets=budgets_from_args(a),
-            limit=a.limit,
-            seed=a.seed,
-            split_seed=a.split_seed,
-            val_fraction=a.val_fraction,
             device=a.device,
             dtype=a.dtype,
             engine=a.engine,
             policy=policy,
             command=["sqlrl", "eval", *argv],
+            **tasks,
         )
         sc = None
         if a.self_consistency:
             sc = run_self_consistency(
-                policy=policy,
-                data=a.data,
-                split=a.split,
-                out=a.out,
-                budgets=budgets_from_args(a),
-                k=a.self_consistency,
-                temperature=a.sc_temperature,
-                limit=a.limit,
-                seed=a.seed,
-                split_seed=a.split_seed,
-                val_fraction=a.val_fraction,
+                policy=policy, k=a.self_consistency, temperature=a.sc_temperature, **tasks
             )
     except (ValueError, FileNotFoundError, RuntimeError) as e:  # ModelError, PolicyInfraError included
         print(f"sqlrl eval: {e}", file=sys.stderr)
