@@ -164,6 +164,11 @@ class GRPOConfig:
     accuracy and group metrics stay those of the first round (the sampled distribution); extra rounds
     cost generation time and consume training tasks, and the arms of an experiment may generate
     different amounts (equal steps and update size, not equal generation)."""
+    score_timeout_s: float = 1.0
+    """Per-statement time limit on a prediction while the reward scores it in GRPO training; one still
+    running then is scored `timeout` (value 0, as any timeout). 0 = `agent.sql_timeout_s`. Evaluation
+    keeps `agent.sql_timeout_s`; the gold is never subject to it (its result is cached). 1 s: no
+    prediction that matched its gold in the seed-3 training streams ran near 1 s (docs/BENCHMARKS.md)."""
 
 
 @dataclass(frozen=True)
@@ -557,6 +562,7 @@ def validate(cfg: Config, source: str = "<config>") -> None:
         f"grpo.dynamic_sampling_rounds = {g.dynamic_sampling_rounds} must be in [0, 64] (extra rollout "
         "rounds per step; 0 = off)",
     )
+    need(g.score_timeout_s >= 0, "grpo.score_timeout_s must be >= 0 seconds (0 = agent.sql_timeout_s)")
     need(a.turns >= 1, "agent.turns must be >= 1")
     need(a.max_new_tokens >= 8, "agent.max_new_tokens must be >= 8")
     need(

@@ -13,7 +13,11 @@ What is covered:
   0 otherwise; the other statuses as above;
 - `score_many` gives exactly what `score` gives on each pair; a deterministic pair repeated within
   one call is scored once when every execution behind it is reproducible (same rewards either way);
-- `Reward.exec_ms`: the sandbox's milliseconds on the pair's SQL in that call (a diagnostic).
+- `Reward.exec_ms`: the sandbox's milliseconds on the pair's SQL in that call (a diagnostic);
+- `timeout_s`: a per-statement limit on the predictions (and their variants) in place of the
+  sandbox's; a prediction still running at it is `timeout`, value 0. GRPO training passes
+  `grpo.score_timeout_s` (default 1 s), evaluation the sandbox's own (`agent.sql_timeout_s`). The gold
+  is never subject to it: its result comes from the gold cache, so only slow predictions pay.
 
 What is not:
 - the gold SQL is never executed here, nor on a connection the policy touched: gold results come
@@ -142,6 +146,7 @@ class Evaluator:
         *,
         test_suite: bool = True,
         memo_entries: int = 50_000,
+        timeout_s: float | None = None,
     ):
         if kind not in ("execution", "validity"):
             raise ValueError(f"Evaluator: kind must be 'execution' or 'validity', got {kind!r}")
@@ -149,6 +154,11 @@ class Evaluator:
         self.gold_cache = gold_cache
         self.kind = kind
         self.test_suite = test_suite
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(
+                f"Evaluator: timeout_s must be > 0 seconds (or None: the sandbox's), got {timeout_s!r}"
+            )
+        self.timeout_s = float(timeout_s) if timeout_s is not None else None  # predictions' limit
         self.dedup = int(memo_entries) > 0
         self.executions = 0  # statements sent to the sandbox (predictions and variants)
         self.duplicate_hits = 0  # pairs answered with a copy of an identical pair's reward
@@ -197,10 +207,11 @@ class Evaluator:
         if not items:
             return []
         self._count(executions=len(items))
+        t = self.timeout_s
         many = getattr(self.sandbox, "execute_many", None)
         if many is not None and len(items) > 1:
             try:
-                out = list(many(items))
+                out = list(many(items if t is None else [(db, sql, t) for db, sql in items]))
                 if len(out) == len(items):
                     return out
             except Exception:
@@ -208,7 +219,9 @@ class Evaluator:
         results: list[Any] = []
         for db_path, sql in items:
             try:
-                results.append(self.sandbox.execute(db_path, sql))
+                results.append(
+                    self.sandbox.execute(db_path, sql) if t is None else self.sandbox.execute(db_path, sql, t)
+                )
             except Exception as e:
                 results.append(_InfraFailure(f"sandbox: {type(e).__name__}: {e}"))
         return results
@@ -353,7 +366,11 @@ class Evaluator:
         if not items:
             return rest
         try:
-            got = run(items, refs, _SCORER, {"kind": self.kind, "ts": want_ts})
+            opts = {"kind": self.kind, "ts": want_ts}
+            if self.timeout_s is None:
+                got = run(items, refs, _SCORER, opts)
+            else:
+                got = run(items, refs, _SCORER, opts, timeout_s=self.timeout_s)
             if len(got) != len(items):
                 raise RuntimeError("execute_scored: wrong number of results")
         except Exception:  # noqa: BLE001 - the parent-side path has its own per-pair failure handling
