@@ -128,8 +128,9 @@ class Evaluator:
     path and gold within one `score_many` call is scored once, and the repeats get copies of its reward
     when every execution behind it is reproducible (`_memoizable`: ok, syntax_error, forbidden,
     multiple_statements, too_many_rows, runtime errors other than I/O/memory/locks; never timeout,
-    too_large, worker_crash or an exception); otherwise the repeats are scored on their own.
-    Non-deterministic SQL (random(), the clock, ...) is scored every time. Nothing is kept between
+    too_large, worker_crash or an exception); otherwise the repeats are scored on their own, all of
+    them in one more sandbox call (so n repeats of a timed-out prediction cost one more time limit
+    on n free workers, not n time limits one after the other). Non-deterministic SQL (random(), the clock, ...) is scored every time. Nothing is kept between
     calls.
 
     Threads may share one Evaluator (veRL's reward workers, Agent Lightning's runners): a call's state
@@ -249,6 +250,10 @@ class Evaluator:
         docstring); otherwise the predictions run through `sandbox.execute_many` in one batch and one
         batch of DISTINCT-free variants. A repeat of a deterministic pair in the same call is scored
         once."""
+        return self._score_many(items, self.dedup)
+
+    def _score_many(self, items: list[tuple[str | None, Any]], dedup: bool) -> list[Reward]:
+        """`score_many`; `dedup`: score a repeat of a deterministic pair once (see the class docstring)."""
         checked = [self._check_task(task) for _, task in items]  # TypeError before any work
         base: dict[str, Any] = {"kind": self.kind}
         want_ts = self.kind == "execution" and self.test_suite
@@ -292,7 +297,7 @@ class Evaluator:
                 out[i] = Reward(0.0, "no_sql", fail_parts(base, want_ts))
             else:
                 key = None
-                if self.dedup and is_deterministic_sql(final_sql):
+                if dedup and is_deterministic_sql(final_sql):
                     key = (db_path, gold_sql, final_sql)
                     if key in first:
                         dups.append((i, key))
@@ -307,7 +312,7 @@ class Evaluator:
                 preds, variants = self._execute_pending(rest, want_ts)
                 self._finish_pending(rest, preds, variants, out, base, want_ts, reusable)
         # repeats of a pair scored in this call: a copy of its reward when every execution behind it
-        # was reproducible, otherwise scored again on their own
+        # was reproducible, otherwise scored again on their own, in one more call
         redo = []
         for i, key in dups:
             r = reusable.get(key)
@@ -317,8 +322,8 @@ class Evaluator:
                 redo.append(i)
         if len(redo) < len(dups):
             self._count(duplicate_hits=len(dups) - len(redo))
-        if redo:
-            for i, r in zip(redo, self.score_many([items[i] for i in redo])):
+        if redo:  # all in one call, side by side (not one repeat per call, one after the other)
+            for i, r in zip(redo, self._score_many([items[i] for i in redo], False)):
                 out[i] = r
         return out  # type: ignore[return-value]
 
