@@ -195,10 +195,10 @@ PY
     # The reward's share of GRPO step time (issue #18 item 7): the grpo arm of $CONFIG, seed 0,
     # ${SCORE_STEPS:-100} steps, into $S/${SCORE_RUN:-scoretime}, then scripts/score_share.py on its
     # steps.jsonl; steps.jsonl, config.json, run.json and the figures go to DEST. A call stops at its
-    # budget (SECONDS, default 540; exit 124) and the same call again resumes from the last checkpoint
+    # budget (SECONDS, setup included, default 540; exit 124) and the same call again resumes from the last checkpoint
     # (every 10 steps). Needs `setup` done (run here if not: carry what `setup` needs); extra args go to
     # `sqlrl train`, e.g. --set grpo.score_timeout_s=0 for the agent's 5 s limit (before the deadline).
-    dest=$1; budget=${2:-540}; shift; [ $# -gt 0 ] && shift
+    dest=$1; end=$((SECONDS + ${2:-540})); shift; [ $# -gt 0 ] && shift
     run=$S/${SCORE_RUN:-scoretime}; steps=${SCORE_STEPS:-100}
     if [ ! -f "$S/setup.done" ]; then
       if bash scripts/gpu.sh setup > "$dest/setup.log" 2>&1; then touch "$S/setup.done"; else tail -20 "$dest/setup.log"; exit 1; fi
@@ -206,7 +206,7 @@ PY
     engine=$(cat "$S/engine" 2>/dev/null || echo static)
     resume=(); [ -f "$run/checkpoints/manifest.json" ] && resume=(--resume "$run")
     rc=0
-    timeout "$budget" python3 -m sqlrl.cli train "$CONFIG" --out "$run" ${resume[@]+"${resume[@]}"} \
+    timeout $((end - SECONDS)) python3 -m sqlrl.cli train "$CONFIG" --out "$run" ${resume[@]+"${resume[@]}"} \
       --set "data.path=\"$S/spider\"" --set run.seed=0 --set "grpo.steps=$steps" --set run.checkpoint_every=10 \
       --set "run.gen_engine=\"$engine\"" "$@" >> "$dest/scoretime.log" 2>&1 || rc=$?
     echo "train: exit $rc (124: stopped at the budget; run the same call again to resume)"

@@ -165,12 +165,13 @@ class GRPOConfig:
     cost generation time and consume training tasks, and the arms of an experiment may generate
     different amounts (equal steps and update size, not equal generation)."""
     score_timeout_s: float = 1.0
-    """Per-statement time limit on a prediction while the reward scores it in GRPO training; one still
-    running then is scored `timeout` (value 0, as any timeout). 0 = `agent.sql_timeout_s` (which a custom
-    `sqlrl.train(reward=fn)` and the multi-turn tool calls always use). Evaluation
-    keeps `agent.sql_timeout_s`; the gold is never subject to it (its result is cached). 1 s: 1.6-2x
-    the slowest of the 6,904 Spider train golds (0.47-0.63 s on a loaded 2-core CPU; the next is
-    0.14 s: bench/gold_times.py), so a prediction as fast as its gold is not cut."""
+    """Per-statement time limit on a prediction while the reward scores it in GRPO training on
+    text-to-SQL tasks; one still running then is scored `timeout` (value 0, as any timeout).
+    0 = `agent.sql_timeout_s`, which evaluation, multi-turn tool calls, a custom
+    `sqlrl.train(reward=fn)` and debugging tasks always use. The gold is never subject to it (its
+    result is cached). 1 s: 1.6-2x the slowest of the 6,904 Spider train golds (0.47-0.63 s on a
+    loaded 2-core CPU; the next is 0.14 s: bench/gold_times.py), so a prediction as fast as its gold
+    is not cut."""
 
 
 @dataclass(frozen=True)

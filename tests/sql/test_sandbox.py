@@ -605,7 +605,7 @@ def test_scored_run_queues_no_chunk_behind_a_busy_worker_in_the_tail():
     and three chunks left, one is queued (3 > 2) and the last two wait for a free worker."""
     from collections import OrderedDict, deque
 
-    from sqlrl.sql import scoring as S
+    from sqlrl.sql import scoring
 
     class Conn:
         def __init__(self):
@@ -625,7 +625,7 @@ def test_scored_run_queues_no_chunk_behind_a_busy_worker_in_the_tail():
         return [(i, "/x.sqlite", "SELECT 1", 5.0, (), None, None)]
 
     chunks = deque(chunk(i) for i in range(2, 5))  # three chunks left
-    run = S._ScoredRun(Pool(), chunks, {}, "m:f", None, [None] * 5, depth=2, ref_budget=1 << 20)
+    run = scoring._ScoredRun(Pool(), chunks, {}, "m:f", None, [None] * 5, depth=2, ref_budget=1 << 20)
     a, b = W(), W()
     run.state = {w: [chunk(i), 0, 0.0, deque([(1, 100)])] for i, w in enumerate((a, b))}
     run.top_up(a)  # 3 left > 2 busy: one queued behind a's chunk

@@ -130,8 +130,8 @@ class Evaluator:
     multiple_statements, too_many_rows, runtime errors other than I/O/memory/locks; never timeout,
     too_large, worker_crash or an exception); otherwise the repeats are scored on their own, all of
     them in one more sandbox call (so n repeats of a timed-out prediction cost one more time limit
-    on n free workers, not n time limits one after the other). Non-deterministic SQL (random(), the clock, ...) is scored every time. Nothing is kept between
-    calls.
+    on n free workers, not n time limits one after the other). Non-deterministic SQL (random(), the
+    clock, ...) is scored every time. Nothing is kept between calls.
 
     Threads may share one Evaluator (veRL's reward workers, Agent Lightning's runners): a call's state
     lives in the calling thread and the counters (`memo_stats`) are updated under a lock. `Sandbox`
