@@ -3,6 +3,8 @@ against evaluation's (`agent.sql_timeout_s`), with a scripted policy on the embe
 
 from __future__ import annotations
 
+import json
+
 from sqlrl import config as C
 from sqlrl.agent.envs import make_env
 from sqlrl.agent.loop import Budgets
@@ -69,3 +71,15 @@ def test_negative_score_timeout_is_refused():
 
     with pytest.raises(C.ConfigError, match="grpo.score_timeout_s must be >= 0"):
         cfg(score_timeout_s=-1)
+
+
+def test_a_run_saved_before_the_setting_resumes_only_with_its_behaviour():
+    """A config.json without grpo.score_timeout_s scored with the agent's limit: it resumes with 0
+    (that behaviour) and is refused with the 1 s default (its rewards would change mid-run)."""
+    from sqlrl.training.runfolder import config_changes
+
+    mine = json.loads(json.dumps(cfg(score_timeout_s=0).resolve()))
+    saved = json.loads(json.dumps(mine))
+    del saved["grpo"]["score_timeout_s"]
+    assert config_changes(saved, mine) == ([], [])
+    assert config_changes(saved, json.loads(json.dumps(cfg().resolve())))[0] == ["grpo.score_timeout_s"]
