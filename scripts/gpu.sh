@@ -196,7 +196,7 @@ PY
     # ${SCORE_STEPS:-100} steps, into $S/${SCORE_RUN:-scoretime}, then scripts/score_share.py on its
     # steps.jsonl; steps.jsonl, config.json, run.json and the figures go to DEST. A call stops at its
     # budget (SECONDS, setup included, default 540; exit 124) and the same call again resumes from the last checkpoint
-    # (every 10 steps). Needs `setup` done (run here if not: carry what `setup` needs); extra args go to
+    # (every 10 steps). Needs `setup` done (run here if not: carry what `setup` needs); args after SECONDS go to
     # `sqlrl train`, e.g. --set grpo.score_timeout_s=0 for the agent's 5 s limit (before the deadline).
     dest=$1; end=$((SECONDS + ${2:-540})); shift; [ $# -gt 0 ] && shift
     run=$S/${SCORE_RUN:-scoretime}; steps=${SCORE_STEPS:-100}
