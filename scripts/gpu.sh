@@ -12,6 +12,7 @@
 #   there: bash scripts/gpu.sh stage 00   (carry .stage/q50/part00)   ... one call per part
 #          bash scripts/gpu.sh setup      (carry last part, MANIFEST, spider.tgz, .whl)
 #          bash scripts/gpu.sh bench | engine BENCH.json | experiment SECONDS | verify [STEPS] | pack DIR [EXPDIRS]
+#          bash scripts/gpu.sh scoretime $OUT [SECONDS]   (the reward's share of step time, 100 steps, resumable)
 #   or, after staging all parts but the last, the same call repeated: bash scripts/gpu.sh go $OUT   (carry the last part,
 #          MANIFEST, spider.tgz, .whl, .stage/tree.tgz): setup, benchmark, exp1 (1 turn), exp3 (3 turns),
 #          then the debugging curriculum (configs/debug-curriculum-gpu.toml) into $S/cur
@@ -190,11 +191,33 @@ PY
     dirs=$(cd "$S" && ls -d exp[0-9]* cur debug 2>/dev/null || true)
     [ -n "$dirs" ] && bash scripts/gpu.sh pack "$dest" $dirs > /dev/null
     ls "$dest" ;;
+  scoretime)
+    # The reward's share of GRPO step time (issue #18 item 7): the grpo arm of $CONFIG, seed 0,
+    # ${SCORE_STEPS:-100} steps, into $S/${SCORE_RUN:-scoretime}, then scripts/score_share.py on its
+    # steps.jsonl; steps.jsonl, config.json, run.json and the figures go to DEST. A call stops at its
+    # budget (SECONDS, setup included, default 540; exit 124) and the same call again resumes from the last checkpoint
+    # (every 10 steps). Needs `setup` done (run here if not: carry what `setup` needs); args after SECONDS go to
+    # `sqlrl train`, e.g. --set grpo.score_timeout_s=0 for the agent's 5 s limit (before the deadline).
+    dest=$1; end=$((SECONDS + ${2:-540})); shift; [ $# -gt 0 ] && shift
+    run=$S/${SCORE_RUN:-scoretime}; steps=${SCORE_STEPS:-100}
+    if [ ! -f "$S/setup.done" ]; then
+      if bash scripts/gpu.sh setup > "$dest/setup.log" 2>&1; then touch "$S/setup.done"; else tail -20 "$dest/setup.log"; exit 1; fi
+    fi
+    engine=$(cat "$S/engine" 2>/dev/null || echo static)
+    resume=(); [ -f "$run/checkpoints/manifest.json" ] && resume=(--resume "$run")
+    rc=0
+    timeout $((end - SECONDS)) python3 -m sqlrl.cli train "$CONFIG" --out "$run" ${resume[@]+"${resume[@]}"} \
+      --set "data.path=\"$S/spider\"" --set run.seed=0 --set "grpo.steps=$steps" --set run.checkpoint_every=10 \
+      --set "run.gen_engine=\"$engine\"" "$@" >> "$dest/scoretime.log" 2>&1 || rc=$?
+    echo "train: exit $rc (124: stopped at the budget; run the same call again to resume)"
+    grep -v "it/s\]\|s/it\]\|s/step\]" "$dest/scoretime.log" | tail -4 || true
+    cp "$run/steps.jsonl" "$run/config.json" "$run/run.json" "$dest/" 2>/dev/null || true
+    python3 scripts/score_share.py "$run/steps.jsonl" --steps "$steps" --json "$dest/score_share.json" ;;
   pack)
     dest=$1; shift
     dirs=${*:-exp}
     tar czf "$dest/exp.tgz" -C "$S" --exclude='*.safetensors' --exclude='*.pt' --exclude='.goldcache' \
       --exclude='.gold_real' --exclude='.gold_mutated' --exclude='tokenizer.json' $dirs
     ls -la "$dest" ;;
-  *) echo "usage: gpu.sh preflight|stage NN|tree|setup|bench|oomcheck|engine BENCH.json|experiment SECONDS|curriculum SECONDS|go DEST [SECONDS]|pack DIR [EXPDIRS]" >&2; exit 2 ;;
+  *) echo "usage: gpu.sh preflight|stage NN|tree|setup|bench|oomcheck|engine BENCH.json|experiment SECONDS|curriculum SECONDS|go DEST [SECONDS]|scoretime DEST [SECONDS]|pack DIR [EXPDIRS]" >&2; exit 2 ;;
 esac

@@ -169,6 +169,14 @@ class GRPOConfig:
     accuracy and group metrics stay those of the first round (the sampled distribution); extra rounds
     cost generation time and consume training tasks, and the arms of an experiment may generate
     different amounts (equal steps and update size, not equal generation)."""
+    score_timeout_s: float = 1.0
+    """Per-statement time limit on a prediction while the reward scores it in GRPO training on
+    text-to-SQL tasks; one still running then is scored `timeout` (value 0, as any timeout).
+    0 = `agent.sql_timeout_s`, which evaluation, multi-turn tool calls, a custom
+    `sqlrl.train(reward=fn)` and debugging tasks always use. The gold is never subject to it (its
+    result is cached). 1 s: 1.6-2x the slowest of the 6,904 Spider train golds (0.47-0.63 s on a
+    loaded 2-core CPU; the next is 0.14 s: bench/gold_times.py), so a prediction as fast as its gold
+    is not cut."""
 
 
 @dataclass(frozen=True)
@@ -567,6 +575,7 @@ def validate(cfg: Config, source: str = "<config>") -> None:
         f"grpo.dynamic_sampling_rounds = {g.dynamic_sampling_rounds} must be in [0, 64] (extra rollout "
         "rounds per step; 0 = off)",
     )
+    need(g.score_timeout_s >= 0, "grpo.score_timeout_s must be >= 0 seconds (0 = agent.sql_timeout_s)")
     need(a.turns >= 1, "agent.turns must be >= 1")
     r = cfg.run
     ok = r.eval_every >= 0 and r.eval_tasks >= 0 and (r.eval_every == 0 or d.kind == "text2sql")

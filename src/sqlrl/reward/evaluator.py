@@ -13,7 +13,11 @@ What is covered:
   0 otherwise; the other statuses as above;
 - `score_many` gives exactly what `score` gives on each pair; a deterministic pair repeated within
   one call is scored once when every execution behind it is reproducible (same rewards either way);
-- `Reward.exec_ms`: the sandbox's milliseconds on the pair's SQL in that call (a diagnostic).
+- `Reward.exec_ms`: the sandbox's milliseconds on the pair's SQL in that call (a diagnostic);
+- `timeout_s`: a per-statement limit on the predictions (and their variants) in place of the
+  sandbox's; a prediction still running at it is `timeout`, value 0. GRPO training passes
+  `grpo.score_timeout_s` (default 1 s), evaluation the sandbox's own (`agent.sql_timeout_s`). The gold
+  is never subject to it: its result comes from the gold cache, so only slow predictions pay.
 
 What is not:
 - the gold SQL is never executed here, nor on a connection the policy touched: gold results come
@@ -126,9 +130,10 @@ class Evaluator:
     path and gold within one `score_many` call is scored once, and the repeats get copies of its reward
     when every execution behind it is reproducible (`_memoizable`: ok, syntax_error, forbidden,
     multiple_statements, too_many_rows, runtime errors other than I/O/memory/locks; never timeout,
-    too_large, worker_crash or an exception); otherwise the repeats are scored on their own.
-    Non-deterministic SQL (random(), the clock, ...) is scored every time. Nothing is kept between
-    calls.
+    too_large, worker_crash or an exception); otherwise the repeats are scored on their own, all of
+    them in one more sandbox call (so n repeats of a timed-out prediction cost one more time limit
+    on n free workers, not n time limits one after the other). Non-deterministic SQL (random(), the
+    clock, ...) is scored every time. Nothing is kept between calls.
 
     Threads may share one Evaluator (veRL's reward workers, Agent Lightning's runners): a call's state
     lives in the calling thread and the counters (`memo_stats`) are updated under a lock. `Sandbox`
@@ -144,6 +149,7 @@ class Evaluator:
         *,
         test_suite: bool = True,
         memo_entries: int = 50_000,
+        timeout_s: float | None = None,
     ):
         if kind not in ("execution", "validity"):
             raise ValueError(f"Evaluator: kind must be 'execution' or 'validity', got {kind!r}")
@@ -151,6 +157,11 @@ class Evaluator:
         self.gold_cache = gold_cache
         self.kind = kind
         self.test_suite = test_suite
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(
+                f"Evaluator: timeout_s must be > 0 seconds (or None: the sandbox's), got {timeout_s!r}"
+            )
+        self.timeout_s = float(timeout_s) if timeout_s is not None else None  # predictions' limit
         self.dedup = int(memo_entries) > 0
         self.executions = 0  # statements sent to the sandbox (predictions and variants)
         self.duplicate_hits = 0  # pairs answered with a copy of an identical pair's reward
@@ -199,10 +210,11 @@ class Evaluator:
         if not items:
             return []
         self._count(executions=len(items))
+        t = self.timeout_s
         many = getattr(self.sandbox, "execute_many", None)
         if many is not None and len(items) > 1:
             try:
-                out = list(many(items))
+                out = list(many(items if t is None else [(db, sql, t) for db, sql in items]))
                 if len(out) == len(items):
                     return out
             except Exception:
@@ -210,7 +222,9 @@ class Evaluator:
         results: list[Any] = []
         for db_path, sql in items:
             try:
-                results.append(self.sandbox.execute(db_path, sql))
+                results.append(
+                    self.sandbox.execute(db_path, sql) if t is None else self.sandbox.execute(db_path, sql, t)
+                )
             except Exception as e:
                 results.append(_InfraFailure(f"sandbox: {type(e).__name__}: {e}"))
         return results
@@ -238,6 +252,10 @@ class Evaluator:
         docstring); otherwise the predictions run through `sandbox.execute_many` in one batch and one
         batch of DISTINCT-free variants. A repeat of a deterministic pair in the same call is scored
         once."""
+        return self._score_many(items, self.dedup)
+
+    def _score_many(self, items: list[tuple[str | None, Any]], dedup: bool) -> list[Reward]:
+        """`score_many`; `dedup`: score a repeat of a deterministic pair once (see the class docstring)."""
         checked = [self._check_task(task) for _, task in items]  # TypeError before any work
         base: dict[str, Any] = {"kind": self.kind}
         want_ts = self.kind == "execution" and self.test_suite
@@ -281,7 +299,7 @@ class Evaluator:
                 out[i] = Reward(0.0, "no_sql", fail_parts(base, want_ts))
             else:
                 key = None
-                if self.dedup and is_deterministic_sql(final_sql):
+                if dedup and is_deterministic_sql(final_sql):
                     key = (db_path, gold_sql, final_sql)
                     if key in first:
                         dups.append((i, key))
@@ -297,7 +315,7 @@ class Evaluator:
                 preds, variants = self._execute_pending(rest, want_ts)
                 self._finish_pending(rest, preds, variants, out, base, want_ts, reusable)
         # repeats of a pair scored in this call: a copy of its reward when every execution behind it
-        # was reproducible, otherwise scored again on their own
+        # was reproducible, otherwise scored again on their own, in one more call
         redo = []
         for i, key in dups:
             r = reusable.get(key)
@@ -307,8 +325,8 @@ class Evaluator:
                 redo.append(i)
         if len(redo) < len(dups):
             self._count(duplicate_hits=len(dups) - len(redo))
-        if redo:
-            for i, r in zip(redo, self.score_many([items[i] for i in redo])):
+        if redo:  # all in one call, side by side (not one repeat per call, one after the other)
+            for i, r in zip(redo, self._score_many([items[i] for i in redo], False)):
                 out[i] = r
         return out  # type: ignore[return-value]
 
@@ -377,7 +395,11 @@ class Evaluator:
         if not items:
             return rest
         try:
-            got = run(items, refs, _SCORER, {"kind": self.kind, "ts": want_ts})
+            opts = {"kind": self.kind, "ts": want_ts}
+            if self.timeout_s is None:
+                got = run(items, refs, _SCORER, opts)
+            else:
+                got = run(items, refs, _SCORER, opts, timeout_s=self.timeout_s)
             if len(got) != len(items):
                 raise RuntimeError("execute_scored: wrong number of results")
         except Exception:  # noqa: BLE001 - the parent-side path has its own per-pair failure handling

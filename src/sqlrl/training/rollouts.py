@@ -12,6 +12,8 @@ What is covered:
   update may still have fewer than `prompts_per_step` groups). The step's reward, accuracy and group
   metrics describe the first round only.
 - `run.log_sql`: every trajectory the reward scored, every round, one line in sql.jsonl.
+- What scoring cost, over all rounds: its wall time, the trajectories scored `timeout` (a prediction
+  that ran into `grpo.score_timeout_s`) and the sandbox's longest time on one final SQL.
 
 What is not: a learning signal in any group (that is what `informative` and the metrics report).
 """
@@ -78,6 +80,8 @@ class StepSample:
     ds_rounds: int = 0
     t_roll: float = 0.0
     t_score: float = 0.0
+    score_timeouts: int = 0  # trajectories of all rounds scored `timeout` (the statement limit hit)
+    score_max_exec_ms: float = 0.0  # the sandbox's longest time on one trajectory's final SQL
 
     @property
     def valid(self) -> list:
@@ -123,6 +127,10 @@ class RolloutSource:
         t_s = time.perf_counter()
         scored = self.env.score(got)
         sample.t_score += time.perf_counter() - t_s
+        for tr in got:
+            rw = tr.reward or {}
+            sample.score_timeouts += rw.get("status") == "timeout"
+            sample.score_max_exec_ms = max(sample.score_max_exec_ms, rw.get("exec_ms") or 0.0)
         observe = getattr(self.sampler, "observe", None)
         if observe is not None:  # a pass-rate sampler learns each task's rewards
             index = {self.tasks[i].task_id: i for i in picked}

@@ -47,6 +47,7 @@ RESUMABLE_CHANGES = MEMORY_ONLY_KEYS | RECORD_ONLY_KEYS
 # config without one of them is read as having that value (so such runs resume)
 ADDED_KEYS = {
     ("grpo", "dynamic_sampling_rounds"): 0,
+    ("grpo", "score_timeout_s"): 0.0,
     ("grpo", "task_sampling"): "epoch",
     ("sft", "submit_turns"): 0,
     ("run", "eval_every"): 0,

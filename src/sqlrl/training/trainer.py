@@ -290,6 +290,8 @@ def step_metrics(
         "mean_turns": sum(len(tr.turns) for tr in trajs) / len(trajs),
         "time_rollout_s": round(s.t_roll, 3),
         "time_score_s": round(s.t_score, 3),
+        "score_timeouts": s.score_timeouts,
+        "score_max_exec_s": round(s.score_max_exec_ms / 1e3, 3),
         "time_update_s": round(t_upd, 3),
         "time_step_s": round(time.perf_counter() - t0, 3),
         **gpu_telemetry(),
