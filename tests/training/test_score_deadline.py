@@ -12,7 +12,7 @@ from sqlrl.evaluation.runner import evaluate_tasks
 from sqlrl.generation.scripted import ScriptedPolicy
 from sqlrl.tasks.goldcache import GoldCache
 from sqlrl.training.rollouts import RolloutSource, StepSample
-from sqlrl.training.trainer import TaskSampler
+from sqlrl.training.sampling import TaskSampler
 
 # never ends on its own: only a statement limit stops it
 ENDLESS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
