@@ -12,6 +12,7 @@
 #   there: bash scripts/gpu.sh stage 00   (carry .stage/q50/part00)   ... one call per part
 #          bash scripts/gpu.sh setup      (carry last part, MANIFEST, spider.tgz, .whl)
 #          bash scripts/gpu.sh bench | engine BENCH.json | experiment SECONDS | verify [STEPS] | pack DIR [EXPDIRS]
+#          bash scripts/gpu.sh scoretime DEST [SECONDS] [train args] | evalrun RUN DEST [eval args]
 #          bash scripts/gpu.sh scoretime $OUT [SECONDS]   (the reward's share of step time, 100 steps, resumable)
 #   or, after staging all parts but the last, the same call repeated: bash scripts/gpu.sh go $OUT   (carry the last part,
 #          MANIFEST, spider.tgz, .whl, .stage/tree.tgz): setup, benchmark, exp1 (1 turn), exp3 (3 turns),
@@ -118,6 +119,16 @@ PY
     budget=$1; shift
     python3 -m sqlrl.cli experiment "$CONFIG" --out "$S/${EXP:-exp}" \
       --set "data.path=\"$S/spider\"" --time-budget "$budget" "$@" ;;
+  evalrun)
+    # greedy `sqlrl eval` of a finished run's final weights ($S/RUN/final) on the validation split, into
+    # $S/RUN/eval; extra args go to `sqlrl eval` (e.g. --self-consistency 4); summaries copied to DEST
+    run=$S/$1; dest=$2; shift 2
+    python3 -m sqlrl.cli eval --model "$run/final" --data "$S/spider" --split validation --out "$run/eval" \
+      "$@" > "$dest/eval.log" 2>&1 || { tail -20 "$dest/eval.log"; exit 1; }
+    tail -3 "$dest/eval.log"
+    cp "$run/eval/summary.json" "$run/eval/results.jsonl" "$dest/" 2>/dev/null || true
+    cp "$run/eval/self_consistency.json" "$run/eval/self_consistency.jsonl" "$dest/" 2>/dev/null || true
+    cp "$run/curve.jsonl" "$dest/" 2>/dev/null || true ;;
   curriculum)
     # the debugging curriculum at real size: build the task set once from the staged Spider, then
     # `sqlrl curriculum` with a time budget (exit 3 = stopped cleanly; rerun to resume)
@@ -219,5 +230,5 @@ PY
     tar czf "$dest/exp.tgz" -C "$S" --exclude='*.safetensors' --exclude='*.pt' --exclude='.goldcache' \
       --exclude='.gold_real' --exclude='.gold_mutated' --exclude='tokenizer.json' $dirs
     ls -la "$dest" ;;
-  *) echo "usage: gpu.sh preflight|stage NN|tree|setup|bench|oomcheck|engine BENCH.json|experiment SECONDS|curriculum SECONDS|go DEST [SECONDS]|scoretime DEST [SECONDS]|pack DIR [EXPDIRS]" >&2; exit 2 ;;
+  *) echo "usage: gpu.sh preflight|stage NN|tree|setup|bench|oomcheck|engine BENCH.json|experiment SECONDS|evalrun RUN DEST|curriculum SECONDS|go DEST [SECONDS]|scoretime DEST [SECONDS]|pack DIR [EXPDIRS]" >&2; exit 2 ;;
 esac
