@@ -2,9 +2,9 @@
 # How the model and data reach the GPU machine, and the GPU runs, exactly as executed for results/.
 # The device machine has no network: the Qwen GGUF travels as 28 MiB parts (carried one per call into
 # a scratch folder outside the checkout), Spider as a .tgz, missing wheels (gguf, sqlglot) from .whl/.
-#   here:  bash ../shared/tools/parts.sh split qwen.gguf .stage/q50 28M   (part + the working tree must fit
-#          64 MiB: the tree was 31.6 MB after the sixth session, so 28M parts, 17 of them; 36M parts (14)
-#          until then; the folder name is kept). The 1.5B: .stage/q15, 39 parts of 28M.
+#   here:  bash ../shared/tools/parts.sh split qwen.gguf .stage/q50 24M   (part + the working tree must fit
+#          64 MiB: the tree is 37 MiB since the ninth session, so 24M parts, 20 of them; 28M (17) and 36M
+#          (14) before; the folder name is kept). The 1.5B: .stage/q15, 39 parts of 28M (re-split at 24M).
 #          git archive --format=tar.gz -o .stage/tree.tgz HEAD -- . ':!results'   (committed code only)
 #          tar czf .stage/spider.tgz -C ../shared/data spider
 #          bash scripts/gpu.sh preflight   (sizes per call, parts' sha256, tree.tgz = HEAD; before any call)
