@@ -14,6 +14,7 @@ from sqlrl.artifacts import (
     sha256_file,
 )
 from sqlrl.evaluation.runner import load_endpoint_policy, run_eval
+from sqlrl.generation.models import check_model
 from sqlrl.training.curriculum import run_debug_eval
 
 
@@ -81,6 +82,8 @@ def cli_main(argv: list[str]) -> int:
         "--split: the tasks' split field); results per category (query / management / personalization)",
     )
     a = p.parse_args(argv)
+    if not a.endpoint:
+        check_model(a.model)  # before the run folder exists; ModelError -> one line, exit 2 (cli.main)
     if a.kind == "debug":
         return debug_eval_cli(a, ["sqlrl", "eval", *argv])
     try:
