@@ -146,3 +146,38 @@ def test_same_sql_compares_eval_and_training_records(tmp_path):
     d.write_text("".join(json.dumps(r) + "\n" for r in train))
     same, diffs = same_sql.compare(same_sql.read(str(c)), same_sql.read(str(d)))
     assert same == 1 and diffs == ["only in B: (1, 0, 't1', 1)"]
+
+
+def _fake_bin(folder: Path, uid: int, with_chromium: bool = False) -> Path:
+    """A PATH with only a fake `id` (printing `uid`), a fake `apt-get` that logs its arguments, and
+    optionally a fake `chromium`."""
+    folder.mkdir()
+    log = folder / "apt.log"
+    for name, body in (("id", f"echo {uid}"), ("apt-get", f'echo "$@" >> {log}')):
+        (folder / name).write_text(f"#!/bin/sh\n{body}\n")
+        (folder / name).chmod(0o755)
+    if with_chromium:
+        (folder / "chromium").write_text("#!/bin/sh\n")
+        (folder / "chromium").chmod(0o755)
+    return log
+
+
+@pytest.mark.parametrize(
+    ("uid", "opt_in", "chromium", "apt_calls", "says"),
+    [
+        (0, False, False, [], "install chromium (e.g. sudo apt-get install chromium) or rerun with"),
+        (0, True, False, ["update -qq", "install -y -qq chromium"], "installing the Debian package"),
+        (1000, True, False, [], "needs root and apt-get"),
+        (0, True, True, [], ""),
+    ],
+)
+def test_chromium_sh_installs_system_wide_only_when_asked(tmp_path, uid, opt_in, chromium, apt_calls, says):
+    """scripts/test.sh's Chromium step: as root without SQLRL_INSTALL_CHROMIUM=1 it installs nothing and
+    says how to get the skipped test; with it (root + apt-get) it installs; a chromium on PATH is used."""
+    log = _fake_bin(tmp_path / "bin", uid, chromium)
+    env = {"PATH": str(tmp_path / "bin"), **({"SQLRL_INSTALL_CHROMIUM": "1"} if opt_in else {})}
+    bash = subprocess.run(["sh", "-c", "command -v bash"], capture_output=True, text=True).stdout.strip()
+    r = subprocess.run([bash, str(ROOT / "scripts" / "chromium.sh")], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (log.read_text().splitlines() if log.exists() else []) == apt_calls
+    assert says in r.stderr and (says or r.stderr == "")
