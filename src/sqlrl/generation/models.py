@@ -94,7 +94,7 @@ class ResolvedModel:
 
 # ------------------------------------------------------------------------------------------ resolving
 
-HUB_CHECK_SECONDS = 4.0
+HUB_CHECK_SECONDS = 3.0
 """How long the hub is asked whether a hub id exists before it counts as unreachable."""
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 
