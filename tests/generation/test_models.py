@@ -314,7 +314,8 @@ def test_hub_that_does_not_answer_counts_as_unreachable(no_hub, tmp_path, monkey
 
 @pytest.fixture()
 def fake_hub(no_hub, monkeypatch):
-    """A local HTTP hub that knows only ``org/model`` (200) and answers 404 RepoNotFound otherwise."""
+    """A local HTTP hub: ``org/model`` 200, ``org/mirrored`` a plain 404 (no model API), else 404
+    RepoNotFound."""
     import http.server
     import threading
 
@@ -323,9 +324,10 @@ def fake_hub(no_hub, monkeypatch):
     class Hub(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 -- http.server's name
             known = self.path.startswith("/api/models/org/model")
+            no_api = self.path.startswith("/api/models/org/mirrored")  # a mirror that serves files only
             body = json.dumps({"id": "org/model", "sha": "0" * 40} if known else {"error": "not found"})
             self.send_response(200 if known else 404)
-            if not known:
+            if not known and not no_api:
                 self.send_header("X-Error-Code", "RepoNotFound")
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -345,6 +347,9 @@ def fake_hub(no_hub, monkeypatch):
 def test_hub_answers_decide_hub_ids(fake_hub, tmp_path):
     res = models.check_model("org/model", cache_dir=tmp_path)
     assert (res.kind, res.path, res.offline) == ("hub", "org/model", False)
+    assert (
+        models.check_model("org/mirrored", cache_dir=tmp_path).kind == "hub"
+    )  # answered: the download decides
     with pytest.raises(ModelError, match="the Hugging Face hub has no such model") as ei:
         models.check_model("org/mdoel", cache_dir=tmp_path)
     assert "\n" not in str(ei.value)

@@ -126,7 +126,7 @@ def _ask_hub(name: str, timeout: float) -> tuple[str, str]:
     """("ok" | "missing" | "unreachable", detail): whether the hub knows ``name``, asked once (no retries)
     in a daemon thread, so that a hanging DNS lookup or connection costs at most ``timeout`` seconds."""
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
     box: dict[str, tuple[str, str]] = {}
 
@@ -138,6 +138,8 @@ def _ask_hub(name: str, timeout: float) -> tuple[str, str]:
             box["r"] = ("ok", "gated")  # exists; the download says how to get access
         except RepositoryNotFoundError:
             box["r"] = ("missing", "")
+        except HfHubHTTPError:
+            box["r"] = ("ok", "answered")  # e.g. a mirror without the model API: the download decides
         except Exception as e:  # noqa: BLE001 -- any client or network error: the hub is unreachable
             box["r"] = ("unreachable", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
