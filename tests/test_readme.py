@@ -63,7 +63,10 @@ def _checked_only(cmd: str) -> str | None:
 def _param(lang: str, cmd: str):
     slow = lang == "python" or not (cmd.startswith(MODEL_FREE) or _checked_only(cmd))
     label = cmd.split("\n")[-2][:60] if lang == "python" else cmd[:60]
-    return pytest.param(lang, cmd, id=label, marks=[pytest.mark.slow] if slow else [])
+    marks = (
+        [pytest.mark.slow, pytest.mark.timeout(3600)] if slow else []
+    )  # minutes each; more on shared cores
+    return pytest.param(lang, cmd, id=label, marks=marks)
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +126,7 @@ def test_readme_command_runs_as_written(clone, lang, cmd):
         argv = [sys.executable, str(script)]
     else:
         argv = ["bash", "-c", cmd]
-    r = subprocess.run(argv, cwd=clone, env=_env(clone), capture_output=True, text=True, timeout=1800)
+    r = subprocess.run(argv, cwd=clone, env=_env(clone), capture_output=True, text=True, timeout=3500)
     assert r.returncode == 0, f"{cmd}\nexit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
 
 
