@@ -12,6 +12,8 @@
 #   there: bash scripts/gpu.sh stage 00   (carry .stage/q50/part00)   ... one call per part
 #          bash scripts/gpu.sh setup      (carry last part, MANIFEST, spider.tgz, .whl)
 #          bash scripts/gpu.sh bench | engine BENCH.json | experiment SECONDS | verify [STEPS] | pack DIR [EXPDIRS]
+#          bash scripts/gpu.sh scoretime DEST [SECONDS] [train args] | evalrun RUN DEST [eval args]
+#          bash scripts/gpu.sh scoretime $OUT [SECONDS]   (the reward's share of step time, 100 steps, resumable)
 #   or, after staging all parts but the last, the same call repeated: bash scripts/gpu.sh go $OUT   (carry the last part,
 #          MANIFEST, spider.tgz, .whl, .stage/tree.tgz): setup, benchmark, exp1 (1 turn), exp3 (3 turns),
 #          then the debugging curriculum (configs/debug-curriculum-gpu.toml) into $S/cur
@@ -117,6 +119,16 @@ PY
     budget=$1; shift
     python3 -m sqlrl.cli experiment "$CONFIG" --out "$S/${EXP:-exp}" \
       --set "data.path=\"$S/spider\"" --time-budget "$budget" "$@" ;;
+  evalrun)
+    # greedy `sqlrl eval` of a finished run's final weights ($S/RUN/final) on the validation split, into
+    # $S/RUN/eval; extra args go to `sqlrl eval` (e.g. --self-consistency 4); summaries copied to DEST
+    run=$S/$1; dest=$2; shift 2
+    python3 -m sqlrl.cli eval --model "$run/final" --data "$S/spider" --split validation --out "$run/eval" \
+      "$@" > "$dest/eval.log" 2>&1 || { tail -20 "$dest/eval.log"; exit 1; }
+    tail -3 "$dest/eval.log"
+    cp "$run/eval/summary.json" "$run/eval/results.jsonl" "$dest/" 2>/dev/null || true
+    cp "$run/eval/self_consistency.json" "$run/eval/self_consistency.jsonl" "$dest/" 2>/dev/null || true
+    cp "$run/curve.jsonl" "$dest/" 2>/dev/null || true ;;
   curriculum)
     # the debugging curriculum at real size: build the task set once from the staged Spider, then
     # `sqlrl curriculum` with a time budget (exit 3 = stopped cleanly; rerun to resume)
@@ -190,11 +202,33 @@ PY
     dirs=$(cd "$S" && ls -d exp[0-9]* cur debug 2>/dev/null || true)
     [ -n "$dirs" ] && bash scripts/gpu.sh pack "$dest" $dirs > /dev/null
     ls "$dest" ;;
+  scoretime)
+    # The reward's share of GRPO step time (issue #18 item 7): the grpo arm of $CONFIG, seed 0,
+    # ${SCORE_STEPS:-100} steps, into $S/${SCORE_RUN:-scoretime}, then scripts/score_share.py on its
+    # steps.jsonl; steps.jsonl, config.json, run.json and the figures go to DEST. A call stops at its
+    # budget (SECONDS, setup included, default 540; exit 124) and the same call again resumes from the last checkpoint
+    # (every 10 steps). Needs `setup` done (run here if not: carry what `setup` needs); args after SECONDS go to
+    # `sqlrl train`, e.g. --set grpo.score_timeout_s=0 for the agent's 5 s limit (before the deadline).
+    dest=$1; end=$((SECONDS + ${2:-540})); shift; [ $# -gt 0 ] && shift
+    run=$S/${SCORE_RUN:-scoretime}; steps=${SCORE_STEPS:-100}
+    if [ ! -f "$S/setup.done" ]; then
+      if bash scripts/gpu.sh setup > "$dest/setup.log" 2>&1; then touch "$S/setup.done"; else tail -20 "$dest/setup.log"; exit 1; fi
+    fi
+    engine=$(cat "$S/engine" 2>/dev/null || echo static)
+    resume=(); [ -f "$run/checkpoints/manifest.json" ] && resume=(--resume "$run")
+    rc=0
+    timeout $((end - SECONDS)) python3 -m sqlrl.cli train "$CONFIG" --out "$run" ${resume[@]+"${resume[@]}"} \
+      --set "data.path=\"$S/spider\"" --set run.seed=0 --set "grpo.steps=$steps" --set run.checkpoint_every=10 \
+      --set "run.gen_engine=\"$engine\"" "$@" >> "$dest/scoretime.log" 2>&1 || rc=$?
+    echo "train: exit $rc (124: stopped at the budget; run the same call again to resume)"
+    grep -v "it/s\]\|s/it\]\|s/step\]" "$dest/scoretime.log" | tail -4 || true
+    cp "$run/steps.jsonl" "$run/config.json" "$run/run.json" "$dest/" 2>/dev/null || true
+    python3 scripts/score_share.py "$run/steps.jsonl" --steps "$steps" --json "$dest/score_share.json" ;;
   pack)
     dest=$1; shift
     dirs=${*:-exp}
     tar czf "$dest/exp.tgz" -C "$S" --exclude='*.safetensors' --exclude='*.pt' --exclude='.goldcache' \
       --exclude='.gold_real' --exclude='.gold_mutated' --exclude='tokenizer.json' $dirs
     ls -la "$dest" ;;
-  *) echo "usage: gpu.sh preflight|stage NN|tree|setup|bench|oomcheck|engine BENCH.json|experiment SECONDS|curriculum SECONDS|go DEST [SECONDS]|pack DIR [EXPDIRS]" >&2; exit 2 ;;
+  *) echo "usage: gpu.sh preflight|stage NN|tree|setup|bench|oomcheck|engine BENCH.json|experiment SECONDS|evalrun RUN DEST|curriculum SECONDS|go DEST [SECONDS]|scoretime DEST [SECONDS]|pack DIR [EXPDIRS]" >&2; exit 2 ;;
 esac

@@ -148,6 +148,44 @@ def test_same_sql_compares_eval_and_training_records(tmp_path):
     assert same == 1 and diffs == ["only in B: (1, 0, 't1', 1)"]
 
 
+def test_score_share_reads_a_runs_steps(tmp_path):
+    """Hand-made steps: 3 steps of 10 + 10 + 20 s with 1 + 3 + 0.5 s scoring (step 2 written twice by a
+    resumed run: its last record counts): share 4.5 / 40 = 11.25 %, slowest step 2 at 3 s (one step over
+    2 s), 0 + 2 + 1 = 3 deadline timeouts, longest prediction 1.0 s."""
+    f = tmp_path / "steps.jsonl"
+
+    def rec(step, total, score, timeouts, longest):
+        return {
+            "step": step,
+            "time_step_s": total,
+            "time_rollout_s": total - score - 1,
+            "time_score_s": score,
+            "time_update_s": 1.0,
+            "score_timeouts": timeouts,
+            "score_max_exec_s": longest,
+        }
+
+    rows = [
+        rec(1, 10, 1.0, 0, 0.2),
+        rec(2, 12, 9.0, 5, 5.0),
+        rec(2, 10, 3.0, 2, 1.0),
+        rec(3, 20, 0.5, 1, 1.0),
+    ]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "s.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "score_share.py"), str(f), "--json", str(out)]
+    r = subprocess.run([*cmd, "--steps", "3"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(out.read_text())
+    assert (s["steps"], s["time_step_s"], s["time_score_s"]) == (3, 40.0, 4.5)
+    assert s["score_share"] == 0.1125 and s["target_share_le_10pct"] is False
+    assert (s["max_step_score_s"], s["max_step_score_at"], s["steps_scoring_over_2s"]) == (3.0, 2, 1)
+    assert (s["score_timeouts"], s["max_prediction_exec_s"]) == (3, 1.0)
+    assert "11.2%" in r.stdout and "NOT met" in r.stdout
+    assert subprocess.run([*cmd, "--steps", "100"], capture_output=True).returncode == 1
+    assert subprocess.run([*cmd[:2], str(tmp_path / "none.jsonl")], capture_output=True).returncode == 2
+
+
 def _fake_bin(folder: Path, uid: int, with_chromium: bool = False) -> Path:
     """A PATH with only a fake `id` (printing `uid`), a fake `apt-get` that logs its arguments, and
     optionally a fake `chromium`."""

@@ -155,6 +155,11 @@ class GRPOConfig:
     """`execution`: execution match with the gold; `validity`: 1 when the SQL executes (control arm)."""
     control: Literal["none", "no-update"] = "none"
     """`no-update`: every step runs with learning rate 0 (weights must stay bit-identical)."""
+    task_sampling: Literal["epoch", "pass_rate"] = "epoch"
+    """Which tasks a step draws: `epoch`, a seeded permutation of the training tasks per epoch;
+    `pass_rate`, weighted by each task's estimated pass rate p from its scored rollouts so far,
+    weight max(p (1 - p), 0.02), so tasks the policy solves sometimes come more often than tasks it
+    always or never solves (`sqlrl.training.sampling`)."""
     dynamic_sampling_rounds: int = 0
     """Dynamic sampling (DAPO): after a step's rollouts, up to this many extra rounds of
     `prompts_per_step` fresh tasks each, until `prompts_per_step` groups with unequal rewards are found;
@@ -164,6 +169,14 @@ class GRPOConfig:
     accuracy and group metrics stay those of the first round (the sampled distribution); extra rounds
     cost generation time and consume training tasks, and the arms of an experiment may generate
     different amounts (equal steps and update size, not equal generation)."""
+    score_timeout_s: float = 1.0
+    """Per-statement time limit on a prediction while the reward scores it in GRPO training on
+    text-to-SQL tasks; one still running then is scored `timeout` (value 0, as any timeout).
+    0 = `agent.sql_timeout_s`, which evaluation, multi-turn tool calls, a custom
+    `sqlrl.train(reward=fn)` and debugging tasks always use. The gold is never subject to it (its
+    result is cached). 1 s: 1.6-2x the slowest of the 6,904 Spider train golds (0.47-0.63 s on a
+    loaded 2-core CPU; the next is 0.14 s: bench/gold_times.py), so a prediction as fast as its gold
+    is not cut."""
 
 
 @dataclass(frozen=True)
@@ -192,6 +205,11 @@ class RunConfig:
     """Trajectories per step written to rollouts.jsonl (text and token ids) for inspection."""
     log_sql: bool = True
     """Every scored training trajectory's SQL, reward and status written to sql.jsonl (compact, no text)."""
+    eval_every: int = 0
+    """Learning curve: greedy validation accuracy every N steps and at the last step, in curve.jsonl
+    (0 = off; Text-to-SQL only; its time is kept out of train_seconds)."""
+    eval_tasks: int = 0
+    """With eval_every: a seeded subset of this many validation tasks per point (0 = the whole split)."""
 
 
 @dataclass(frozen=True)
@@ -557,7 +575,11 @@ def validate(cfg: Config, source: str = "<config>") -> None:
         f"grpo.dynamic_sampling_rounds = {g.dynamic_sampling_rounds} must be in [0, 64] (extra rollout "
         "rounds per step; 0 = off)",
     )
+    need(g.score_timeout_s >= 0, "grpo.score_timeout_s must be >= 0 seconds (0 = agent.sql_timeout_s)")
     need(a.turns >= 1, "agent.turns must be >= 1")
+    r = cfg.run
+    ok = r.eval_every >= 0 and r.eval_tasks >= 0 and (r.eval_every == 0 or d.kind == "text2sql")
+    need(ok, "run.eval_every / eval_tasks must be >= 0 (0 = off / whole split); the curve is text2sql-only")
     need(a.max_new_tokens >= 8, "agent.max_new_tokens must be >= 8")
     need(
         a.turns == 1 or a.max_sql_executions >= 1,

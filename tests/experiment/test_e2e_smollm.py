@@ -46,11 +46,17 @@ def test_eval_cli_writes_a_complete_run_folder(tmp_path):
         "1200",
         "--device",
         "cpu",
+        "--self-consistency",
+        "2",
         "--out",
         str(out),
     )
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
+    # self-consistency beside greedy: the same scored tasks, its own file, one line of output
+    sc = json.loads((out / "self_consistency.json").read_text())
+    assert (sc["k"], sc["n"]) == (2, s["n"]) and "self-consistency (k=2" in r.stdout
+    assert len((out / "self_consistency.jsonl").read_text().splitlines()) == 3
     for k in (
         "n",
         "execution_match",

@@ -74,7 +74,7 @@ CASES = [
         "SELECT name, age FROM t ORDER BY age DESC LIMIT 2",
         [("C", 40), ("A", 30)],
         [("C", 40), ("B", 30)],
-        True,
+        False,  # no cut: a tie at the LIMIT/OFFSET cut is not relaxed (tests/reward/test_cut.py)
     ),
     (
         "limit_tie_at_cut_wrong_key",
@@ -109,7 +109,7 @@ CASES = [
         "SELECT name, age FROM t ORDER BY age LIMIT 3 OFFSET 1",
         [("B", 30), ("C", 35), ("D", 40)],
         [("X", 30), ("C", 35), ("Y", 40)],
-        True,
+        False,  # no cut: a tie at the LIMIT/OFFSET cut is not relaxed (tests/reward/test_cut.py)
     ),
     (
         "offset_middle_run_strict",
@@ -123,14 +123,14 @@ CASES = [
         "SELECT name, age FROM t ORDER BY 2 DESC LIMIT 1",
         [("A", 40)],
         [("B", 40)],
-        True,
+        False,  # no cut: a tie at the LIMIT/OFFSET cut is not relaxed (tests/reward/test_cut.py)
     ),
     (
         "order_by_alias_tie",
         "SELECT name, count(*) AS c FROM t GROUP BY name ORDER BY c DESC LIMIT 1",
         [("A", 3)],
         [("B", 3)],
-        True,
+        False,  # no cut: a tie at the LIMIT/OFFSET cut is not relaxed (tests/reward/test_cut.py)
     ),
     (
         "order_by_alias_wrong_count",
@@ -144,7 +144,7 @@ CASES = [
         "SELECT name, count(*) FROM t GROUP BY name ORDER BY count(*) DESC LIMIT 1",
         [("A", 3)],
         [(3, "B")],
-        True,
+        False,  # no cut: a tie at the LIMIT/OFFSET cut is not relaxed (tests/reward/test_cut.py)
     ),
     (
         "order_by_hidden_key_strict",

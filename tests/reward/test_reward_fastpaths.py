@@ -13,6 +13,7 @@ import pytest
 import sqlrl.reward.match as reward_mod
 import sqlrl.reward.reproducible as repro_mod
 import sqlrl.sql.guard as guard_mod
+from sqlrl.reward.cut import Cut
 from sqlrl.reward.match import execution_match, test_suite_result_eq
 from sqlrl.reward.shape import GoldShape, gold_shape
 from sqlrl.sql.engine import Deadline, fetch_rows
@@ -192,11 +193,16 @@ def test_fast_reject_changes_no_verdict(seed, monkeypatch):
 
 def test_fast_reject_cases():
     key_limit = GoldShape(order_matters=True, key_columns=(1,), has_limit=True, limit=1)
-    # a boundary run: only the key has to be carried; the other column may differ
-    assert execution_match(["a", "b"], [(1528, 89632)], ["x", "y"], [(7, 89632)], key_limit).match
-    assert execution_match(["a", "b"], [(1528, 89632)], ["x", "y"], [(89632, 7)], key_limit).match
-    m = execution_match(["a", "b"], [(1528, 89632)], ["x", "y"], [(82506, 82506)], key_limit)
-    assert (m.match, m.reason, m.mode) == (False, "order_differs_or_rows_differ", "runs")
+    # a cut whose pool holds two rows tied on the key: either may stand at the cut, in any column order
+    cut = Cut(runs=(1,), pools=((0, ((1528, 89632), (7, 89632))),))
+    assert execution_match(["a", "b"], [(1528, 89632)], ["x", "y"], [(7, 89632)], key_limit, cut).match
+    assert execution_match(["a", "b"], [(1528, 89632)], ["x", "y"], [(89632, 7)], key_limit, cut).match
+    for pred in [(9, 89632), (82506, 82506)]:  # carries the key but is not a row of the full result
+        m = execution_match(["a", "b"], [(1528, 89632)], ["x", "y"], [pred], key_limit, cut)
+        assert (m.match, m.reason, m.mode, m.tries) == (False, "order_differs_or_rows_differ", "runs", 0)
+    # without a cut, nothing stands in for the gold's own row
+    m = execution_match(["a", "b"], [(1528, 89632)], ["x", "y"], [(7, 89632)], key_limit)
+    assert (m.match, m.mode) == (False, "runs")
     # ints and floats: 1 == 1.0 both in the reject and in the search
     assert execution_match(None, [(1, "a")], None, [(1.0, "a")]).match
     assert test_suite_result_eq(None, [(1, "a")], None, [("a", 1.0)], False).match
@@ -238,7 +244,7 @@ def test_scored_stat_per_chunk_still_sees_a_replaced_file(tmp_path):
             con.executemany("INSERT INTO t VALUES (?)", [(v,)] * v)
             con.commit()
             con.close()
-            refs = {v: (1, (["a"], [(v,)] * v, shape))}
+            refs = {v: (1, (["a"], [(v,)] * v, shape, None))}
             items = [(str(path), "SELECT a FROM t", (v,), None)] * 3
             got = sb.execute_scored(
                 items, refs, "sqlrl.reward.scoring:score_in_worker", {"kind": "execution", "ts": False}

@@ -259,6 +259,30 @@ def test_timeout_in_a_batch_is_not_shared_with_its_duplicates(dbs, gc):
     assert [r.status for r in out] == ["timeout", "match", "match"]
 
 
+def test_repeats_of_a_timed_out_prediction_are_rescored_side_by_side(dbs, gc):
+    """Four samples of one prediction that times out every time: the first is scored, then the three
+    repeats together in one more sandbox call (not one repeat per call, one after the other)."""
+    pred = "SELECT name FROM singer WHERE country = 'US'"
+
+    class Waves(CountingSandbox):
+        def __init__(self, script):
+            super().__init__(script)
+            self.waves: list[int] = []  # items per sandbox call
+
+        def execute(self, db_path, sql, timeout_s=None):
+            self.waves.append(1)
+            return super().execute(db_path, sql)
+
+        def execute_many(self, items):
+            self.waves.append(len(items))
+            return [CountingSandbox.execute(self, d, s) for d, s in items]
+
+    sb = Waves({pred: ["timeout"] * 4})
+    out = Evaluator(sb, gc).score_many([(pred, task(dbs[0], pred))] * 4)
+    assert [r.status for r in out] == ["timeout"] * 4
+    assert sb.waves == [1, 3]
+
+
 def test_transient_runtime_error_not_shared_but_sql_error_is(dbs, gc):
     t = task(dbs[0], "SELECT name FROM singer")
     sb = CountingSandbox()

@@ -597,3 +597,43 @@ def test_deal_spreads_consecutive_items_over_chunks():
         assert len({n for n, c in enumerate(chunks) for gg, _ in c if gg == g}) == 8
     odd = S._deal(list(range(10)), 4)  # 3 chunks of at most 4, each item once
     assert odd == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+
+
+def test_scored_run_queues_no_chunk_behind_a_busy_worker_in_the_tail():
+    """execute_scored's last chunks (no more left than busy workers) are not queued behind a running
+    chunk, where a slow statement would hold them while another worker idles: with two busy workers
+    and three chunks left, one is queued (3 > 2) and the last two wait for a free worker."""
+    from collections import OrderedDict, deque
+
+    from sqlrl.sql import scoring
+
+    class Conn:
+        def __init__(self):
+            self.sent = 0
+
+        def send_bytes(self, data):
+            self.sent += 1
+
+    class W:
+        def __init__(self):
+            self.conn, self.refs, self.ref_weight, self.sndbuf = Conn(), OrderedDict(), 0, 1 << 20
+
+    class Pool:
+        closed = False
+
+    def chunk(i):
+        return [(i, "/x.sqlite", "SELECT 1", 5.0, (), None, None)]
+
+    chunks = deque(chunk(i) for i in range(2, 5))  # three chunks left
+    run = scoring._ScoredRun(Pool(), chunks, {}, "m:f", None, [None] * 5, depth=2, ref_budget=1 << 20)
+    a, b = W(), W()
+    run.state = {w: [chunk(i), 0, 0.0, deque([(1, 100)])] for i, w in enumerate((a, b))}
+    run.top_up(a)  # 3 left > 2 busy: one queued behind a's chunk
+    assert (a.conn.sent, len(chunks)) == (1, 2)
+    run.state[a][3].popleft()  # a's first chunk answered: room for one more, but only 2 left
+    run.top_up(a)
+    run.top_up(b)
+    assert (a.conn.sent, b.conn.sent, len(chunks)) == (1, 0, 2)
+    del run.state[b]  # one busy worker: queueing behind it leaves no worker idle
+    run.top_up(a)
+    assert (a.conn.sent, len(chunks)) == (2, 1)

@@ -156,6 +156,35 @@ def test_remove_partial_deletes_interrupted_saves_only(tmp_path, caplog):
     assert ck.remove_partial(tmp_path) == [] and ck.remove_partial(tmp_path / "nowhere") == []
 
 
+def test_remove_partial_cleans_killed_replaces_and_prunes_and_keeps_every_checkpoint(tmp_path):
+    import shutil
+
+    make_run(tmp_path, steps=(1, 2, 3))
+    ckdir = tmp_path / "checkpoints"
+    # killed mid-prune: step 1 renamed for deletion, and an older one half deleted
+    (ckdir / "step_000001").rename(ckdir / ".step_000001.del-77")
+    (ckdir / ".step_000000.del-78").mkdir()
+    (ckdir / ".step_000000.del-78" / "rng.pt").write_bytes(b"half")
+    # killed in replace_dir after both renames: the moved-aside copy of step 2 is left
+    shutil.copytree(ckdir / "step_000002", ckdir / ".step_000002.old-55")
+    # killed in replace_dir between the renames: step 3 moved aside, its re-save still a temp folder
+    shutil.copytree(ckdir / "step_000003", ckdir / ".step_000003.tmp-66")
+    (ckdir / "step_000003").rename(ckdir / ".step_000003.old-66")
+    (ckdir / ".step_000009.old-5").write_text("a file, not a folder: not ours")
+    assert ck.remove_partial(tmp_path) == [
+        ".step_000000.del-78",
+        ".step_000001.del-77",
+        ".step_000002.old-55",
+        ".step_000003.tmp-66",
+    ]
+    names = sorted(p.name for p in ckdir.iterdir())
+    assert names == [".step_000009.old-5", "manifest.json", "step_000002", "step_000003"]
+    for step in (2, 3):
+        assert ck.validate_checkpoint(ckdir / f"step_{step:06d}")[1] == []
+    assert ck.load_latest(tmp_path).step == 3
+    assert ck.remove_partial(tmp_path) == []
+
+
 def test_no_valid_checkpoint_raises_even_with_fallback(tmp_path):
     make_run(tmp_path, steps=(1,))
     _corrupt(tmp_path / "checkpoints" / "step_000001", "truncated_weights")

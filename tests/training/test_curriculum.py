@@ -437,3 +437,53 @@ def test_sft_forward_uses_the_trainers_attention_kernel_rule(monkeypatch):
     loss, n, _ = answer_loss_sum(model, ids, torch.ones_like(ids), torch.tensor([[-100, 2, 3]]))
     assert seen == ["cpu"] and n == 2
     assert abs(loss.item() - 2 * torch.log(torch.tensor(5.0)).item()) < 1e-5
+
+
+def test_curriculum_resume_from_valid_skips_a_corrupt_newest_checkpoint(tmp_path, monkeypatch):
+    import shutil
+    import time
+
+    from sqlrl.training import budget
+    from sqlrl.training.checkpoint import CheckpointError
+    from sqlrl.training.curriculum import run_curriculum
+
+    cfg = _tiny_cfg("embedded")
+    sft = C.sft_from_dict({"steps": 2, "batch_size": 2, "micro_batch": 2, "lr": 1e-3})
+    cur = C.curriculum_from_dict(
+        {
+            "stages": [{"name": "sft", "kind": "sft", "set": ["agent.max_new_tokens=256"]}],
+            "eval_turns": [1],
+            "eval_base": False,
+            "smoke": True,
+        }
+    )
+    out = tmp_path / "cur"
+    monkeypatch.setattr(budget, "check_time", lambda *a: None)
+    with pytest.raises(budget.Unfinished, match=r"01-sft stopped at step 1"):
+        run_curriculum(cfg, sft, cur, out, policy_factory=_factory, progress=False, deadline=time.monotonic())
+    monkeypatch.undo()
+    ckdir = out / "01-sft" / "checkpoints"
+    # a newer checkpoint that fails validation (its sidecar says step 1)
+    shutil.copytree(ckdir / "step_000001", ckdir / "step_000002")
+    with pytest.raises(CheckpointError, match="--resume-from-valid"):
+        run_curriculum(cfg, sft, cur, out, policy_factory=_factory, progress=False)
+    res = run_curriculum(cfg, sft, cur, out, policy_factory=_factory, progress=False, resume_from_valid=True)
+    steps = [json.loads(x)["step"] for x in (out / "01-sft" / "steps.jsonl").read_text().splitlines()]
+    assert steps == [1, 2] and res["stages"][0]["steps"] == 2
+
+
+def test_curriculum_cli_passes_resume_from_valid(tmp_path, monkeypatch):
+    from sqlrl.cli import curriculum as cli
+
+    seen = {}
+
+    def fake_run(cfg, sft, cur, out, **kw):
+        seen.update(kw)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(cli, "run_curriculum", fake_run)
+    config = Path(__file__).resolve().parents[2] / "configs" / "debug-curriculum.toml"
+    assert cli.cli_main([str(config), "--out", str(tmp_path / "c"), "--resume-from-valid"]) == 2
+    assert seen["resume_from_valid"] is True
+    assert cli.cli_main([str(config), "--out", str(tmp_path / "c")]) == 2
+    assert seen["resume_from_valid"] is False

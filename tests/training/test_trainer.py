@@ -411,7 +411,7 @@ def test_lora_run_trains_adapters_and_exports_merged(tmp_path):
 
 
 def test_sampler_never_repeats_a_task_within_a_batch_and_resumes():
-    from sqlrl.training.trainer import TaskSampler
+    from sqlrl.training.sampling import TaskSampler
 
     s = TaskSampler(5, seed=3)
     batches = [s.next(3) for _ in range(6)]  # 18 draws over 5 tasks: batches straddle epochs

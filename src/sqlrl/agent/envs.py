@@ -73,6 +73,8 @@ class Text2SQLTraining:
             gold_cache=self.gold_cache,
             reward=cfg.grpo.reward,
             test_suite=False,
+            # training's statement limit on predictions when scored (rollout tool calls keep the agent's)
+            score_timeout_s=cfg.grpo.score_timeout_s or None,
             evaluator_factory=self._evaluator_factory,
         )
         self.sandbox, self.evaluator = self.env.sandbox, self.env.evaluator
@@ -190,6 +192,7 @@ def make_env(
     gold_dir: str | Path | None = None,
     reward: str | None = None,
     test_suite: bool = True,
+    score_timeout_s: float | None = None,
     pool=None,
     templates: dict | None = None,
     pool_root: str | Path | None = None,
@@ -202,7 +205,8 @@ def make_env(
     - "text2sql": `Text2SQLEnv` on `sandbox` (else a new `Sandbox(workers, timeout_s)`); with `reward`
       (an `Evaluator` kind) or `gold_dir`, a `gold_cache` (else a new `GoldCache(gold_dir)`); with
       `reward`, an evaluator: `evaluator_factory(sandbox, gold_cache, reward)`, by default
-      `Evaluator(sandbox, gold_cache, kind=reward, test_suite=test_suite)`.
+      `Evaluator(sandbox, gold_cache, kind=reward, test_suite=test_suite, timeout_s=score_timeout_s)`
+      (`score_timeout_s`: the predictions' statement limit when scored; None = the sandbox's).
     - "debug": `DebugEnv` on `pool` (else a new `ReplicaPool(templates, pool_root, replicas_per_db,
       workers, timeout_s)`)."""
     if cfg is not None:
@@ -235,6 +239,8 @@ def make_env(
         owned.append(gold_cache)
     evaluator = None
     if reward is not None:
-        make = evaluator_factory or (lambda sb, gc, k: Evaluator(sb, gc, kind=k, test_suite=test_suite))
+        make = evaluator_factory or (
+            lambda sb, gc, k: Evaluator(sb, gc, kind=k, test_suite=test_suite, timeout_s=score_timeout_s)
+        )
         evaluator = make(sandbox, gold_cache, reward)
     return Text2SQLEnv(sandbox, gold_cache, evaluator, owned=owned)

@@ -31,6 +31,12 @@ def cli_main(argv: list[str]) -> int:
     )
     p.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     p.add_argument(
+        "--resume-from-valid",
+        action="store_true",
+        help="when a stage resumes and its newest checkpoint is corrupt, resume it from the newest valid "
+        "older one",
+    )
+    p.add_argument(
         "--time-budget",
         type=float,
         default=None,
@@ -48,7 +54,15 @@ def cli_main(argv: list[str]) -> int:
             print(json.dumps(resolved(cfg, sft, cur), indent=2))
             return 0
         check_model(cfg.model.name)  # before the output folder exists
-        res = run_curriculum(cfg, sft, cur, out, command=["sqlrl", "curriculum", *argv], deadline=deadline)
+        res = run_curriculum(
+            cfg,
+            sft,
+            cur,
+            out,
+            command=["sqlrl", "curriculum", *argv],
+            deadline=deadline,
+            resume_from_valid=a.resume_from_valid,
+        )
     except Unfinished as e:
         print(
             f"sqlrl curriculum: time budget reached ({e}); rerun the same command to resume -> {out}",

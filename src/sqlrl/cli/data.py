@@ -39,6 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--workers", type=int, default=2, help="sandbox worker processes (default 2)")
     a.add_argument("--json", action="store_true", help="print JSON")
     a.add_argument("--per-task", action="store_true", help="with --json: include task_id -> reason")
+    a.add_argument(
+        "--continue-on-damaged",
+        action="store_true",
+        help="exit 0 when a database is damaged (its tasks are excluded as database_damaged either way; "
+        "without this flag the audit then exits 2)",
+    )
     s = sub.add_parser("split", help="show the deterministic by-database train/validation split")
     s.add_argument(
         "--data",
@@ -81,6 +87,7 @@ def _audit(args: argparse.Namespace) -> int:
         "cache_hits": audit.cache_hits,
         "executed": audit.executed,
         "elapsed_s": round(elapsed, 2),
+        "damaged_databases": dict(sorted(audit.damaged.items())),
     }
     if args.json:
         if args.per_task:
@@ -105,11 +112,26 @@ def _audit(args: argparse.Namespace) -> int:
         width = max(len(k) for k, _ in rows)
         for k, v in rows:
             print(f"{k.ljust(width)}  {v}")
+        if audit.damaged:
+            print(
+                f"\ndamaged databases ({len(audit.damaged)}; their tasks are excluded as database_damaged):"
+            )
+            for path, problem in sorted(audit.damaged.items()):
+                print(f"  {path}: {problem}")
         unscorable = [(tid, r) for tid, r in audit.per_task.items() if r]
         if unscorable:
             print(f"\nfirst unscorable tasks ({min(10, len(unscorable))} of {len(unscorable)}):")
             for tid, r in unscorable[:10]:
                 print(f"  {tid}  {r}")
+    if audit.damaged and not args.continue_on_damaged:
+        names = ", ".join(Path(p).stem for p in sorted(audit.damaged))
+        print(
+            f"sqlrl data audit: error: {len(audit.damaged)} damaged database(s) ({names}; problems above), "
+            f"{audit.excluded.get('database_damaged', 0)} tasks excluded; replace the files, or pass "
+            "--continue-on-damaged to accept the exclusion",
+            file=sys.stderr,
+        )
+        return 2
     return 0
 
 

@@ -13,7 +13,8 @@ from sqlrl.artifacts import (
     machine_info,
     sha256_file,
 )
-from sqlrl.evaluation.runner import load_endpoint_policy, run_eval
+from sqlrl.evaluation.runner import load_endpoint_policy, load_policy, run_eval
+from sqlrl.evaluation.vote import run_self_consistency
 from sqlrl.generation.models import check_model
 from sqlrl.training.curriculum import run_debug_eval
 
@@ -75,6 +76,17 @@ def cli_main(argv: list[str]) -> int:
     )
     add_budget_args(p)
     p.add_argument(
+        "--self-consistency",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also sample K answers per task, execute them and answer with the majority result; reported "
+        "beside greedy in self_consistency.json (0 = off; K times the generation)",
+    )
+    p.add_argument(
+        "--sc-temperature", type=float, default=0.7, help="sampling temperature of --self-consistency"
+    )
+    p.add_argument(
         "--kind",
         default="text2sql",
         choices=["text2sql", "debug"],
@@ -86,24 +98,40 @@ def cli_main(argv: list[str]) -> int:
         check_model(a.model)  # before the run folder exists; ModelError -> one line, exit 2 (cli.main)
     if a.kind == "debug":
         return debug_eval_cli(a, ["sqlrl", "eval", *argv])
+    if a.self_consistency == 1 or a.self_consistency < 0 or not a.sc_temperature > 0:
+        print(
+            "sqlrl eval: --self-consistency K needs K >= 2 (0 = off) and --sc-temperature > 0",
+            file=sys.stderr,
+        )
+        return 2
     try:
         policy = load_endpoint_policy(a.endpoint, a.model, a.tokenizer) if a.endpoint else None
+        if policy is None and a.self_consistency:  # loaded once for both evaluations
+            policy = load_policy(a.model, device=a.device, dtype=a.dtype, engine=a.engine)
+        tasks = {  # the same tasks for greedy and self-consistency
+            "data": a.data,
+            "split": a.split,
+            "out": a.out,
+            "budgets": budgets_from_args(a),
+            "limit": a.limit,
+            "seed": a.seed,
+            "split_seed": a.split_seed,
+            "val_fraction": a.val_fraction,
+        }
         out = run_eval(
             model=a.model,
-            data=a.data,
-            split=a.split,
-            out=a.out,
-            budgets=budgets_from_args(a),
-            limit=a.limit,
-            seed=a.seed,
-            split_seed=a.split_seed,
-            val_fraction=a.val_fraction,
             device=a.device,
             dtype=a.dtype,
             engine=a.engine,
             policy=policy,
             command=["sqlrl", "eval", *argv],
+            **tasks,
         )
+        sc = None
+        if a.self_consistency:
+            sc = run_self_consistency(
+                policy=policy, k=a.self_consistency, temperature=a.sc_temperature, **tasks
+            )
     except (ValueError, FileNotFoundError, RuntimeError) as e:  # ModelError, PolicyInfraError included
         print(f"sqlrl eval: {e}", file=sys.stderr)
         return 2
@@ -115,13 +143,18 @@ def cli_main(argv: list[str]) -> int:
         if em is not None
         else f"no scorable tasks; excluded={s['excluded']}"
     )
+    if sc is not None and sc.summary["execution_match"] is not None:
+        v = sc.summary
+        print(
+            f"self-consistency (k={v['k']}, temperature {v['temperature']}): n={v['n']} "
+            f"execution_match={v['execution_match']:.4f} pass@{v['k']}={v['pass_at_k']:.4f} (greedy above)"
+        )
     return 0
 
 
 def debug_eval_cli(a, command: list[str]) -> int:
     """`sqlrl eval --kind debug ...`: greedy evaluation of debugging tasks, printed and saved by category."""
     from sqlrl.evaluation.debugging import category_table_md
-    from sqlrl.evaluation.runner import load_policy
     from sqlrl.generation.device import pick_device
     from sqlrl.tasks.data import select_tasks
     from sqlrl.tasks.debugging import load_debug_tasks, resolve_debug_file

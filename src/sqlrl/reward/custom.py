@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from sqlrl.reward.cut import fetch_cuts
 from sqlrl.reward.match import Reward, execution_match
 from sqlrl.reward.shape import gold_shape
 from sqlrl.sql.sandbox import SQLResult
@@ -83,6 +84,15 @@ class CustomReward:
             todo.append((i, task, gold))
             if sql is not None and sql.strip().strip(";").strip():
                 run.append(i)
+        cuts = fetch_cuts({_check_task(task): gold for _, task, gold in todo}, self._gold_many)
+        for n, (i, task, gold) in enumerate(todo):
+            cut = cuts.get(_check_task(task))
+            if isinstance(cut, BaseException):
+                err = f"gold_cache (full ordered result): {type(cut).__name__}: {cut}"
+                out[i] = self._exclude("infra_error", {"error": err})
+            todo[n] = (i, task, (gold, cut))
+        todo = [x for x in todo if out[x[0]] is None]
+        run = [i for i in run if out[i] is None]
         preds: dict[int, Any] = dict(
             zip(run, self._execute([(items[i][1].public.db_path, items[i][0]) for i in run]))
         )
@@ -122,7 +132,14 @@ class CustomReward:
         self.excluded[status] += 1
         return Reward(None, status, {"kind": "custom", **parts})
 
-    def _reward(self, pred: SQLResult, gold: Any, task: Any) -> Reward:
+    def _gold_many(self, items: list[tuple[str, str]]) -> list[Any]:
+        many = getattr(self.gold_cache, "get_many", None)
+        if many is not None:
+            return many(items, progress=False)
+        return [self.gold_cache.get(db_path, sql) for db_path, sql in items]
+
+    def _reward(self, pred: SQLResult, gold_cut: tuple[Any, Any], task: Any) -> Reward:
+        gold, cut = gold_cut
         self.calls += 1
         value = self.fn(pred, gold, task)  # the user's exception propagates
         if not isinstance(value, numbers.Real):
@@ -132,7 +149,8 @@ class CustomReward:
             raise ValueError(f"reward function returned {value}; expected a finite float")
         parts: dict[str, Any] = {"kind": "custom", "custom": value, "sandbox_status": pred.status}
         if pred.status == "ok":
-            m = execution_match(gold.columns, gold.rows, pred.columns, pred.rows, gold_shape(task.gold_sql))
+            shape = gold_shape(task.gold_sql)
+            m = execution_match(gold.columns, gold.rows, pred.columns, pred.rows, shape, cut)
             status = "match" if m.match else "mismatch"
             parts["execution_match"] = 1.0 if m.match else 0.0
         else:

@@ -13,7 +13,11 @@ What is covered:
   0 otherwise; the other statuses as above;
 - `score_many` gives exactly what `score` gives on each pair; a deterministic pair repeated within
   one call is scored once when every execution behind it is reproducible (same rewards either way);
-- `Reward.exec_ms`: the sandbox's milliseconds on the pair's SQL in that call (a diagnostic).
+- `Reward.exec_ms`: the sandbox's milliseconds on the pair's SQL in that call (a diagnostic);
+- `timeout_s`: a per-statement limit on the predictions (and their variants) in place of the
+  sandbox's; a prediction still running at it is `timeout`, value 0. GRPO training passes
+  `grpo.score_timeout_s` (default 1 s), evaluation the sandbox's own (`agent.sql_timeout_s`). The gold
+  is never subject to it: its result comes from the gold cache, so only slow predictions pay.
 
 What is not:
 - the gold SQL is never executed here, nor on a connection the policy touched: gold results come
@@ -28,6 +32,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from sqlrl.reward.cut import Cut, fetch_cuts
 from sqlrl.reward.match import Reward, execution_match, test_suite_result_eq
 from sqlrl.reward.reproducible import is_deterministic_sql, reproducible
 from sqlrl.reward.scoring import EXEC_ERROR_STATUSES, PERMUTATION_NOTE, fail_parts, match_parts
@@ -104,6 +109,7 @@ class _Pair:
     gold: Any
     sql: str
     key: tuple | None  # (db_path, gold SQL, prediction) of a deterministic prediction; None otherwise
+    cut: Cut | None = None  # the gold's LIMIT/OFFSET cut (`sqlrl.reward.cut`), when it has one
 
 
 class Evaluator:
@@ -124,9 +130,10 @@ class Evaluator:
     path and gold within one `score_many` call is scored once, and the repeats get copies of its reward
     when every execution behind it is reproducible (`_memoizable`: ok, syntax_error, forbidden,
     multiple_statements, too_many_rows, runtime errors other than I/O/memory/locks; never timeout,
-    too_large, worker_crash or an exception); otherwise the repeats are scored on their own.
-    Non-deterministic SQL (random(), the clock, ...) is scored every time. Nothing is kept between
-    calls.
+    too_large, worker_crash or an exception); otherwise the repeats are scored on their own, all of
+    them in one more sandbox call (so n repeats of a timed-out prediction cost one more time limit
+    on n free workers, not n time limits one after the other). Non-deterministic SQL (random(), the
+    clock, ...) is scored every time. Nothing is kept between calls.
 
     Threads may share one Evaluator (veRL's reward workers, Agent Lightning's runners): a call's state
     lives in the calling thread and the counters (`memo_stats`) are updated under a lock. `Sandbox`
@@ -142,6 +149,7 @@ class Evaluator:
         *,
         test_suite: bool = True,
         memo_entries: int = 50_000,
+        timeout_s: float | None = None,
     ):
         if kind not in ("execution", "validity"):
             raise ValueError(f"Evaluator: kind must be 'execution' or 'validity', got {kind!r}")
@@ -149,6 +157,11 @@ class Evaluator:
         self.gold_cache = gold_cache
         self.kind = kind
         self.test_suite = test_suite
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(
+                f"Evaluator: timeout_s must be > 0 seconds (or None: the sandbox's), got {timeout_s!r}"
+            )
+        self.timeout_s = float(timeout_s) if timeout_s is not None else None  # predictions' limit
         self.dedup = int(memo_entries) > 0
         self.executions = 0  # statements sent to the sandbox (predictions and variants)
         self.duplicate_hits = 0  # pairs answered with a copy of an identical pair's reward
@@ -197,10 +210,11 @@ class Evaluator:
         if not items:
             return []
         self._count(executions=len(items))
+        t = self.timeout_s
         many = getattr(self.sandbox, "execute_many", None)
         if many is not None and len(items) > 1:
             try:
-                out = list(many(items))
+                out = list(many(items if t is None else [(db, sql, t) for db, sql in items]))
                 if len(out) == len(items):
                     return out
             except Exception:
@@ -208,7 +222,9 @@ class Evaluator:
         results: list[Any] = []
         for db_path, sql in items:
             try:
-                results.append(self.sandbox.execute(db_path, sql))
+                results.append(
+                    self.sandbox.execute(db_path, sql) if t is None else self.sandbox.execute(db_path, sql, t)
+                )
             except Exception as e:
                 results.append(_InfraFailure(f"sandbox: {type(e).__name__}: {e}"))
         return results
@@ -236,6 +252,10 @@ class Evaluator:
         docstring); otherwise the predictions run through `sandbox.execute_many` in one batch and one
         batch of DISTINCT-free variants. A repeat of a deterministic pair in the same call is scored
         once."""
+        return self._score_many(items, self.dedup)
+
+    def _score_many(self, items: list[tuple[str | None, Any]], dedup: bool) -> list[Reward]:
+        """`score_many`; `dedup`: score a repeat of a deterministic pair once (see the class docstring)."""
         checked = [self._check_task(task) for _, task in items]  # TypeError before any work
         base: dict[str, Any] = {"kind": self.kind}
         want_ts = self.kind == "execution" and self.test_suite
@@ -279,7 +299,7 @@ class Evaluator:
                 out[i] = Reward(0.0, "no_sql", fail_parts(base, want_ts))
             else:
                 key = None
-                if self.dedup and is_deterministic_sql(final_sql):
+                if dedup and is_deterministic_sql(final_sql):
                     key = (db_path, gold_sql, final_sql)
                     if key in first:
                         dups.append((i, key))
@@ -288,13 +308,14 @@ class Evaluator:
                 pending.append(_Pair(i, db_path, gold_sql, gold, final_sql, key))
 
         reusable: dict[tuple, Reward] = {}  # key -> reward whose every execution was reproducible
+        pending = self._with_cuts(pending, out, base)
         if pending:
             rest = self._score_in_workers(pending, out, base, want_ts, reusable)
             if rest:
                 preds, variants = self._execute_pending(rest, want_ts)
                 self._finish_pending(rest, preds, variants, out, base, want_ts, reusable)
         # repeats of a pair scored in this call: a copy of its reward when every execution behind it
-        # was reproducible, otherwise scored again on their own
+        # was reproducible, otherwise scored again on their own, in one more call
         redo = []
         for i, key in dups:
             r = reusable.get(key)
@@ -304,10 +325,31 @@ class Evaluator:
                 redo.append(i)
         if len(redo) < len(dups):
             self._count(duplicate_hits=len(dups) - len(redo))
-        if redo:
-            for i, r in zip(redo, self.score_many([items[i] for i in redo])):
+        if redo:  # all in one call, side by side (not one repeat per call, one after the other)
+            for i, r in zip(redo, self._score_many([items[i] for i in redo], False)):
                 out[i] = r
         return out  # type: ignore[return-value]
+
+    def _with_cuts(self, pending: list[_Pair], out: list, base: dict) -> list[_Pair]:
+        """The pending pairs with their gold's cut; a pair whose gold's full result could not be
+        fetched (infrastructure) gets `infra_error` in `out` and is dropped."""
+        if not pending:
+            return pending
+        get = self._gold_many if hasattr(self.gold_cache, "get_many") else self._gold_each
+        cuts = fetch_cuts({(p.db_path, p.gold_sql): p.gold for p in pending}, get)
+        kept = []
+        for p in pending:
+            cut = cuts.get((p.db_path, p.gold_sql))
+            if isinstance(cut, BaseException):
+                err = f"gold_cache (full ordered result): {type(cut).__name__}: {cut}"
+                out[p.i] = Reward(None, "infra_error", {**base, "error": err})
+                continue
+            p.cut = cut
+            kept.append(p)
+        return kept
+
+    def _gold_each(self, items: list[tuple[str, str]]) -> list[Any]:
+        return [self.gold_cache.get(db_path, sql) for db_path, sql in items]
 
     def _score_in_workers(
         self, pending: list[_Pair], out: list, base: dict, want_ts: bool, reusable: dict
@@ -353,7 +395,11 @@ class Evaluator:
         if not items:
             return rest
         try:
-            got = run(items, refs, _SCORER, {"kind": self.kind, "ts": want_ts})
+            opts = {"kind": self.kind, "ts": want_ts}
+            if self.timeout_s is None:
+                got = run(items, refs, _SCORER, opts)
+            else:
+                got = run(items, refs, _SCORER, opts, timeout_s=self.timeout_s)
             if len(got) != len(items):
                 raise RuntimeError("execute_scored: wrong number of results")
         except Exception:  # noqa: BLE001 - the parent-side path has its own per-pair failure handling
@@ -416,7 +462,7 @@ class Evaluator:
                 continue
             gold = p.gold
             shape = gold_shape(p.gold_sql)
-            m = execution_match(gold.columns, gold.rows, res.columns, res.rows, shape)
+            m = execution_match(gold.columns, gold.rows, res.columns, res.rows, shape, p.cut)
             parts = match_parts(base, m, shape, len(gold.rows), len(res.rows))
             if m.reason == "permutation_bound":
                 parts["note"] = PERMUTATION_NOTE
@@ -442,14 +488,15 @@ class Evaluator:
     def _gold_refs(p: _Pair, gold: Any, refs: dict, variants: dict, want_ts: bool) -> tuple | None:
         """(ref keys, extra) for the worker items of pairs with this gold, registering the payloads in
         `refs`; None when a payload is too large to ship (the parent-side path scores those pairs)."""
-        weight = _cells(gold)
+        weight = _cells(gold) + (p.cut.cells() if p.cut is not None else 0)
         if weight > _WORKER_GOLD_MAX_CELLS:
             return None
         gk = _ref_key(gold, p.gold_sql)
         if gk not in refs:
             sh = gold_shape(p.gold_sql)
             shape_t = (sh.order_matters, sh.key_columns, sh.has_limit, sh.limit, sh.has_offset, sh.parsed)
-            refs[gk] = (weight, (gold.columns, gold.rows, shape_t))
+            cut_t = (p.cut.runs, p.cut.pools) if p.cut is not None else None
+            refs[gk] = (weight, (gold.columns, gold.rows, shape_t, cut_t))
         if want_ts:
             v_sql = remove_distinct(p.gold_sql)
             if v_sql != p.gold_sql:

@@ -6,15 +6,15 @@ standard library only, nothing is executed or parsed here, so sandbox workers im
 
 What is covered:
 - the comparison rules, stated exactly in `execution_match`'s docstring: column count, cell equality
-  (exact for integral values, a tolerance for non-integral floats), rows as a multiset, a top-level ORDER BY with tie runs and LIMIT/OFFSET
-  boundary runs, column permutation within a bounded search, DISTINCT not stripped;
+  (exact for integral values, a tolerance for non-integral floats), rows as a multiset, a top-level
+  ORDER BY with tie runs, a LIMIT/OFFSET cut decided from the gold's full ordered result
+  (`sqlrl.reward.cut`), column permutation within a bounded search, DISTINCT not stripped;
 - determinism, symmetry up to the float/tie rules, no exception on sqlite3 values, bounded time;
 - the test-suite equality (`test_suite_result_eq`): exact values, strict order, empty equals empty.
 
 What is not:
-- at a LIMIT/OFFSET boundary run only the predicted rows' key values are checked (a fabricated row
-  carrying a tied key would pass);
-- ties in ORDER BY keys that are not output columns are not relaxed (a conservative mismatch);
+- without a cut, ties at a LIMIT/OFFSET cut are not relaxed, and without key columns in the output
+  neither are ties inside the result (conservative mismatches);
 - a float-tolerance group over 64 rows may be a false negative, and so may a result past the
   permutation search bound (reason "permutation_bound"); neither is ever a false positive;
 - reward statuses and the scoring of (SQL, task) pairs: `sqlrl.reward.evaluator`.
@@ -26,10 +26,13 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import chain
-from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from sqlrl.reward.cells import ABS_TOL, REL_TOL, CellCmp, counts, is_num, project
 from sqlrl.reward.shape import GoldShape
+
+if TYPE_CHECKING:
+    from sqlrl.reward.cut import Cut
 
 __all__ = [
     "ABS_TOL",
@@ -42,11 +45,8 @@ __all__ = [
     "validity_reward",
 ]
 
-REL_TOL = 1e-6
-ABS_TOL = 1e-9
 MAX_TRIES = 5040
 MAX_WORK = 500_000
-_MATCHING_MAX = 64
 _FAST_PATH = True  # execution_match's identical-rows shortcut and fast reject (off: the search alone)
 
 STATUSES = ("no_sql", "exec_error", "timeout", "mismatch", "match", "gold_unscorable", "infra_error")
@@ -97,128 +97,6 @@ class MatchResult:
         }
 
 
-try:
-    from _collections import _count_elements  # what Counter uses to count
-except ImportError:  # pragma: no cover - other Pythons
-
-    def _count_elements(mapping: dict, iterable: Any) -> None:
-        get = mapping.get
-        for v in iterable:
-            mapping[v] = get(v, 0) + 1
-
-
-def _counts(values: Any) -> dict:
-    """{value: count}: a Counter without its Python-level overhead (equal dicts <=> equal multisets)."""
-    d: dict = {}
-    _count_elements(d, values)
-    return d
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, int | float)
-
-
-def _non_integral(v: Any) -> bool:
-    """A float with a fractional part (NaN and infinities included): the only cells compared with tolerance."""
-    return type(v) is float and not v.is_integer()
-
-
-class _Cmp:
-    """Cell/row/multiset equality under one tolerance setting (tol=False: exact Python equality)."""
-
-    def __init__(self, tol: bool, rel: float = REL_TOL, abs_: float = ABS_TOL):
-        self.tol = tol
-        self.rel = rel
-        self.abs = abs_
-
-    def cell(self, a: Any, b: Any) -> bool:
-        if a == b:
-            return True
-        if not self.tol or not (_non_integral(a) or _non_integral(b)) or not (_is_num(a) and _is_num(b)):
-            return False  # integers and integral floats compare exactly (rule 2)
-        try:
-            return math.isclose(float(a), float(b), rel_tol=self.rel, abs_tol=self.abs)
-        except OverflowError:
-            return False
-
-    def row(self, a: tuple, b: tuple) -> bool:
-        if a == b:
-            return True
-        if not self.tol:
-            return False
-        return len(a) == len(b) and all(self.cell(x, y) for x, y in zip(a, b))
-
-    def multiset(self, a: list[tuple], b: list[tuple], has_float: bool) -> bool:
-        if len(a) != len(b):
-            return False
-        if a == b or _counts(a) == _counts(b):
-            return True
-        if not (self.tol and has_float):
-            return False
-        return self._tol_multiset(a, b)
-
-    def _tol_multiset(self, a: list[tuple], b: list[tuple]) -> bool:
-        def split(rows: list[tuple]) -> dict:
-            groups: dict[tuple, list[tuple]] = {}
-            for r in rows:
-                key = tuple(_NUM if _is_num(v) and not isinstance(v, bool) else v for v in r)
-                groups.setdefault(key, []).append(r)
-            return groups
-
-        ga, gb = split(a), split(b)
-        if ga.keys() != gb.keys():
-            return False
-        for key, ra in ga.items():
-            rb = gb[key]
-            if len(ra) != len(rb):
-                return False
-            numidx = [i for i, k in enumerate(key) if k is _NUM]
-
-            def sk(r: tuple, numidx: list[int] = numidx) -> tuple:
-                return tuple(float(r[i]) for i in numidx)
-
-            sa, sb = sorted(ra, key=sk), sorted(rb, key=sk)
-            if all(self.row(x, y) for x, y in zip(sa, sb)):
-                continue
-            if len(ra) > _MATCHING_MAX or not self._bipartite(sa, sb):
-                return False
-        return True
-
-    def _bipartite(self, a: list[tuple], b: list[tuple]) -> bool:
-        adj = [[j for j, y in enumerate(b) if self.row(x, y)] for x in a]
-        match_b: list[int] = [-1] * len(b)
-
-        def augment(i: int, seen: list[bool]) -> bool:
-            for j in adj[i]:
-                if not seen[j]:
-                    seen[j] = True
-                    if match_b[j] < 0 or augment(match_b[j], seen):
-                        match_b[j] = i
-                        return True
-            return False
-
-        return all(augment(i, [False] * len(b)) for i in range(len(a)))
-
-
-class _NumMarker:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<num>"
-
-
-_NUM = _NumMarker()
-
-
-def _project(rows: list[tuple], cols: tuple[int, ...] | list[int]) -> list[tuple]:
-    if not cols:
-        return [()] * len(rows)
-    if len(cols) == 1:
-        c = cols[0]
-        return [(r[c],) for r in rows]
-    return list(map(itemgetter(*cols), rows))
-
-
 class _Budget(Exception):
     pass
 
@@ -237,6 +115,7 @@ def execution_match(
     pred_columns: list[str] | None,
     pred_rows: list,
     shape: GoldShape | None = None,
+    cut: Cut | None = None,
     *,
     float_tol: bool = True,
     tie_relax: bool = True,
@@ -260,16 +139,18 @@ def execution_match(
        a. If every ORDER BY key resolves to an output column of the gold, the gold rows are cut into
           *runs* of consecutive rows with equal key (rule 2 equality). The prediction must have the
           same number of rows and, for every run, its rows at those positions must equal the gold run
-          as a multiset (rows tied on the key may come in any order). LIMIT ties: if the gold has a
-          top-level LIMIT and the limit was reached (row count == the literal limit, or the limit is
-          not a literal), the LAST run is a *boundary run*; with a top-level OFFSET (not literal 0)
-          the FIRST run is one too. At a boundary run the database may hold more rows tied on the
-          key than were returned, so the prediction's rows there only have to carry the same key
-          values (their other columns are not checked; a fabricated tied row would pass).
-       b. Otherwise (a key is not in the output, e.g. `ORDER BY count(*)`, or the gold projects `*`)
-          the prediction must equal the gold as a sequence. Ties in unseen keys are NOT relaxed: a
-          correct prediction ordering tied rows differently, or picking another tied row at a LIMIT
-          cut, is a mismatch (conservative).
+          as a multiset (rows tied on the key may come in any order).
+       b. LIMIT/OFFSET: with a `cut` (`sqlrl.reward.cut`, built from the gold's full ordered result,
+          the same query without LIMIT/OFFSET) the runs are the cut's, whether or not the keys are
+          output columns. Every run strictly inside the window is compared as in (a): every row
+          above the cut must be present. Only at the first run (with an OFFSET) and the last run,
+          and only where the full result holds more rows with that run's key than the window, may
+          other rows stand in: each predicted row there must be its own row of the full result
+          carrying that key. A row that is not in the full result, or carries another key, never
+          matches. Without a cut, no tie at the cut is relaxed (runs as in (a), or (c)).
+       c. Otherwise (a key is not in the output, e.g. `ORDER BY count(*)`, or the gold projects `*`)
+          the prediction must equal the gold as a sequence: ties in unseen keys are NOT relaxed (a
+          correct prediction ordering tied rows differently is a mismatch, conservative).
        LIMIT without a top-level ORDER BY: plain multiset comparison of what was returned.
     5. Column permutation. The prediction may list the gold's columns in another order. Gold column
        j is *compatible* with predicted column i when their values, restricted to every compared
@@ -288,7 +169,7 @@ def execution_match(
     (int/float/str/bytes/None), bounded time (30 columns x 2000 rows of mostly NULLs in well under 2 s).
     """
     shape = shape or GoldShape()
-    cmp = _Cmp(float_tol)
+    cmp = CellCmp(float_tol)
     g = list(map(tuple, gold_rows))
     p = list(map(tuple, pred_rows))
     if empty_equal_any_columns and not g and not p:
@@ -307,24 +188,32 @@ def execution_match(
     types = set(map(type, chain.from_iterable(g)))
     types.update(map(type, chain.from_iterable(p)))
     has_float = float_tol and float in types
-    runs_ok = tie_relax and shape.key_columns is not None and all(c < k for c in shape.key_columns)
+    cut = cut if tie_relax and shape.order_matters else None
+    if cut is not None and sum(cut.runs) != n:
+        raise ValueError(f"execution_match: the cut covers {sum(cut.runs)} rows, the gold has {n}")
+    runs_ok = cut is not None or (
+        tie_relax and shape.key_columns is not None and all(c < k for c in shape.key_columns)
+    )
     mode = ("runs" if runs_ok else "sequence") if shape.order_matters else "multiset"
+    if cut is not None and cut.pools:
+        types.update(map(type, chain.from_iterable(chain.from_iterable(rows for _, rows in cut.pools))))
+        has_float = float_tol and float in types
     steps = (k * k if float_tol else 0) + k + 1
     if _FAST_PATH and steps <= max_tries and n * steps <= max_work and _identical(g, p, mode, has_float):
         return MatchResult(True, "match", tuple(range(k)), mode, 0)
-    segs, key_only, keycols = _segments(g, mode, shape, cmp)
+    segs, pooled = _segments(g, mode, shape, cmp, cut)
     if (
         _FAST_PATH
         and k <= _REJECT_MAX_COLS
         and types <= (_EXACT_TYPES if float_tol else _EXACT_TYPES_F)
         and _MAX_CHARGES[k] <= max_tries
         and n * _MAX_CHARGES[k] <= max_work
-        and _cells_differ(g, p, segs, key_only)
+        and _cells_differ(g, p, segs, pooled)
     ):
         return MatchResult(False, _diff_reason(mode), None, mode, 0)
     meter = _Meter(max_tries, max_work)
     try:
-        search = _Search(g, p, mode, segs, key_only, keycols, cmp, has_float, meter)
+        search = _Search(g, p, mode, segs, pooled, cmp, has_float, meter)
         perm = search.run()
     except _Budget:
         return MatchResult(False, "permutation_bound", None, mode, meter.tries)
@@ -339,55 +228,61 @@ def _identical(g: list[tuple], p: list[tuple], mode: str, has_float: bool) -> bo
     search could not run out of budget on the way there (k*k column checks, k partial checks and one
     full one, of n rows each); in "runs" mode only without floats (a run is a tolerance chain)."""
     if mode == "multiset":
-        return g == p or _counts(g) == _counts(p)
+        return g == p or counts(g) == counts(p)
     return (mode == "sequence" or not has_float) and g == p
 
 
 def _segments(
-    g: list[tuple], mode: str, shape: GoldShape, cmp: _Cmp
-) -> tuple[list[list[int]], list[tuple[list[int], tuple]], tuple[int, ...]]:
-    """(multiset segments as position lists, key-only boundary segments with their key, key columns)."""
+    g: list[tuple], mode: str, shape: GoldShape, cmp: CellCmp, cut: Cut | None
+) -> tuple[list[list[int]], list[tuple[list[int], list[tuple]]]]:
+    """(exact multiset segments as position lists, pooled segments: (positions, the rows that may
+    stand there)); rule 4."""
     n = len(g)
     if mode == "multiset":
-        return [list(range(n))], [], ()
+        return [list(range(n))], []
     if mode == "sequence":
-        return [[i] for i in range(n)], [], ()
-    keycols: tuple[int, ...] = shape.key_columns  # type: ignore[assignment]
-    keys = _project(g, keycols)
+        return [[i] for i in range(n)], []
+    if cut is not None:
+        pools = dict(cut.pools)
+        segs: list[list[int]] = []
+        pooled: list[tuple[list[int], list[tuple]]] = []
+        start = 0
+        for i, length in enumerate(cut.runs):
+            positions = list(range(start, start + length))
+            if i in pools:
+                pooled.append((positions, list(pools[i])))
+            else:
+                segs.append(positions)
+            start += length
+        return segs, pooled
+    keys = project(g, shape.key_columns)  # type: ignore[arg-type]
     runs: list[list[int]] = [[0]]
     for i in range(1, n):
         if cmp.row(keys[i], keys[i - 1]):
             runs[-1].append(i)
         else:
             runs.append([i])
-    boundary: set[int] = set()
-    if shape.has_limit and (shape.limit is None or n >= shape.limit):
-        boundary.add(len(runs) - 1)
-    if shape.has_offset:
-        boundary.add(0)
-    segs = [r for i, r in enumerate(runs) if i not in boundary]
-    key_only = [(runs[i], keys[runs[i][0]]) for i in sorted(boundary)]
-    return segs, key_only, keycols
+    return runs, []
 
 
-def _cells_differ(g: list[tuple], p: list[tuple], segs: list[list[int]], key_only: list) -> bool:
+def _cells_differ(g: list[tuple], p: list[tuple], segs: list[list[int]], pooled: list) -> bool:
     """Fast reject, the search's answer only cheaper: True when no column permutation can match.
     With int/str/bytes/None cells (floats too without float_tol) equality is `==`, so any match needs
-    the compared segments' cells equal as multisets and each boundary key value in its predicted row.
-    The caller checks the types, and that the search (sum over d = 1..k of k!/(k-d)! checks of n rows)
-    could not have run out of budget first (its answer would then be "permutation_bound")."""
-    if key_only:
+    the exact segments' cells equal as multisets and each pooled predicted row's cells equal, as a
+    multiset, to some pool row's. The caller checks the types (pools included), and that the search
+    (sum over d = 1..k of k!/(k-d)! checks of n rows) could not have run out of budget first (its
+    answer would then be "permutation_bound")."""
+    if pooled:
         gc_ = chain.from_iterable(g[x] for s in segs for x in s)
         pc_ = chain.from_iterable(p[x] for s in segs for x in s)
     else:
         gc_, pc_ = chain.from_iterable(g), chain.from_iterable(p)
-    if _counts(gc_) != _counts(pc_):
+    if counts(gc_) != counts(pc_):
         return True
-    for positions, key in key_only:
-        for x in positions:
-            row = p[x]
-            if any(v not in row for v in key):
-                return True
+    for positions, pool in pooled:
+        shapes = {frozenset(counts(r).items()) for r in pool}
+        if any(frozenset(counts(p[x]).items()) not in shapes for x in positions):
+            return True
     return False
 
 
@@ -416,14 +311,13 @@ class _Search:
         p: list[tuple],
         mode: str,
         segs: list[list[int]],
-        key_only: list[tuple[list[int], tuple]],
-        keycols: tuple[int, ...],
-        cmp: _Cmp,
+        pooled: list[tuple[list[int], list[tuple]]],
+        cmp: CellCmp,
         has_float: bool,
         meter: _Meter,
     ):
         self.g, self.p, self.mode, self.segs = g, p, mode, segs
-        self.key_only, self.keycols, self.cmp, self.has_float = key_only, keycols, cmp, has_float
+        self.pooled, self.cmp, self.has_float = pooled, cmp, has_float
         self.charge = meter.charge
         self.n = len(g)
         self.k = len(g[0])
@@ -437,8 +331,8 @@ class _Search:
 
     @staticmethod
     def _coarse(values: list[Any]) -> tuple:
-        nums = [float(v) for v in values if _is_num(v)]
-        other = frozenset(Counter(v for v in values if not _is_num(v)).items())
+        nums = [float(v) for v in values if is_num(v)]
+        other = frozenset(Counter(v for v in values if not is_num(v)).items())
         return other, len(nums), (min(nums), max(nums)) if nums else None
 
     def _candidates(self, gcols: list[list[Any]], pcols: list[list[Any]]) -> list[list[int]] | None:
@@ -491,7 +385,7 @@ class _Search:
         g, p, n, assign = self.g, self.p, self.n, self.assign
         gc = sorted(assign)
         pc = [assign[j] for j in gc]
-        gp, pp = _project(g, gc), _project(p, pc)
+        gp, pp = project(g, gc), project(p, pc)
         self.charge(n)
         for s in self.segs:
             a = gp if len(s) == n else [gp[x] for x in s]
@@ -503,7 +397,7 @@ class _Search:
     def _full_ok(self) -> bool:
         g, n, cmp = self.g, self.n, self.cmp
         perm = tuple(self.assign[j] for j in range(self.k))
-        pp = _project(self.p, perm)
+        pp = project(self.p, perm)
         self.charge(n)
         if self.mode == "sequence":
             return all(cmp.row(a, b) for a, b in zip(g, pp))
@@ -512,11 +406,9 @@ class _Search:
             b = pp if len(s) == n else [pp[x] for x in s]
             if not cmp.multiset(a, b, self.has_float):
                 return False
-        keycols = self.keycols
-        for positions, key in self.key_only:
-            for x in positions:
-                if not cmp.row(tuple(pp[x][c] for c in keycols), key):
-                    return False
+        for positions, pool in self.pooled:
+            if not cmp.submultiset([pp[x] for x in positions], pool, self.has_float):
+                return False
         return True
 
     def _search(self, depth: int) -> bool:

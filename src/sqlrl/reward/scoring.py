@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlrl.reward.cut import Cut
 from sqlrl.reward.match import MatchResult, execution_match, test_suite_result_eq
 from sqlrl.reward.reproducible import reproducible
 from sqlrl.reward.shape import GoldShape, remove_distinct
@@ -80,7 +81,8 @@ def _score_pair(run: Any, sql: str, refs: list, extra: Any, options: dict) -> tu
     """One pair, inside a sandbox worker (`Sandbox.execute_scored`): exactly what the Evaluator's
     parent-side path computes, from the prediction's sandbox result and the gold result shipped from
     the gold cache. The gold is never executed here: `run` only ever gets the prediction and its
-    DISTINCT-free variant. refs: [(gold columns, gold rows, gold shape as a tuple)] plus, when the
+    DISTINCT-free variant. refs: [(gold columns, gold rows, gold shape as a tuple, the gold's cut
+    as (runs, pools) or None)] plus, when the
     gold has a DISTINCT-free variant, (its gold-cache status, columns, rows). extra: None, or the
     reason the gold variant could not be fetched. Returns (value, status, parts, memoizable,
     statements run)."""
@@ -99,14 +101,14 @@ def _score_pair(run: Any, sql: str, refs: list, extra: Any, options: dict) -> tu
         if st == "timeout":
             return (0.0, "timeout", {**fail, "sandbox_status": st, "message": msg}, False, 1)
         return (None, "infra_error", {"kind": kind, "sandbox_status": st, "message": msg}, False, 1)
-    g_cols, g_rows, shape_t = refs[0]
+    g_cols, g_rows, shape_t, cut_t = refs[0]
     shape = _SHAPES.get(shape_t)
     if shape is None:
         if len(_SHAPES) >= 4096:
             _SHAPES.clear()
         shape = _SHAPES[shape_t] = GoldShape(*shape_t)
     p_cols, p_rows = res[1], res[2]
-    m = execution_match(g_cols, g_rows, p_cols, p_rows, shape)
+    m = execution_match(g_cols, g_rows, p_cols, p_rows, shape, Cut(*cut_t) if cut_t is not None else None)
     parts = match_parts({"kind": kind}, m, shape, len(g_rows), len(p_rows))
     if m.reason == "permutation_bound":
         parts["note"] = PERMUTATION_NOTE

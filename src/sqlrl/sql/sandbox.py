@@ -190,6 +190,7 @@ class Sandbox:
         refs: dict,
         scorer: str,
         options: Any = None,
+        timeout_s: float | None = None,
     ) -> list[Any]:
         """Run a scorer inside the workers, one round trip per chunk of items, results in order.
 
@@ -207,12 +208,14 @@ class Sandbox:
         result is that `SQLResult` (timeout); for a later statement the item is run again on the new
         worker with that statement answered by the failure result instead of being executed. A
         worker dying gives `worker_crash` the same way. The other unfinished items of the chunk are
-        re-run on the fresh worker. Thread-safe; nothing the SQL does makes it raise."""
+        re-run on the fresh worker. `timeout_s`: the statements' soft limit for this call (default
+        the sandbox's; the hard limit keeps its margin above it). Thread-safe; nothing the SQL does
+        makes it raise."""
         self._check_open()
         results: list[Any] = [None] * len(items)
         if not items:
             return results
-        t = self.timeout_s
+        t = self.timeout_s if timeout_s is None else float(timeout_s)
         todo = [(i, _abspath(it[0]), it[1], t, tuple(it[2]), it[3], None) for i, it in enumerate(items)]
         # As many chunks per worker as there are items for chunks of `_SCORE_MIN_CHUNK` (1 to
         # `_SCORE_CHUNKS_PER_WORKER`): every message costs both sides wake-ups, which a small call

@@ -232,11 +232,20 @@ class _ScoredRun:
 
     def top_up(self, w: Worker) -> None:
         """Queue further chunks behind those `w` has in flight, up to `depth`, while they fit in the
-        pipe's buffer (see `_SCORE_TOPUP_BYTES`)."""
+        pipe's buffer (see `_SCORE_TOPUP_BYTES`) and, with several workers, while more chunks are left
+        than workers are busy: the last ones go to whichever worker is free first, never behind a chunk
+        that may hold a slow statement while another worker idles."""
         st = self.state.get(w)
         room = min(_SCORE_TOPUP_BYTES, w.sndbuf // 4)
         chunks = self.chunks
-        while st is not None and chunks and len(st[3]) < self.depth and not self.pool.closed:
+        busy = len(self.state)
+        while (
+            st is not None
+            and chunks
+            and len(st[3]) < self.depth
+            and not self.pool.closed
+            and (busy < 2 or len(chunks) > busy)
+        ):
             batch = chunks.popleft()
             added: list = []
             try:

@@ -14,7 +14,9 @@ What is covered:
   database (`split_by_database`): deterministic for (db ids, seed, val_fraction), independent of
   example order, no database on both sides;
 - `fingerprint` changes when any example of the split (or their order) or any byte of a database
-  file they use changes; data errors are `DataError` (a ValueError) saying what, where and how to fix.
+  file they use changes; data errors are `DataError` (a ValueError) saying what, where and how to fix;
+- a database that is absent raises `DataError`; one that exists but is damaged (`sqlrl.tasks.dbcheck`,
+  checked once per process) is named by `damaged_databases`, its tasks load with an empty schema.
 
 What is not:
 - that the gold SQL executes or returns rows (`sqlrl.tasks.goldcache.audit_golds` checks that);
@@ -34,6 +36,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sqlrl.tasks.dbcheck import database_problem
 
 __all__ = [
     "DataError",
@@ -376,7 +380,7 @@ class SpiderData:
         counts: dict[str, int] = {}
         for ex in examples:
             counts[ex.db_id] = counts.get(ex.db_id, 0) + 1
-        missing = {k: v for k, v in counts.items() if not self.db_path(k).is_file()}
+        missing = {k: v for k, v in counts.items() if not os.path.lexists(self.db_path(k))}
         if missing:
             shown = ", ".join(f"{k} ({v} examples)" for k, v in sorted(missing.items())[:10])
             more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
@@ -404,12 +408,23 @@ class SpiderData:
         self._check_databases(stem, exs)
         return stem, exs
 
+    def damaged_databases(self, split: str, *, seed: int = 0, val_fraction: float = 0.1) -> dict[str, str]:
+        """{db_id: problem} for the split's databases that fail `sqlrl.tasks.dbcheck.database_problem`
+        (each file checked once per process); their tasks are excluded as `database_damaged`."""
+        out = {}
+        for db_id in sorted({e.db_id for e in self._examples_for(split, seed, val_fraction)[1]}):
+            problem = database_problem(self.db_path(db_id))
+            if problem is not None:
+                out[db_id] = problem
+        return out
+
     def _schema(self, db_id: str) -> str:
         path = str(self.db_path(db_id))
         with self._lock:
             hit = self._schemas.get(path)
         if hit is None:
-            hit = schema_text(path)
+            # a damaged database's tasks are excluded before any rollout: no schema to show
+            hit = "" if database_problem(path) is not None else schema_text(path)
             with self._lock:
                 self._schemas[path] = hit
         return hit
@@ -449,7 +464,11 @@ class SpiderData:
             h.update(json.dumps([e.db_id, e.question, e.query], ensure_ascii=False).encode("utf-8") + b"\n")
         h.update(b"databases\n")
         for db_id in sorted({e.db_id for e in exs}):
-            h.update(f"{db_id} {file_sha256(self.db_path(db_id))}\n".encode())
+            try:
+                digest = file_sha256(self.db_path(db_id))
+            except OSError:  # a directory or an unreadable file: its problem stands for its bytes
+                digest = f"unreadable: {database_problem(self.db_path(db_id))}"
+            h.update(f"{db_id} {digest}\n".encode())
         return h.hexdigest()
 
     def split_info(self, seed: int = 0, val_fraction: float = 0.1) -> dict:

@@ -36,13 +36,13 @@ import sys
 import threading
 import time
 import warnings
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sqlrl.sql.result import MAX_RESULT_BYTES, MAX_ROWS
-from sqlrl.tasks.data import PrivateTask, file_sha256
+from sqlrl.tasks.data import file_sha256
+from sqlrl.tasks.goldaudit import GoldAudit, audit_golds
 
 log = logging.getLogger(__name__)
 
@@ -537,59 +537,3 @@ class GoldCache:
         finally:
             if bar is not None:
                 bar.close()
-
-
-# ------------------------------------------------------------------------------------------- audit
-
-
-@dataclass
-class GoldAudit:
-    n: int
-    scorable: int
-    excluded: Counter = field(default_factory=Counter)  # reason -> count
-    per_task: dict[str, str | None] = field(default_factory=dict)  # task_id -> reason | None
-    cache_hits: int = 0  # golds served without executing (cache, or a duplicate (db, sql) in the batch)
-    executed: int = 0  # golds executed by this audit
-    elapsed_s: float = 0.0
-
-    def to_dict(self) -> dict:
-        return {
-            "n": self.n,
-            "scorable": self.scorable,
-            "excluded": dict(sorted(self.excluded.items())),
-            "per_task": dict(self.per_task),
-            "cache_hits": self.cache_hits,
-            "executed": self.executed,
-            "elapsed_s": round(self.elapsed_s, 3),
-        }
-
-
-def audit_golds(tasks: list[PrivateTask], cache: GoldCache, *, progress: bool | None = None) -> GoldAudit:
-    """Execute (or look up) every task's gold and count which are unscorable, by reason.
-
-    Shows a tqdm bar on stderr when at least 100 golds need executing (override with `progress`).
-    """
-    for t in tasks:
-        if not isinstance(t, PrivateTask):
-            raise TypeError(f"audit_golds needs PrivateTask (it needs the gold), got {type(t).__name__}")
-    t0 = time.perf_counter()
-    hits_before, misses_before = cache.hits, cache.misses
-    results = cache.get_many(
-        [(t.public.db_path, t.gold_sql) for t in tasks], progress=progress, desc="gold audit"
-    )
-    per_task: dict[str, str | None] = {}
-    excluded: Counter = Counter()
-    for t, r in zip(tasks, results):
-        reason = r.unscorable_reason
-        per_task[t.task_id] = reason
-        if reason is not None:
-            excluded[reason] += 1
-    return GoldAudit(
-        n=len(tasks),
-        scorable=sum(1 for r in results if r.scorable),
-        excluded=excluded,
-        per_task=per_task,
-        cache_hits=cache.hits - hits_before,
-        executed=cache.misses - misses_before,
-        elapsed_s=time.perf_counter() - t0,
-    )

@@ -8,12 +8,12 @@ last: step, weights_hash, files {name: {sha256, bytes}}, data cursor, config has
 
 What is covered:
 - A folder named ``step_NNNNNN`` only appears through one ``os.replace`` of a fully written, fsynced
-  temp folder (``.step_NNNNNN.tmp-<pid>``); a kill leaves the previous state or a dot-prefixed temp
-  folder, which `load_latest` ignores and reports under ``partial``.
+  temp folder (``.step_NNNNNN.tmp-<pid>``); a kill leaves the previous state or dot-prefixed folders
+  (``.NAME.tmp|old|del-<pid>``), which `load_latest` ignores and `remove_partial` (on resume) removes.
 - `load_latest` never loads silently: every file in the sidecar must have the recorded size and (with
   ``verify=True``) sha256; a corrupt newest checkpoint raises `CheckpointError` naming it and the newest
   valid older one, unless ``fallback=True`` (one warning naming both, then that older one, listed in
-  ``CheckpointInfo.skipped``). `remove_partial` deletes the temp folders of interrupted saves (on resume).
+  ``CheckpointInfo.skipped``).
 - `restore_checkpoint` recomputes the weights hash after loading and raises on a mismatch (this also
   catches a LoRA checkpoint restored onto the wrong base model or dtype).
 - Pruning (``keep_last``) never deletes the checkpoint just written, nor the newest one.
@@ -51,6 +51,7 @@ ADAPTER_CONFIG = "adapter_config.json"
 IDENTITY = "identity.json"
 _STEP_RE = re.compile(r"^step_(\d{6,})$")
 _TMP_RE = re.compile(r"^\.step_(\d{6,})\.tmp-\d+$")
+_LEFTOVER_RE = re.compile(r"^\.(step_\d{6,})\.(tmp|old|del)-\d+$")  # interrupted save / replace / prune
 
 
 class CheckpointError(RuntimeError):
@@ -465,14 +466,28 @@ def load_latest(
 
 
 def remove_partial(run_dir: str | os.PathLike) -> list[str]:
-    """Delete the temp folders (``.step_NNNNNN.tmp-<pid>``) that interrupted saves left in the run's
-    checkpoints folder; returns their names. Call it only while no other process saves into the run."""
+    """Delete the folders that killed saves and prunes left in the run's checkpoints folder and return
+    their names: ``.step_NNNNNN.tmp-<pid>`` (a save not yet renamed), ``.step_NNNNNN.del-<pid>`` (a pruned
+    checkpoint not yet deleted) and ``.step_NNNNNN.old-<pid>`` (the folder a re-save of the same step
+    moved aside). An ``.old`` folder whose ``step_NNNNNN`` is absent (killed between the two renames of
+    `replace_dir`) is moved back instead, so the previous state stays. ``step_NNNNNN`` folders are never
+    touched. Call it only while no other process saves into the run."""
     ckdir = Path(run_dir) / "checkpoints"
     if not ckdir.is_dir():
         return []
-    removed = sorted(p.name for p in ckdir.iterdir() if _TMP_RE.match(p.name) and p.is_dir())
-    for name in removed:
-        shutil.rmtree(ckdir / name, ignore_errors=True)
+    removed = []
+    for p in sorted(ckdir.iterdir()):
+        m = _LEFTOVER_RE.match(p.name)
+        if not m or not p.is_dir() or p.is_symlink():
+            continue
+        final = ckdir / m.group(1)
+        if m.group(2) == "old" and not os.path.lexists(final):
+            os.replace(p, final)
+            fsync_dir(ckdir)
+            log.warning("moved %s back to %s (a re-save of that step was interrupted)", p, final)
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p.name)
     if removed:
         log.warning(
             "removed %d interrupted checkpoint save(s) in %s: %s", len(removed), ckdir, ", ".join(removed)

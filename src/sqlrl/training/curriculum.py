@@ -279,7 +279,8 @@ def run_stages(
 ) -> str | None:
     """Run (or skip, when finished and checked) every stage in order, each from the previous stage's
     final weights; appends each stage to `record["stages"]` and rewrites curriculum.json. Returns the
-    base weights' identity. `kw`: policy_factory, progress, command, evaluator_factory, deadline."""
+    base weights' identity. `kw`: policy_factory, progress, command, evaluator_factory, deadline,
+    resume_from_valid."""
     from sqlrl.training import budget
     from sqlrl.training.sft import resolved as sft_resolved
 
@@ -452,9 +453,12 @@ def run_curriculum(
     command: list[str] | None = None,
     evaluator_factory=None,
     deadline: float | None = None,
+    resume_from_valid: bool = False,
 ) -> dict:
     """Run (or resume) every stage, then the evaluation by category. `policy_factory(model_name) ->
     (model, tokenizer, name, identity)` replaces model loading for training and evaluation (tests).
+    `resume_from_valid`: a stage whose newest checkpoint is corrupt resumes from the newest valid older
+    one (`trainer.train`'s `resume_from_valid`) instead of raising `CheckpointError`.
     `deadline` (a `time.monotonic()` value): stages stop cleanly with a checkpoint and evaluations are
     not started when time is short; `experiment.Unfinished` is raised, and rerunning resumes."""
     from sqlrl.tasks.data import select_tasks
@@ -495,6 +499,7 @@ def run_curriculum(
         command=command,
         evaluator_factory=evaluator_factory,
         deadline=deadline,
+        resume_from_valid=resume_from_valid,
     )
 
     # ---- evaluation by category: base and every stage, same tasks, same budgets, greedy ----

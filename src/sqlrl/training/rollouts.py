@@ -1,7 +1,8 @@
 """The sample of one GRPO step: rollouts of fresh tasks, scored, grouped, with advantages.
 
 What is covered:
-- Tasks come from the run's `TaskSampler` (a seeded epoch permutation); the sampling seed of round r of
+- Tasks come from the run's sampler (`sqlrl.training.sampling`: an epoch permutation, or weighted by
+  pass rate, fed each scored reward); the sampling seed of round r of
   step s is `seed * 1_000_003 + s + r * 10_000_019`, so round 0 is the step's seed of a run without
   dynamic sampling.
 - Trajectories excluded for infrastructure reasons (reward value None) are left out of the groups and
@@ -11,6 +12,8 @@ What is covered:
   update may still have fewer than `prompts_per_step` groups). The step's reward, accuracy and group
   metrics describe the first round only.
 - `run.log_sql`: every trajectory the reward scored, every round, one line in sql.jsonl.
+- What scoring cost, over all rounds: its wall time, the trajectories scored `timeout` (a prediction
+  that ran into `grpo.score_timeout_s`) and the sandbox's longest time on one final SQL.
 
 What is not: a learning signal in any group (that is what `informative` and the metrics report).
 """
@@ -77,6 +80,8 @@ class StepSample:
     ds_rounds: int = 0
     t_roll: float = 0.0
     t_score: float = 0.0
+    score_timeouts: int = 0  # trajectories of all rounds scored `timeout` (the statement limit hit)
+    score_max_exec_ms: float = 0.0  # the sandbox's longest time on one trajectory's final SQL
 
     @property
     def valid(self) -> list:
@@ -107,7 +112,8 @@ class RolloutSource:
         from sqlrl.agent.loop import Sampling
 
         g = self.grpo
-        batch_tasks = [self.tasks[i] for i in self.sampler.next(g.prompts_per_step)]
+        picked = self.sampler.next(g.prompts_per_step)
+        batch_tasks = [self.tasks[i] for i in picked]
         t_r = time.perf_counter()
         sampling_seed = self.seed * 1_000_003 + step + r * 10_000_019
         got = self.env.rollout(
@@ -121,6 +127,15 @@ class RolloutSource:
         t_s = time.perf_counter()
         scored = self.env.score(got)
         sample.t_score += time.perf_counter() - t_s
+        for tr in got:
+            rw = tr.reward or {}
+            sample.score_timeouts += rw.get("status") == "timeout"
+            sample.score_max_exec_ms = max(sample.score_max_exec_ms, rw.get("exec_ms") or 0.0)
+        observe = getattr(self.sampler, "observe", None)
+        if observe is not None:  # a pass-rate sampler learns each task's rewards
+            index = {self.tasks[i].task_id: i for i in picked}
+            for tr in got:
+                observe(index[tr.task_id], [tr.reward["value"]])
         if self.sql_log is not None:
             append_jsonl_many(self.sql_log, (sql_record(step, r, tr) for tr in got))
         return got, scored

@@ -36,11 +36,23 @@ MEMORY_ONLY_KEYS = {("grpo", "micro_batch"), ("grpo", "micro_batch_logit_tokens"
 # Settings that change only what is written for inspection (never what is computed): a resume may change
 # them too (recorded like the memory-only ones); sql.jsonl of a run resumed with log_sql turned on
 # starts at the resumed step
-RECORD_ONLY_KEYS = {("run", "log_sql"), ("run", "log_rollouts")}
+RECORD_ONLY_KEYS = {
+    ("run", "log_sql"),
+    ("run", "log_rollouts"),
+    ("run", "eval_every"),  # the learning curve never reaches the update (sqlrl.training.curve)
+    ("run", "eval_tasks"),
+}
 RESUMABLE_CHANGES = MEMORY_ONLY_KEYS | RECORD_ONLY_KEYS
 # settings a saved config may lack, with the value that behaves as a config without them: a saved
 # config without one of them is read as having that value (so such runs resume)
-ADDED_KEYS = {("grpo", "dynamic_sampling_rounds"): 0, ("sft", "submit_turns"): 0}
+ADDED_KEYS = {
+    ("grpo", "dynamic_sampling_rounds"): 0,
+    ("grpo", "score_timeout_s"): 0.0,
+    ("grpo", "task_sampling"): "epoch",
+    ("sft", "submit_turns"): 0,
+    ("run", "eval_every"): 0,
+    ("run", "eval_tasks"): 0,
+}
 
 
 def config_changes(saved: dict, mine: dict) -> tuple[list[str], list[str]]:

@@ -53,7 +53,8 @@ from sqlrl.training.runfolder import (
     restore_latest,
     stop_for_time,
 )
-from sqlrl.training.trainer import TaskSampler, load_trainable, make_optimizer, pad_token_id, seed_and_device
+from sqlrl.training.sampling import TaskSampler
+from sqlrl.training.trainer import load_trainable, make_optimizer, pad_token_id, seed_and_device
 
 log = logging.getLogger(__name__)
 

@@ -40,6 +40,7 @@ from typing import Any
 from sqlrl.artifacts import append_jsonl, git_commit, holds_run_lock, machine_info, write_json_atomic
 from sqlrl.config import Config
 from sqlrl.generation.device import device_and_dtypes
+from sqlrl.training.curve import Curve
 from sqlrl.training.rollouts import RolloutSource, StepSample, advantages, informative
 from sqlrl.training.runfolder import (
     Checkpointer,
@@ -54,57 +55,10 @@ from sqlrl.training.runfolder import (
     restore_latest,
     stop_for_time,
 )
+from sqlrl.training.sampling import make_sampler
 from sqlrl.training.update import Learner, UpdateResult, update_policy
 
 log = logging.getLogger(__name__)
-
-
-class TaskSampler:
-    """Seeded epoch permutations over task indices; `state_dict()` is the data cursor."""
-
-    def __init__(self, n: int, seed: int):
-        if n <= 0:
-            raise ValueError("no training tasks to sample from")
-        self.n, self.seed, self.epoch, self.pos = n, seed, 0, 0
-        self._perm = self._make_perm()
-
-    def _make_perm(self) -> list[int]:
-        perm = list(range(self.n))
-        random.Random(self.seed * 1_000_003 + self.epoch).shuffle(perm)
-        return perm
-
-    def next(self, k: int) -> list[int]:
-        """`k` task indices; no index twice in one batch while k <= n (a batch that straddles an epoch
-        boundary takes the new epoch's first indices that are not already in the batch)."""
-        out: list[int] = []
-        while len(out) < k:
-            if self.pos >= self.n:
-                self.epoch += 1
-                self.pos = 0
-                self._perm = self._make_perm()
-                self._reordered = False
-                if out and k <= self.n:
-                    taken = set(out)
-                    self._perm = [i for i in self._perm if i not in taken] + [
-                        i for i in self._perm if i in taken
-                    ]
-                    self._reordered = True
-            out.append(self._perm[self.pos])
-            self.pos += 1
-        return out
-
-    def state_dict(self) -> dict:
-        perm = list(self._perm) if getattr(self, "_reordered", False) else None
-        return {"epoch": self.epoch, "pos": self.pos, "n": self.n, "seed": self.seed, "perm": perm}
-
-    def load_state_dict(self, s: dict) -> None:
-        if s["n"] != self.n or s["seed"] != self.seed:
-            raise ValueError(
-                f"data cursor is for {s['n']} tasks / seed {s['seed']}, this run has {self.n} / {self.seed}"
-            )
-        self.epoch, self.pos = s["epoch"], s["pos"]
-        self._perm = list(s["perm"]) if s.get("perm") else self._make_perm()
-        self._reordered = bool(s.get("perm"))
 
 
 def load_trainable(cfg: Config, device: str, gen_dtype: str, policy_factory=None):
@@ -336,6 +290,8 @@ def step_metrics(
         "mean_turns": sum(len(tr.turns) for tr in trajs) / len(trajs),
         "time_rollout_s": round(s.t_roll, 3),
         "time_score_s": round(s.t_score, 3),
+        "score_timeouts": s.score_timeouts,
+        "score_max_exec_s": round(s.score_max_exec_ms / 1e3, 3),
         "time_update_s": round(t_upd, 3),
         "time_step_s": round(time.perf_counter() - t0, 3),
         **gpu_telemetry(),
@@ -386,7 +342,7 @@ def train(
 
     # ---- data: the environment decides where tasks come from and how they are rolled out and scored ----
     env = make_env(cfg, out, evaluator_factory=evaluator_factory)
-    sampler = TaskSampler(len(env.tasks), cfg.run.seed)
+    sampler = make_sampler(cfg.grpo.task_sampling, len(env.tasks), cfg.run.seed)
     m = build_models(cfg, device, gen_dtype, policy_factory)
     params = [p for p in m.train.parameters() if p.requires_grad]
     optimizer, scheduler = make_optimizer(params, g.lr, g.weight_decay, g.warmup_steps, betas=g.betas)
@@ -423,6 +379,7 @@ def train(
         out, m.train, optimizer, scheduler, sampler, cfg.config_hash(), cfg.run.keep_checkpoints
     )
     memory_adjustments: list[dict] = []
+    curve = Curve(cfg, out, env, budgets, resumed_from)
     with env:
         for step in range(start_step + 1, g.steps + 1):
             if stop_for_time(
@@ -447,6 +404,8 @@ def train(
             metrics = step_metrics(
                 step, sample, upd, lr, m.policy, gen_before, (t0, time.perf_counter() - t1)
             )
+            if hasattr(sampler, "stats"):  # pass-rate sampling: tasks seen, and those in the middle
+                metrics.update(sampler.stats())
             append_jsonl(out / "steps.jsonl", metrics)
             if cfg.run.log_rollouts:
                 for tr in sample.trajs[: cfg.run.log_rollouts]:
@@ -463,13 +422,16 @@ def train(
                 bar.update(1)
             if step % cfg.run.checkpoint_every == 0 or step == g.steps:
                 checkpoint(step)
+            point = curve(step, m.policy, step == g.steps)
+            if point is not None:
+                sinks.log({"val_execution_match": point["execution_match"]}, step)
             steps_done, last_step, last_step_s = steps_done + 1, step, time.perf_counter() - t0
             if stop_after is not None and steps_done >= stop_after:
                 break
     if bar is not None:
         bar.close()
     sinks.close()
-    train_s = time.perf_counter() - t_train0
+    train_s = time.perf_counter() - t_train0 - curve.seconds
     finished = last_step >= g.steps
     result = {"steps": last_step, "finished": finished}
     if finished:
@@ -484,6 +446,7 @@ def train(
             "generation_memory_adjustments": list(m.policy.memory_adjustments),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "train_seconds": round(total_s, 2),
+            "curve_seconds": round(curve.seconds, 2),
             "gpu_minutes": round(total_s / 60.0, 3) if device == "cuda" else None,
             **result,
         }

@@ -1,0 +1,220 @@
+"""Where a gold's top-level ORDER BY ... LIMIT/OFFSET cuts its full ordered result, and which rows may
+stand in for the ones it kept.
+
+The gold cache runs `cut_query(gold).sql` (the gold without LIMIT/OFFSET, its sort keys appended as
+extra output columns when they are not output columns) once, like any gold; `build_cut` reads the
+gold's rows as the window `[offset, offset + rows)` of that full result and gives the `Cut` that
+`execution_match` applies: the window is cut into runs of rows with equal sort key; a run strictly
+inside the window is compared exactly (as a multiset, at its positions); the first run (only with an
+OFFSET) and the last run may, when rows tied with them lie outside the window, hold ANY rows of the
+full result with that key, each predicted row its own row of that pool.
+
+What is covered:
+- keys that are output columns, keys that are not (appended to the projection), `LIMIT n, m`, OFFSET;
+- the gold must agree with its own full result under the rule, or there is no cut;
+- `fetch_cuts`: one batched gold-cache call per scoring call; an exception is infrastructure.
+
+What is not:
+- no cut (ties at the cut are then not relaxed: a possible false negative, never a false positive)
+  for a compound SELECT or a top-level SELECT DISTINCT whose keys are not output columns, a
+  non-literal OFFSET, SQL sqlglot cannot tokenize, or a full result that fails or is over the caps;
+- ties are Python equality of the key values (a NOCASE collation tie is not a tie here).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from sqlrl.reward.cells import counts
+from sqlrl.reward.shape import gold_shape
+
+__all__ = ["Cut", "CutQuery", "build_cut", "cut_query", "fetch_cuts"]
+
+_CACHE_MAX = 4096
+_CACHE: dict[tuple[int, int, str], tuple[Any, Any, Cut | None]] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Cut:
+    runs: tuple[int, ...]  # lengths of the window's runs of equal sort key, top to bottom
+    # (run index, every full-result row carrying that run's key), only where ties cross the cut
+    pools: tuple[tuple[int, tuple[tuple, ...]], ...] = ()
+
+    def cells(self) -> int:
+        """Cells held by the pools (what shipping this cut to a worker costs)."""
+        return sum(len(rows) * (len(rows[0]) if rows else 0) for _, rows in self.pools)
+
+
+@dataclass(frozen=True)
+class CutQuery:
+    sql: str  # the full ordered result's query
+    offset: int  # the gold's literal OFFSET (0 when absent)
+    extra_keys: int  # sort keys appended after the gold's output columns (0: keys are output columns)
+
+
+@lru_cache(maxsize=65536)
+def cut_query(gold_sql: str) -> CutQuery | None:
+    """The query of the gold's full ordered result, or None when the gold has no top-level ORDER BY with
+    LIMIT/OFFSET or the query cannot be built (see the module docstring)."""
+    import sqlglot
+    from sqlglot.tokens import TokenType as T
+
+    shape = gold_shape(gold_sql)
+    if not (shape.parsed and shape.order_matters and (shape.has_limit or shape.has_offset)):
+        return None
+    offset = sqlglot.parse_one(gold_sql, read="sqlite").args.get("offset")
+    off = 0
+    if offset is not None:
+        lit = offset.args.get("expression")
+        if not (isinstance(lit, sqlglot.exp.Literal) and not lit.is_string and str(lit.this).isdigit()):
+            return None
+        off = int(lit.this)
+    try:
+        toks = sqlglot.tokenize(gold_sql, read="sqlite")
+    except Exception:
+        return None
+    depth, top = 0, []  # top: (index in toks, token) at parenthesis depth 0
+    for t in toks:
+        if t.token_type == T.L_PAREN:
+            depth += 1
+        elif t.token_type == T.R_PAREN:
+            depth -= 1
+        elif depth == 0:
+            top.append(t)
+    limit = next((i for i, t in enumerate(top) if t.token_type == T.LIMIT), None)
+    if limit is None:
+        return None
+    cut_at = top[limit].start
+    if shape.key_columns is not None:
+        return CutQuery(gold_sql[:cut_at].rstrip(), off, 0)
+    kinds = [t.token_type for t in top]
+    if any(k in (T.UNION, T.INTERSECT, T.EXCEPT) for k in kinds):
+        return None
+    first_select = kinds.index(T.SELECT) if T.SELECT in kinds else None
+    if first_select is None or (first_select + 1 < len(kinds) and kinds[first_select + 1] == T.DISTINCT):
+        return None
+    order = max((i for i, k in enumerate(kinds[:limit]) if k == T.ORDER_BY), default=None)
+    frm = next((i for i, k in enumerate(kinds) if k == T.FROM and i > first_select), None)
+    if order is None or frm is None or frm > order:
+        return None
+    terms = _order_terms(gold_sql, toks, top[order], top[limit])
+    if not terms:
+        return None
+    extra = "".join(f", {term} AS sqlrl_cut_key_{i}" for i, term in enumerate(terms))
+    at = top[frm].start
+    return CutQuery(gold_sql[:at].rstrip() + extra + " " + gold_sql[at:cut_at].rstrip(), off, len(terms))
+
+
+def _order_terms(sql: str, toks: list, order_tok: Any, limit_tok: Any) -> list[str]:
+    """The ORDER BY terms' text between the two tokens, without ASC/DESC and NULLS FIRST/LAST."""
+    from sqlglot.tokens import TokenType as T
+
+    terms: list[list] = [[]]
+    depth = 0
+    inside = [t for t in toks if order_tok.end < t.start < limit_tok.start]
+    for t in inside:
+        if t.token_type == T.L_PAREN:
+            depth += 1
+        elif t.token_type == T.R_PAREN:
+            depth -= 1
+        if depth == 0 and t.token_type == T.COMMA:
+            terms.append([])
+        else:
+            terms[-1].append(t)
+    out = []
+    for term in terms:
+        if len(term) >= 2 and term[-2].text.upper() == "NULLS" and term[-1].text.upper() in ("FIRST", "LAST"):
+            term = term[:-2]
+        if term and term[-1].token_type in (T.ASC, T.DESC):
+            term = term[:-1]
+        if not term:
+            return []
+        out.append(sql[term[0].start : term[-1].end + 1])
+    return out
+
+
+def build_cut(gold_rows: list, full_rows: list, n_cols: int, query: CutQuery, key_columns: Any) -> Cut | None:
+    """The Cut of the gold's rows inside its full ordered result, or None when the full result does not
+    hold the gold's rows as its window under the rule (then nothing is relaxed)."""
+    n, o, extra = len(gold_rows), query.offset, query.extra_keys
+    keycols = tuple(range(n_cols, n_cols + extra)) if extra else tuple(key_columns or ())
+    if n == 0 or not keycols or any(len(r) != n_cols + extra for r in full_rows):
+        return None
+    if len(full_rows) < o + n:
+        return None
+    all_keys = [tuple(r[c] for c in keycols) for r in full_rows]
+    rows = [tuple(r[:n_cols]) for r in full_rows] if extra else [tuple(r) for r in full_rows]
+    keys = all_keys[o : o + n]
+    runs = [1]
+    for i in range(1, n):
+        if keys[i] == keys[i - 1]:
+            runs[-1] += 1
+        else:
+            runs.append(1)
+    starts = [sum(runs[:i]) for i in range(len(runs))]
+    pools = []
+    for idx in sorted({0, len(runs) - 1}):
+        key = keys[starts[idx]]
+        pool = tuple(r for r, k in zip(rows, all_keys) if k == key)
+        if len(pool) > runs[idx]:
+            pools.append((idx, pool))
+    pooled = dict(pools)
+    gold = [tuple(r) for r in gold_rows]
+    for idx, (s, length) in enumerate(zip(starts, runs)):
+        g = counts(gold[s : s + length])
+        have = counts(pooled[idx]) if idx in pooled else counts(rows[o + s : o + s + length])
+        if any(have.get(r, 0) < c for r, c in g.items()) or (idx not in pooled and g != have):
+            return None
+    return Cut(tuple(runs), tuple(pools))
+
+
+def fetch_cuts(
+    golds: dict[tuple[str, str], Any], get_many: Callable[[list[tuple[str, str]]], list]
+) -> dict[tuple[str, str], Cut | None | BaseException]:
+    """{(database, gold SQL): Cut, None (no cut), or the exception raised fetching its full result} for
+    the scorable gold results given, with one `get_many([(database, full SQL)])` call."""
+    want = {k: q for k in golds if (q := cut_query(k[1])) is not None}
+    if not want:
+        return {}
+    items = [(db, q.sql) for (db, _), q in want.items()]
+    try:
+        fulls: list[Any] = list(get_many(items))
+    except Exception:  # one item at a time, so a failure only affects its own gold
+        fulls = []
+        for item in items:
+            try:
+                fulls.append(get_many([item])[0])
+            except Exception as e:  # infrastructure: that gold's pairs are excluded, never scored
+                fulls.append(e)
+    out: dict[tuple[str, str], Cut | None | BaseException] = {}
+    for (k, q), full in zip(want.items(), fulls):
+        gold = golds[k]
+        if isinstance(full, BaseException):
+            out[k] = full
+        elif getattr(full, "status", None) != "ok":
+            out[k] = None
+        else:
+            out[k] = _cached_cut(gold, full, q, k[1])
+    return out
+
+
+def _cached_cut(gold: Any, full: Any, q: CutQuery, gold_sql: str) -> Cut | None:
+    """`build_cut` once per (gold result, full result, SQL) while both objects live in the cache."""
+    key = (id(gold), id(full), gold_sql)
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None and hit[0] is gold and hit[1] is full:
+            return hit[2]
+    n_cols = len(gold.columns) if gold.columns is not None else len(gold.rows[0])
+    cut = build_cut(gold.rows, full.rows, n_cols, q, gold_shape(gold_sql).key_columns)
+    with _CACHE_LOCK:
+        if len(_CACHE) >= _CACHE_MAX:
+            for old in list(_CACHE)[: _CACHE_MAX // 2]:
+                del _CACHE[old]
+        _CACHE[key] = (gold, full, cut)
+    return cut

@@ -1,0 +1,222 @@
+"""The LIMIT/OFFSET cut: only rows of the gold's full ordered result that tie with the cut may stand in.
+
+Databases are real SQLite files; the expected verdicts are worked out by hand from their rows."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from sqlrl.reward.cut import Cut, CutQuery, build_cut, cut_query
+from sqlrl.reward.evaluator import Evaluator
+from sqlrl.sql.sandbox import Sandbox
+from sqlrl.tasks.data import PrivateTask, PublicTask
+from sqlrl.tasks.goldcache import GoldCache
+
+SPIDER = Path(__file__).resolve().parents[3] / "shared" / "data" / "spider" / "database"
+
+# full order by age: D 25 | A 30, B 30 | C 40, E 40, G 40 | F 50
+ROWS = [("A", 30, "X"), ("B", 30, "Y"), ("C", 40, "Z"), ("D", 25, "W"), ("E", 40, "V"), ("F", 50, "U")]
+ROWS.append(("G", 40, "T"))
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("cut") / "toy" / "toy.sqlite"
+    path.parent.mkdir()
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (name TEXT, age INTEGER, city TEXT)")
+    con.executemany("INSERT INTO t VALUES (?, ?, ?)", ROWS)
+    con.commit()
+    con.close()
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(workers=1) as sb:
+        yield sb
+
+
+def _task(db: str, gold_sql: str) -> PrivateTask:
+    return PrivateTask(PublicTask("t/00000", Path(db).stem, "q?", "", "", db), gold_sql)
+
+
+def _score(sandbox, db: str, gold_sql: str, preds: list[str], in_workers: bool = True) -> list:
+    class ParentSide:  # no execute_scored: the parent-side scoring path
+        def __init__(self, sb):
+            self.sb = sb
+
+        def execute(self, db_path, sql, timeout_s=None):
+            return self.sb.execute(db_path, sql, timeout_s)
+
+    with GoldCache(executor=sandbox) as gc:
+        ev = Evaluator(sandbox if in_workers else ParentSide(sandbox), gc)
+        return [(r.status, r.value) for r in ev.score_many([(p, _task(db, gold_sql)) for p in preds])]
+
+
+MATCH, MISMATCH = ("match", 1.0), ("mismatch", 0.0)
+
+CASES = [
+    # (gold, prediction, verdict)
+    # LIMIT 2 cuts the 40s (C, E, G): F, then any one of them
+    ("SELECT name, age FROM t ORDER BY age DESC LIMIT 2", "SELECT 'F', 50 UNION ALL SELECT 'G', 40", MATCH),
+    (
+        "SELECT name, age FROM t ORDER BY age DESC LIMIT 2",
+        "SELECT 'F', 50 UNION ALL SELECT 'Q', 40",
+        MISMATCH,
+    ),
+    (
+        "SELECT name, age FROM t ORDER BY age DESC LIMIT 2",
+        "SELECT 'F', 50 UNION ALL SELECT 'A', 40",
+        MISMATCH,
+    ),
+    (
+        "SELECT name, age FROM t ORDER BY age DESC LIMIT 2",
+        "SELECT 'C', 40 UNION ALL SELECT 'F', 50",
+        MISMATCH,
+    ),
+    (
+        "SELECT name, age FROM t ORDER BY age DESC LIMIT 2",
+        "SELECT 'E', 40 UNION ALL SELECT 'G', 40",
+        MISMATCH,
+    ),
+    # F has no tie: only F itself
+    ("SELECT name, age FROM t ORDER BY age DESC LIMIT 1", "SELECT 'F', 50", MATCH),
+    ("SELECT name, age FROM t ORDER BY age DESC LIMIT 1", "SELECT 'G', 50", MISMATCH),
+    # a tied real row may stand in once, not twice
+    (
+        "SELECT name, age FROM t WHERE age >= 40 ORDER BY age LIMIT 2",
+        "SELECT 'G', 40 UNION ALL SELECT 'E', 40",
+        MATCH,
+    ),
+    (
+        "SELECT name, age FROM t WHERE age >= 40 ORDER BY age LIMIT 2",
+        "SELECT 'C', 40 UNION ALL SELECT 'C', 40",
+        MISMATCH,
+    ),
+    # OFFSET 1 starts inside the 30s (A, B): either one
+    ("SELECT name, age FROM t ORDER BY age LIMIT 1 OFFSET 1", "SELECT 'B', 30", MATCH),
+    ("SELECT name, age FROM t ORDER BY age LIMIT 1 OFFSET 1", "SELECT 'Z', 30", MISMATCH),
+    ("SELECT name, age FROM t ORDER BY age LIMIT 1 OFFSET 1", "SELECT 'D', 25", MISMATCH),
+    # LIMIT 1, 2 = OFFSET 1 LIMIT 2: exactly A and B (no tie crosses either cut)
+    ("SELECT name, age FROM t ORDER BY age LIMIT 1, 2", "SELECT 'B', 30 UNION ALL SELECT 'A', 30", MATCH),
+    ("SELECT name, age FROM t ORDER BY age LIMIT 1, 2", "SELECT 'A', 30 UNION ALL SELECT 'Q', 30", MISMATCH),
+    # the sort key is not an output column: decided from the full result too
+    ("SELECT name FROM t ORDER BY age DESC LIMIT 2", "SELECT 'F' UNION ALL SELECT 'E'", MATCH),
+    ("SELECT name FROM t ORDER BY age DESC LIMIT 2", "SELECT 'F' UNION ALL SELECT 'A'", MISMATCH),
+    ("SELECT name FROM t ORDER BY age DESC LIMIT 2", "SELECT 'E' UNION ALL SELECT 'F'", MISMATCH),
+    ("SELECT city FROM t GROUP BY city ORDER BY count(*) DESC LIMIT 1", "SELECT 'V'", MATCH),
+    ("SELECT city FROM t GROUP BY city ORDER BY count(*) DESC LIMIT 1", "SELECT 'Atlantis'", MISMATCH),
+    # the other columns of a tied row must be that row's
+    (
+        "SELECT name, age, city FROM t ORDER BY age LIMIT 2",
+        "SELECT 'D', 25, 'W' UNION ALL SELECT 'B', 30, 'Y'",
+        MATCH,
+    ),
+    (
+        "SELECT name, age, city FROM t ORDER BY age LIMIT 2",
+        "SELECT 'D', 25, 'W' UNION ALL SELECT 'B', 30, 'X'",
+        MISMATCH,
+    ),
+    # column order is free, as everywhere
+    ("SELECT name, age FROM t ORDER BY age DESC LIMIT 2", "SELECT 50, 'F' UNION ALL SELECT 40, 'E'", MATCH),
+]
+
+
+@pytest.mark.parametrize("in_workers", [True, False], ids=["workers", "parent"])
+def test_cut_verdicts(toy, sandbox, in_workers):
+    got = [_score(sandbox, toy, g, [p], in_workers)[0] for g, p, _ in CASES]
+    want = [v for _, _, v in CASES]
+    bad = [(g, p, w, x) for (g, p, _), w, x in zip(CASES, want, got) if w != x]
+    assert not bad
+
+
+def test_gold_always_matches_itself(toy, sandbox):
+    golds = list(dict.fromkeys(g for g, _, _ in CASES))
+    assert _score(sandbox, toy, golds[0], [golds[0]]) == [MATCH]
+    for g in golds:
+        assert _score(sandbox, toy, g, [g]) == [MATCH], g
+
+
+def test_full_result_failure_is_infrastructure(toy, sandbox):
+    class Failing(GoldCache):
+        def get_many(self, items, **kw):
+            if any("LIMIT" not in sql for _, sql in items):
+                raise OSError("disk gone")
+            return super().get_many(items, **kw)
+
+    with Failing(executor=sandbox) as gc:
+        r = Evaluator(sandbox, gc).score(
+            "SELECT 'F', 50", _task(toy, "SELECT name, age FROM t ORDER BY age DESC LIMIT 1")
+        )
+    assert (r.status, r.value) == ("infra_error", None)
+    assert "full ordered result" in r.parts["error"]
+
+
+needs_spider = pytest.mark.skipif(not (SPIDER / "store_1").is_dir(), reason="no shared Spider data")
+
+
+@needs_spider
+def test_issue_examples_on_spider(sandbox):
+    store = str(SPIDER / "store_1" / "store_1.sqlite")
+    gold = (
+        'SELECT billing_state, COUNT(*) FROM invoices WHERE billing_country = "USA" '
+        "GROUP BY billing_state ORDER BY COUNT(*) DESC LIMIT 1;"
+    )
+    city = gold.replace("SELECT billing_state", "SELECT billing_city").rstrip(";")
+    assert _score(sandbox, store, gold, [city, gold]) == [MISMATCH, MATCH]
+    bike = str(SPIDER / "bike_1" / "bike_1.sqlite")
+    gold = "SELECT name, lat, city FROM station ORDER BY lat LIMIT 1"
+    fake = "SELECT 'no such station', min(lat), 'Atlantis' FROM station"
+    assert _score(sandbox, bike, gold, [fake, gold]) == [MISMATCH, MATCH]
+
+
+@pytest.mark.parametrize(
+    "gold,want",
+    [
+        ("SELECT a, b FROM t ORDER BY b LIMIT 3", CutQuery("SELECT a, b FROM t ORDER BY b", 0, 0)),
+        ("SELECT a, b FROM t ORDER BY b LIMIT 1, 2;", CutQuery("SELECT a, b FROM t ORDER BY b", 1, 0)),
+        (
+            "SELECT a FROM t WHERE x IN (SELECT y FROM u ORDER BY z LIMIT 3) ORDER BY b DESC NULLS LAST, "
+            "c COLLATE NOCASE ASC LIMIT 1 OFFSET 2",
+            CutQuery(
+                "SELECT a, b AS sqlrl_cut_key_0, c COLLATE NOCASE AS sqlrl_cut_key_1 FROM t WHERE x IN "
+                "(SELECT y FROM u ORDER BY z LIMIT 3) ORDER BY b DESC NULLS LAST, c COLLATE NOCASE ASC",
+                2,
+                2,
+            ),
+        ),
+        (
+            "SELECT a FROM t ORDER BY count(*) DESC LIMIT 1",
+            CutQuery("SELECT a, count(*) AS sqlrl_cut_key_0 FROM t ORDER BY count(*) DESC", 0, 1),
+        ),
+        ("SELECT a FROM t ORDER BY b", None),  # no LIMIT/OFFSET
+        ("SELECT a FROM t LIMIT 3", None),  # no ORDER BY
+        ("SELECT DISTINCT a FROM t ORDER BY b LIMIT 1", None),  # a hidden key would change DISTINCT
+        (
+            "SELECT a FROM t UNION SELECT a FROM u ORDER BY 1 LIMIT 1",
+            CutQuery("SELECT a FROM t UNION SELECT a FROM u ORDER BY 1", 0, 0),
+        ),
+        ("SELECT a FROM t ORDER BY b LIMIT 1 OFFSET (SELECT 1)", None),  # non-literal offset
+    ],
+)
+def test_cut_query(gold, want):
+    assert cut_query(gold) == want
+
+
+def test_build_cut_pools_and_refusals():
+    q = CutQuery("", 1, 0)
+    full = [(1, "a"), (2, "b"), (2, "c"), (3, "d"), (4, "e"), (4, "f"), (4, "g")]
+    # window rows 1..4: (2,b) (2,c) | (3,d) | (4,e): nothing above the window ties with the first run;
+    # the last run ties with (4,f) and (4,g) below it
+    cut = build_cut([(2, "b"), (2, "c"), (3, "d"), (4, "e")], full, 2, q, (0,))
+    assert cut == Cut((2, 1, 1), ((2, ((4, "e"), (4, "f"), (4, "g"))),))
+    # offset 2 starts inside the 2s: the first run's pool holds (2,b) too
+    cut = build_cut([(2, "c"), (3, "d")], full, 2, CutQuery("", 2, 0), (0,))
+    assert cut == Cut((1, 1), ((0, ((2, "b"), (2, "c"))),))
+    # a gold row the full result does not hold at that place: no cut
+    assert build_cut([(2, "c"), (3, "x")], full, 2, CutQuery("", 2, 0), (0,)) is None
+    assert build_cut([(9, "z")], full, 2, CutQuery("", 7, 0), (0,)) is None  # window past the end

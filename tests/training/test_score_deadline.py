@@ -1,0 +1,85 @@
+"""GRPO training's statement limit on predictions when the reward scores them (`grpo.score_timeout_s`),
+against evaluation's (`agent.sql_timeout_s`), with a scripted policy on the embedded Spider slice."""
+
+from __future__ import annotations
+
+import json
+
+from sqlrl import config as C
+from sqlrl.agent.envs import make_env
+from sqlrl.agent.loop import Budgets
+from sqlrl.evaluation.runner import evaluate_tasks
+from sqlrl.generation.scripted import ScriptedPolicy
+from sqlrl.tasks.goldcache import GoldCache
+from sqlrl.training.rollouts import RolloutSource, StepSample
+from sqlrl.training.sampling import TaskSampler
+
+# never ends on its own: only a statement limit stops it
+ENDLESS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+
+
+def cfg(**grpo):
+    return C.from_dict(
+        {
+            "model": {"name": "tiny"},
+            "data": {"path": "embedded", "max_train_tasks": 2},
+            "agent": {"sql_timeout_s": 1.5},
+            "grpo": {"prompts_per_step": 1, "group_size": 2, **grpo},
+            "run": {"device": "cpu", "loggers": [], "sandbox_workers": 1},
+        }
+    )
+
+
+def endless(text, turn):
+    return f"```sql\n{ENDLESS}\n```"
+
+
+def test_slow_prediction_is_cut_at_the_training_deadline_and_evaluation_keeps_its_limit(tmp_path):
+    c = cfg(score_timeout_s=0.25)
+    policy = ScriptedPolicy(endless)
+    budgets = Budgets.from_config(c.agent)
+    with make_env(c, tmp_path / "run") as env:
+        src = RolloutSource(env, env.tasks, TaskSampler(len(env.tasks), 0), policy, budgets, c.grpo, 0, None)
+        sample = StepSample()
+        trajs, accs = src.round(sample, 1, 0)
+        task = env.tasks[0]
+    assert [tr.final_sql for tr in trajs] == [ENDLESS, ENDLESS]
+    assert [(tr.reward["status"], tr.reward["value"]) for tr in trajs] == [("timeout", 0.0)] * 2
+    assert all("time limit of 0.25 s" in tr.reward["parts"]["message"] for tr in trajs)
+    assert accs == [0.0, 0.0]
+    assert sample.score_timeouts == 2 and sample.score_max_exec_ms >= 250  # recorded in steps.jsonl
+
+    # the same prediction in evaluation: the evaluation limit (agent.sql_timeout_s), not training's
+    with make_env(workers=1, timeout_s=budgets.sql_timeout_s) as ev_env:
+        out = evaluate_tasks(
+            [task], policy, ev_env.sandbox, GoldCache(tmp_path / "gc"), budgets, progress=False
+        )
+    (r,) = out.results
+    assert (r["status"], r["reward"]) == ("timeout", 0.0) and r["exec_ms"] >= 1500
+    assert "time limit of 1.5 s" in out.trajectories[0].reward["parts"]["message"]
+
+
+def test_score_timeout_zero_means_the_agents_limit(tmp_path):
+    c = cfg(score_timeout_s=0)
+    with make_env(c, tmp_path / "run") as env:
+        assert env.evaluator.timeout_s is None and env.sandbox.timeout_s == 1.5
+    assert cfg().grpo.score_timeout_s == 1.0
+
+
+def test_negative_score_timeout_is_refused():
+    import pytest
+
+    with pytest.raises(C.ConfigError, match="grpo.score_timeout_s must be >= 0"):
+        cfg(score_timeout_s=-1)
+
+
+def test_a_run_saved_before_the_setting_resumes_only_with_its_behaviour():
+    """A config.json without grpo.score_timeout_s scored with the agent's limit: it resumes with 0
+    (that behaviour) and is refused with the 1 s default (its rewards would change mid-run)."""
+    from sqlrl.training.runfolder import config_changes
+
+    mine = json.loads(json.dumps(cfg(score_timeout_s=0).resolve()))
+    saved = json.loads(json.dumps(mine))
+    del saved["grpo"]["score_timeout_s"]
+    assert config_changes(saved, mine) == ([], [])
+    assert config_changes(saved, json.loads(json.dumps(cfg().resolve())))[0] == ["grpo.score_timeout_s"]
