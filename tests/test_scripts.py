@@ -184,3 +184,38 @@ def test_score_share_reads_a_runs_steps(tmp_path):
     assert "11.2%" in r.stdout and "NOT met" in r.stdout
     assert subprocess.run([*cmd, "--steps", "100"], capture_output=True).returncode == 1
     assert subprocess.run([*cmd[:2], str(tmp_path / "none.jsonl")], capture_output=True).returncode == 2
+
+
+def _fake_bin(folder: Path, uid: int, with_chromium: bool = False) -> Path:
+    """A PATH with only a fake `id` (printing `uid`), a fake `apt-get` that logs its arguments, and
+    optionally a fake `chromium`."""
+    folder.mkdir()
+    log = folder / "apt.log"
+    for name, body in (("id", f"echo {uid}"), ("apt-get", f'echo "$@" >> {log}')):
+        (folder / name).write_text(f"#!/bin/sh\n{body}\n")
+        (folder / name).chmod(0o755)
+    if with_chromium:
+        (folder / "chromium").write_text("#!/bin/sh\n")
+        (folder / "chromium").chmod(0o755)
+    return log
+
+
+@pytest.mark.parametrize(
+    ("uid", "opt_in", "chromium", "apt_calls", "says"),
+    [
+        (0, False, False, [], "install chromium (e.g. sudo apt-get install chromium) or rerun with"),
+        (0, True, False, ["update -qq", "install -y -qq chromium"], "installing the Debian package"),
+        (1000, True, False, [], "needs root and apt-get"),
+        (0, True, True, [], ""),
+    ],
+)
+def test_chromium_sh_installs_system_wide_only_when_asked(tmp_path, uid, opt_in, chromium, apt_calls, says):
+    """scripts/test.sh's Chromium step: as root without SQLRL_INSTALL_CHROMIUM=1 it installs nothing and
+    says how to get the skipped test; with it (root + apt-get) it installs; a chromium on PATH is used."""
+    log = _fake_bin(tmp_path / "bin", uid, chromium)
+    env = {"PATH": str(tmp_path / "bin"), **({"SQLRL_INSTALL_CHROMIUM": "1"} if opt_in else {})}
+    bash = subprocess.run(["sh", "-c", "command -v bash"], capture_output=True, text=True).stdout.strip()
+    r = subprocess.run([bash, str(ROOT / "scripts" / "chromium.sh")], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (log.read_text().splitlines() if log.exists() else []) == apt_calls
+    assert says in r.stderr and (says or r.stderr == "")

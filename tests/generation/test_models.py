@@ -157,13 +157,13 @@ def test_unknown_name_and_offline_hub_id(tmp_path, monkeypatch, capsys):
     msg = str(ei.value)
     assert "sqlrl-no-such-org/no-such-model" in msg and "offline" in msg and "built-in" in msg
     assert time.monotonic() - t0 < 60
-    with pytest.raises(ModelError, match="neither a folder"):
+    with pytest.raises(ModelError, match="does not exist"):
         load_model(str(tmp_path / "missing" / "folder"), cache_dir=tmp_path)
     with pytest.raises(ModelError, match="not in the cache"):
         resolve_model("smollm2-135m-instruct", cache_dir=tmp_path, fetch=False)
-    assert model_cli.cli_main(["info", "sqlrl-no-such-org/x", "--cache", str(tmp_path)]) == 1
+    assert model_cli.cli_main(["info", "sqlrl-no-such-org/x", "--cache", str(tmp_path)]) == 2
     assert "error" in capsys.readouterr().err
-    assert model_cli.cli_main(["fetch", "no-such-builtin", "--cache", str(tmp_path)]) == 1
+    assert model_cli.cli_main(["fetch", "no-such-builtin", "--cache", str(tmp_path)]) == 2
 
 
 def test_gguf_sha_mismatch_names_both_hashes(tmp_path):
@@ -254,3 +254,156 @@ def test_fetch_smollm2_for_real(tmp_path):
     new = out[0, len(ids) :].tolist()
     assert 1 <= len(new) <= 8
     assert isinstance(tok.decode(new, skip_special_tokens=True), str)
+
+
+# ---- resolving a name before anything is written or downloaded (issue #22)
+
+DEAD_HUB = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
+
+
+@pytest.fixture()
+def no_hub(tmp_path, monkeypatch):
+    """The hub unreachable and an empty Hugging Face cache, whatever network the machine has."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", DEAD_HUB)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-hub"))
+    for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(v, raising=False)
+    return tmp_path / "hf-hub"
+
+
+def _hf_cache_entry(hub_cache: Path, repo: str, model, tok) -> Path:
+    """``repo`` laid out as huggingface_hub caches a download: refs/main -> snapshots/<commit>/."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    entry = hub_cache / f"models--{repo.replace('/', '--')}"
+    snap = entry / "snapshots" / commit
+    model.save_pretrained(snap)
+    tok.save_pretrained(snap)
+    (entry / "refs").mkdir(parents=True)
+    (entry / "refs" / "main").write_text(commit)
+    return snap
+
+
+@pytest.mark.parametrize(
+    ("name", "expect"),
+    [
+        ("qwen-nonexistent", "Hugging Face hub is unreachable"),  # the issue's typo: a would-be hub id
+        ("qwen2.5-coder-0.5b", "did you mean 'qwen2.5-coder-0.5b-instruct'?"),
+        ("./models/missing", "does not exist"),
+        ("missing.gguf", "does not exist"),
+        ("org/name/extra", "does not exist"),
+    ],
+)
+def test_unknown_model_name_is_one_line_with_the_builtins(no_hub, tmp_path, name, expect):
+    with pytest.raises(ModelError) as ei:
+        models.check_model(name, cache_dir=tmp_path)
+    msg = str(ei.value)
+    assert "\n" not in msg and expect in msg and repr(name) in msg
+    assert all(b in msg for b in models.BUILTIN_MODELS)
+    assert not (tmp_path / "hf-hub").exists() and not list(tmp_path.glob("*"))  # nothing written
+
+
+def test_hub_that_does_not_answer_counts_as_unreachable(no_hub, tmp_path, monkeypatch):
+    from huggingface_hub import HfApi
+
+    monkeypatch.setattr(HfApi, "model_info", lambda self, name, timeout=None: time.sleep(30))
+    with pytest.raises(ModelError, match="hub is unreachable \\(no answer within 0 s\\)"):
+        models.check_model("org/model", cache_dir=tmp_path, timeout=0.2)
+
+
+@pytest.fixture()
+def fake_hub(no_hub, monkeypatch):
+    """A local HTTP hub: ``org/model`` 200, ``org/mirrored`` a plain 404 (no model API), else 404
+    RepoNotFound."""
+    import http.server
+    import threading
+
+    from huggingface_hub import constants
+
+    class Hub(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 -- http.server's name
+            known = self.path.startswith("/api/models/org/model")
+            no_api = self.path.startswith("/api/models/org/mirrored")  # a mirror that serves files only
+            body = json.dumps({"id": "org/model", "sha": "0" * 40} if known else {"error": "not found"})
+            self.send_response(200 if known else 404)
+            if not known and not no_api:
+                self.send_header("X-Error-Code", "RepoNotFound")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+    yield
+    server.shutdown()
+
+
+def test_hub_answers_decide_hub_ids(fake_hub, tmp_path):
+    res = models.check_model("org/model", cache_dir=tmp_path)
+    assert (res.kind, res.path, res.offline) == ("hub", "org/model", False)
+    assert (
+        models.check_model("org/mirrored", cache_dir=tmp_path).kind == "hub"
+    )  # answered: the download decides
+    with pytest.raises(ModelError, match="the Hugging Face hub has no such model") as ei:
+        models.check_model("org/mdoel", cache_dir=tmp_path)
+    assert "\n" not in str(ei.value)
+
+
+def test_hub_id_in_the_hf_cache_resolves_without_the_hub(no_hub, tmp_path, monkeypatch):
+    model, tok = tiny_model(seed=3)
+    snap = _hf_cache_entry(no_hub, "sqlrl-test/tiny", model, tok)
+    res = models.check_model("sqlrl-test/tiny", cache_dir=tmp_path)
+    assert (res.kind, res.path, res.offline) == ("hub", str(snap), True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert models.check_model("sqlrl-test/tiny", cache_dir=tmp_path).offline
+    with pytest.raises(ModelError, match="offline mode is on"):
+        models.check_model("sqlrl-test/other", cache_dir=tmp_path)
+
+
+def test_hub_id_in_the_hf_cache_loads_with_the_hub_unreachable(tmp_path):
+    """The whole load in a fresh process (huggingface_hub reads HF_HOME and HF_ENDPOINT at import)."""
+    import subprocess
+    import sys
+
+    model, tok = tiny_model(seed=3)
+    _hf_cache_entry(tmp_path / "hf" / "hub", "sqlrl-test/tiny", model, tok)
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=DEAD_HUB, SQLRL_CACHE=str(tmp_path / "sqlrl"))
+    code = "from sqlrl.generation.models import load_model; print(load_model('sqlrl-test/tiny').identity)"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == weights_hash(model)
+    assert "Retrying" not in r.stderr  # loaded from the cache without asking the hub again
+
+
+COMMANDS_WITH_A_MODEL = [
+    ["quickstart", "--set", "model.name=qwen-nonexistent", "--out", "{out}"],
+    ["experiment", "configs/quickstart.toml", "--set", "model.name=qwen-nonexistent", "--out", "{out}"],
+    ["train", "configs/quickstart.toml", "--set", "model.name=qwen-nonexistent", "--out", "{out}"],
+    ["sft", "configs/debug-curriculum.toml", "--set", "model.name=qwen-nonexistent", "--out", "{out}"],
+    ["curriculum", "configs/debug-curriculum.toml", "--set", "model.name=qwen-nonexistent", "--out", "{out}"],
+    ["eval", "--model", "qwen-nonexistent", "--out", "{out}"],
+    ["eval", "--kind", "debug", "--model", "qwen-nonexistent", "--out", "{out}"],
+    ["audit", "leakage", "--model", "qwen-nonexistent", "--out", "{out}"],
+    ["export", "{out}-ckpt", "-o", "{out}", "--base", "qwen-nonexistent"],
+    ["model", "fetch", "qwen-nonexistent", "--cache", "{out}"],
+]
+
+
+@pytest.mark.parametrize("argv", COMMANDS_WITH_A_MODEL, ids=lambda a: " ".join(a[:2]))
+def test_every_command_refuses_a_mistyped_model_in_one_line_leaving_nothing(no_hub, tmp_path, capsys, argv):
+    from sqlrl.cli import main
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "out"
+    argv = [str(root / a) if a.startswith("configs/") else a.replace("{out}", str(out)) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "qwen-nonexistent" in err and "qwen2.5-coder-0.5b-instruct" in err
+    assert not out.exists()  # the corrected command starts as on a fresh folder

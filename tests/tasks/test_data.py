@@ -348,3 +348,22 @@ def test_cli_via_sqlrl_entry_point():
     )
     assert proc.returncode == 0, proc.stderr
     assert "validation" in proc.stdout and "driving_school" in proc.stdout
+
+
+def test_embedded_is_a_data_path_everywhere_a_folder_is(tmp_path, monkeypatch, capsys):
+    """`--data embedded` (CLI) and SpiderData("embedded") (API) mean the demo subset, as `path = "embedded"`
+    does in TOML; a folder that happens to be named embedded is reached as ./embedded."""
+    from sqlrl.cli import main
+
+    assert SpiderData("embedded").root == embedded_root()
+    assert len(SpiderData("embedded").load("train_spider")) == len(
+        SpiderData(embedded_root()).load("train_spider")
+    )
+    assert main(["data", "split", "--data", "embedded", "--json"]) == 0
+    via_name = json.loads(capsys.readouterr().out)
+    assert main(["data", "split", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == via_name
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "embedded").mkdir()
+    with pytest.raises(DataError, match="has no tables.json"):
+        SpiderData("./embedded")

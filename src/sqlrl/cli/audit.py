@@ -80,6 +80,7 @@ def cli_main(argv: list[str]) -> int:
 def leakage_main(argv: list[str]) -> int:
     from sqlrl.cli.eval import add_budget_args, add_runtime_args, budgets_from_args
     from sqlrl.evaluation.runner import load_policy
+    from sqlrl.generation.models import check_model
     from sqlrl.tasks.data import resolve_data_root, select_tasks
 
     p = argparse.ArgumentParser(
@@ -102,6 +103,7 @@ def leakage_main(argv: list[str]) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"sqlrl audit leakage: {e}", file=sys.stderr)
         return 2
+    check_model(a.model)  # before the output folder exists; ModelError -> one line, exit 2 (cli.main)
     budgets = budgets_from_args(a)
     with lock_run_folder(a.out):  # RunFolderLocked -> exit 2 (cli.main)
         policy = load_policy(a.model, device=a.device, dtype=a.dtype, engine=a.engine)

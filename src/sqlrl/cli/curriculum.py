@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from sqlrl.config import ConfigError
+from sqlrl.generation.models import check_model
 from sqlrl.training.curriculum import load_curriculum, resolved, run_curriculum
 
 
@@ -52,6 +53,7 @@ def cli_main(argv: list[str]) -> int:
         if a.print_config:
             print(json.dumps(resolved(cfg, sft, cur), indent=2))
             return 0
+        check_model(cfg.model.name)  # before the output folder exists
         res = run_curriculum(
             cfg,
             sft,

@@ -16,7 +16,11 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sqlrl data", description="Inspect a Spider-layout data folder.")
     sub = p.add_subparsers(dest="cmd", metavar="{audit,split}")
     a = sub.add_parser("audit", help="execute every gold once and report which are unscorable and why")
-    a.add_argument("--data", default=None, help="Spider-layout folder (default: the embedded demo subset)")
+    a.add_argument(
+        "--data",
+        default=None,
+        help="Spider-layout folder, or embedded (the default): the embedded demo subset",
+    )
     a.add_argument(
         "--split", default=None, help="split to audit (default: the training file, e.g. train_spider)"
     )
@@ -42,7 +46,11 @@ def _parser() -> argparse.ArgumentParser:
         "without this flag the audit then exits 2)",
     )
     s = sub.add_parser("split", help="show the deterministic by-database train/validation split")
-    s.add_argument("--data", default=None, help="Spider-layout folder (default: the embedded demo subset)")
+    s.add_argument(
+        "--data",
+        default=None,
+        help="Spider-layout folder, or embedded (the default): the embedded demo subset",
+    )
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--val-fraction", type=float, default=0.1)
     s.add_argument("--json", action="store_true", help="print JSON (what split.json holds)")

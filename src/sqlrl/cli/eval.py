@@ -15,6 +15,7 @@ from sqlrl.artifacts import (
 )
 from sqlrl.evaluation.runner import load_endpoint_policy, load_policy, run_eval
 from sqlrl.evaluation.vote import run_self_consistency
+from sqlrl.generation.models import check_model
 from sqlrl.training.curriculum import run_debug_eval
 
 
@@ -93,6 +94,8 @@ def cli_main(argv: list[str]) -> int:
         "--split: the tasks' split field); results per category (query / management / personalization)",
     )
     a = p.parse_args(argv)
+    if not a.endpoint:
+        check_model(a.model)  # before the run folder exists; ModelError -> one line, exit 2 (cli.main)
     if a.kind == "debug":
         return debug_eval_cli(a, ["sqlrl", "eval", *argv])
     if a.self_consistency == 1 or a.self_consistency < 0 or not a.sc_temperature > 0:

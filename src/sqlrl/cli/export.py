@@ -35,6 +35,10 @@ def cli_main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     path = Path(args.checkpoint)
+    if args.base:
+        from sqlrl.generation.models import check_model
+
+        check_model(args.base)  # before anything is loaded or written; ModelError -> exit 2 (cli.main)
     try:
         if (path / SIDECAR).is_file():
             info = open_checkpoint(path, verify=not args.no_verify)

@@ -82,4 +82,4 @@ def cli_main(argv: list[str]) -> int:
         return 0
     except ModelError as e:
         print(f"sqlrl model: error: {e}", file=sys.stderr)
-        return 1
+        return 2

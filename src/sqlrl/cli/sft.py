@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from sqlrl.config import ConfigError
+from sqlrl.generation.models import check_model
 from sqlrl.training.checkpoint import CheckpointError
 from sqlrl.training.sft import train_sft
 
@@ -43,6 +44,7 @@ def cli_main(argv: list[str]) -> int:
         cfg = C.from_dict(raw, source=a.config)
         if cfg.agent.turns != 1:  # the warm start is single-turn whatever the file's RL turns are
             cfg = cfg.replace(agent={"turns": 1})
+        check_model(cfg.model.name)  # before the run folder exists
         out = a.resume or a.out or f"runs/{Path(a.config).stem}-sft"
         res = train_sft(
             cfg,

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from sqlrl.config import ConfigError
+from sqlrl.generation.models import check_model
 from sqlrl.training.checkpoint import CheckpointError
 from sqlrl.training.trainer import train
 
@@ -61,6 +62,7 @@ def cli_main(argv: list[str]) -> int:
     if a.print_config:
         print(dumps(cfg.resolve()))
         return 0
+    check_model(cfg.model.name)  # before the run folder exists; ModelError -> one line, exit 2 (cli.main)
     out = a.resume or a.out or f"runs/{Path(a.config).stem}"
     try:
         res = train(

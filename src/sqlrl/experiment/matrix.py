@@ -303,7 +303,6 @@ def _audit_weights(cfg: Config, exp: ExperimentConfig, out: Path) -> None:
     write_json_atomic(out / "weights_audit.json", wa)
 
 
-@holds_run_lock("out_dir")
 def run_experiment(
     cfg: Config,
     exp: ExperimentConfig,
@@ -314,7 +313,24 @@ def run_experiment(
     deadline: float | None = None,
 ) -> dict:
     """Run (or resume) the arm matrix into `out_dir`: every arm per turn budget, the leakage audits, the
-    weight audit, then (with `report`) the report. Returns {"out": ..., "report": write_report's paths}."""
+    weight audit, then (with `report`) the report. Returns {"out": ..., "report": write_report's paths}.
+    The model name is resolved first (`ModelError` in seconds): a wrong one leaves no folder behind."""
+    from sqlrl.generation.models import check_model
+
+    check_model(cfg.model.name)
+    return _run_matrix(cfg, exp, out_dir, command=command, report=report, deadline=deadline)
+
+
+@holds_run_lock("out_dir")
+def _run_matrix(
+    cfg: Config,
+    exp: ExperimentConfig,
+    out_dir: str | Path,
+    *,
+    command: list[str] | None = None,
+    report: bool = True,
+    deadline: float | None = None,
+) -> dict:
     from sqlrl.tasks.data import SpiderData, resolve_data_root, select_tasks
 
     out = Path(out_dir)

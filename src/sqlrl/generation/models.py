@@ -11,15 +11,21 @@ What is covered:
   to the requested load dtype): a bf16 load for generation and a float32 load for training report the
   same identity, which equals the cache manifest's ``weights_hash``.
 - The tokenizer pads on the left; a missing pad token is set to the eos token.
-- An offline hub id that is not in the Hugging Face cache raises ``ModelError`` saying how to get it.
+- ``check_model`` resolves a name before anything is written or downloaded: an unknown built-in name,
+  a missing path, a hub id the hub does not know, or one it cannot be asked about (unreachable within
+  ``HUB_CHECK_SECONDS``, or offline mode) and not in the Hugging Face cache raise a one-line
+  ``ModelError`` with the built-in names; a hub id in the Hugging Face cache loads without the hub.
 
 What is not:
-- That a hub id resolves offline. torch/transformers are imported lazily inside functions.
+- That a hub id the hub knows can be downloaded (gated, disk). torch/transformers are imported lazily.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +55,7 @@ __all__ = [
     "ResolvedModel",
     "cache_model",
     "cache_root",
+    "check_model",
     "convert_gguf",
     "fetch_model",
     "load_model",
@@ -76,6 +83,7 @@ class ResolvedModel:
     name: str
     kind: str
     path: str
+    offline: bool = False  # a hub id whose ``path`` is its Hugging Face cache snapshot, hub not asked
 
     def __fspath__(self) -> str:
         return self.path
@@ -86,41 +94,127 @@ class ResolvedModel:
 
 # ------------------------------------------------------------------------------------------ resolving
 
+HUB_CHECK_SECONDS = 3.0
+"""How long the hub is asked whether a hub id exists before it counts as unreachable."""
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+
 
 def _is_hf_folder(p: Path) -> bool:
     return p.is_dir() and (p / "config.json").is_file()
 
 
-def resolve_model(
-    name: str, *, cache_dir: str | os.PathLike | None = None, fetch: bool = True
+def _unknown(name: str, why: str) -> ModelError:
+    """One line: what ``name`` is not, why it is not a hub id, the built-in names and what to try."""
+    close = difflib.get_close_matches(name.lower(), list(BUILTIN_MODELS), n=1, cutoff=0.4)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return ModelError(
+        f"model {name!r} is not a built-in ({', '.join(BUILTIN_MODELS)}) nor a local folder (config.json + "
+        f"safetensors) or .gguf file, and {why}; {hint}use a built-in name, a local folder, or a hub id "
+        "(without network: download it elsewhere with `hf download ID` and pass the folder)"
+    )
+
+
+def _hf_cache_folder(name: str) -> str | None:
+    """The snapshot folder of hub id ``name`` in the Hugging Face cache (its ``main``), if cached."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    hit = try_to_load_from_cache(name, "config.json", cache_dir=constants.HF_HUB_CACHE)
+    return str(Path(hit).parent) if isinstance(hit, str) else None
+
+
+def _ask_hub(name: str, timeout: float) -> tuple[str, str]:
+    """("ok" | "missing" | "unreachable", detail): whether the hub knows ``name``, asked once (no retries)
+    in a daemon thread, so that a hanging DNS lookup or connection costs at most ``timeout`` seconds."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    box: dict[str, tuple[str, str]] = {}
+
+    def ask() -> None:
+        try:
+            HfApi().model_info(name, timeout=timeout)
+            box["r"] = ("ok", "")
+        except GatedRepoError:
+            box["r"] = ("ok", "gated")  # exists; the download says how to get access
+        except RepositoryNotFoundError:
+            box["r"] = ("missing", "")
+        except HfHubHTTPError:
+            box["r"] = ("ok", "answered")  # e.g. a mirror without the model API: the download decides
+        except Exception as e:  # noqa: BLE001 -- any client or network error: the hub is unreachable
+            box["r"] = ("unreachable", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+    t = threading.Thread(target=ask, name="sqlrl-hub-check", daemon=True)
+    t.start()
+    t.join(timeout + 0.5)
+    return box.get("r", ("unreachable", f"no answer within {timeout:.0f} s"))
+
+
+def _check_hub(name: str, timeout: float) -> ResolvedModel:
+    cached = _hf_cache_folder(name)
+    if _offline():
+        if cached:
+            return ResolvedModel(name, "hub", cached, offline=True)
+        raise _unknown(
+            name,
+            "offline mode is on (HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE) and it is not in the Hugging Face cache",
+        )
+    answer, detail = _ask_hub(name, timeout)
+    if answer == "ok":
+        return ResolvedModel(name, "hub", name)
+    if answer == "missing":
+        raise _unknown(
+            name, "the Hugging Face hub has no such model (or it is private: log in with `hf auth login`)"
+        )
+    if cached:  # hub unreachable: the cached snapshot folder is loaded as a local folder
+        return ResolvedModel(name, "hub", cached, offline=True)
+    raise _unknown(
+        name, f"the Hugging Face hub is unreachable ({detail}) and it is not in the Hugging Face cache"
+    )
+
+
+def check_model(
+    name: str, *, cache_dir: str | os.PathLike | None = None, timeout: float = HUB_CHECK_SECONDS
 ) -> ResolvedModel:
-    """Where ``name`` lives, as a local folder where possible. Built-ins and ``.gguf`` files are fetched /
-    converted into the cache first (unless ``fetch=False``, which raises if they are not cached)."""
+    """Where ``name`` points, found without downloading, converting or writing anything; raises
+    ``ModelError`` (one line) for an unknown name. A hub id is asked of the hub once (``timeout``); when
+    the hub is unreachable or offline mode is set, its snapshot folder in the Hugging Face cache is the
+    ``path`` (``offline=True``). For a built-in not cached yet, ``path`` is the cache folder it will get."""
     name = str(name)
     root = cache_root(cache_dir)
     if name in BUILTIN_MODELS:
-        folder = root / safe_name(name)
-        if read_manifest(folder) is None:
-            if not fetch:
-                raise ModelError(f"{name} is not in the cache {root}; run `sqlrl model fetch {name}`")
-            folder = fetch_model(name, cache_dir=cache_dir)
-        return ResolvedModel(name, "builtin", str(folder))
+        return ResolvedModel(name, "builtin", str(root / safe_name(name)))
     p = Path(name).expanduser()
     if p.suffix == ".gguf" and p.is_file():
-        if not fetch:
-            raise ModelError(f"{name} is a GGUF file; convert it with `sqlrl model fetch {name}`")
-        return ResolvedModel(name, "gguf", str(fetch_model(name, cache_dir=cache_dir)))
+        return ResolvedModel(name, "gguf", str(p.resolve()))
     if _is_hf_folder(p):
         return ResolvedModel(name, "local", str(p.resolve()))
     cached = root / safe_name(name)
     if read_manifest(cached) is not None:  # e.g. a converted gguf by its cache name
         return ResolvedModel(name, "cached", str(cached))
-    if p.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
-        raise ModelError(
-            f"model {name!r}: not a built-in ({', '.join(BUILTIN_MODELS)}), and {p} is neither a folder with "
-            "config.json + safetensors nor a .gguf file"
-        )
-    return ResolvedModel(name, "hub", name)
+    if p.exists() or p.suffix == ".gguf" or name.startswith((".", "/", "~")) or not _HUB_ID.fullmatch(name):
+        what = "does not exist" if not p.exists() else "is neither a folder with config.json nor a .gguf file"
+        raise _unknown(name, f"as a path {p.absolute()} {what}")
+    return _check_hub(name, timeout)
+
+
+def resolve_model(
+    name: str, *, cache_dir: str | os.PathLike | None = None, fetch: bool = True
+) -> ResolvedModel:
+    """Where ``name`` lives (``check_model``), as a local folder where possible. Built-ins and ``.gguf``
+    files are fetched / converted into the cache first (unless ``fetch=False``, which raises if they are
+    not cached)."""
+    res = check_model(name, cache_dir=cache_dir)
+    if res.kind == "builtin" and read_manifest(Path(res.path)) is None:
+        if not fetch:
+            raise ModelError(
+                f"{name} is not in the cache {cache_root(cache_dir)}; run `sqlrl model fetch {name}`"
+            )
+        return ResolvedModel(res.name, "builtin", str(fetch_model(res.name, cache_dir=cache_dir)))
+    if res.kind == "gguf":
+        if not fetch:
+            raise ModelError(f"{name} is a GGUF file; convert it with `sqlrl model fetch {name}`")
+        return ResolvedModel(res.name, "gguf", str(fetch_model(res.name, cache_dir=cache_dir)))
+    return res
 
 
 def _offline() -> bool:
@@ -131,17 +225,11 @@ def _offline() -> bool:
 
 
 def _hub_error(name: str, e: Exception) -> ModelError:
-    offline = _offline()
-    how = (
-        "it is offline (HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE set) and not in the Hugging Face cache"
-        if offline
-        else "it could not be downloaded"
-    )
+    first = str(e).splitlines()[0] if str(e) else ""
     return ModelError(
-        f"model {name!r} is not a built-in ({', '.join(BUILTIN_MODELS)}) nor a local path, and as a Hugging Face hub id "
-        f"{how}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}\n"
-        f"Get it on a machine with network (`huggingface-cli download {name}` or `sqlrl model fetch` for a built-in) "
-        "and pass the local folder, or use a built-in name."
+        f"model {name!r} (a Hugging Face hub id) could not be loaded: {type(e).__name__}: {first}; get it "
+        f"on a machine with network (`hf download {name}`) and pass the local folder, or use a built-in "
+        f"name ({', '.join(BUILTIN_MODELS)})"
     )
 
 
@@ -160,8 +248,8 @@ def load_model(
     res = resolve_model(name, cache_dir=cache_dir)
     tdtype = torch_dtype(dtype)
     kwargs: dict = {"dtype": "auto"}  # as stored: the identity is the hash of the stored weights
-    if res.kind == "hub" and _offline():
-        kwargs["local_files_only"] = True  # some huggingface_hub versions read HF_HUB_OFFLINE only at import
+    if res.kind == "hub" and (res.offline or _offline()):
+        kwargs["local_files_only"] = True  # no hub retries; HF_HUB_OFFLINE may be read only at import
     try:
         model = AutoModelForCausalLM.from_pretrained(res.path, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(

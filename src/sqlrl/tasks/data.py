@@ -271,10 +271,11 @@ class _Example:
 
 
 class SpiderData:
-    """A folder in the official Spider layout. Cheap to construct; files are read on first use."""
+    """A folder in the official Spider layout, or ``"embedded"`` for the demo subset shipped in the package
+    (a folder named embedded: ``./embedded``). Cheap to construct; files are read on first use."""
 
     def __init__(self, root: str | os.PathLike):
-        self.root = Path(root).expanduser().resolve()
+        self.root = (embedded_root() if root == "embedded" else Path(root).expanduser()).resolve()
         if not self.root.exists():
             raise DataError(
                 f"data folder {self.root} does not exist; pass --data pointing at a folder in the Spider "
