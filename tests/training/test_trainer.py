@@ -797,3 +797,24 @@ def test_cli_resume_with_a_corrupt_latest_checkpoint(tmp_path, monkeypatch, caps
     err = capsys.readouterr().err
     assert f"resuming from the newest valid older checkpoint {ckdir / 'step_000001'} (step 1)" in err
     assert [s["step"] for s in steps(run)] == [1, 2, 3]
+
+
+def test_no_update_step_runs_without_warnings(tmp_path):
+    """The No-update control skips `optimizer.step()` on purpose; its steps (and the scheduler's) raise no
+    warning, and the weights stay bit-identical."""
+    import warnings
+
+    from sqlrl.training.trainer import train
+
+    run = tmp_path / "noupd"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        train(
+            tiny_cfg(steps=2, lr=0.0),
+            run,
+            policy_factory=tiny_factory,
+            evaluator_factory=Alternating,
+            progress=False,
+        )
+    assert final_hash(run) == tiny_factory()[3]
+    assert [s["lr"] for s in steps(run)] == [0.0, 0.0]
