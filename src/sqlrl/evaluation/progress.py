@@ -191,3 +191,9 @@ def pause_line() -> Progress | None:
 def resume_line(pr: Progress | None) -> None:
     if pr is not None and pr in _ACTIVE:
         pr._emit()
+
+
+def finish_line() -> None:
+    """End every progress line drawn on the terminal (e.g. on Ctrl-C), leaving its last state visible."""
+    for pr in list(_ACTIVE):
+        pr.finish()
