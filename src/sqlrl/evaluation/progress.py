@@ -11,6 +11,7 @@ timed yet, the ETA is a lower bound (">= 3:10") or "?" when nothing has been tim
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -100,7 +101,7 @@ class Progress:
 
     def _emit(self, force: bool = False) -> None:
         if self.tty:
-            text = self.line()
+            text = self.line()[: max(20, shutil.get_terminal_size().columns - 1)]  # one row: no wrap
             self.stream.write("\r" + text.ljust(self._width))
             self.stream.flush()
             self._width = len(text)
