@@ -87,3 +87,38 @@ def test_a_writer_on_a_folder_another_process_holds_exits_2_naming_it_and_the_pi
     assert err.startswith("sqlrl ") and "\n" not in err, err
     assert f"run folder {run} is in use by another sqlrl process (PID {holder.pid}," in err
     assert not run.exists()  # the holder made it for its lock and removed it; nothing was written
+
+
+@pytest.mark.parametrize(
+    ("command", "module", "func", "said"),
+    [
+        (
+            "quickstart",
+            "sqlrl.cli.experiment",
+            "cli_quickstart",
+            "interrupted; rerun the same command to resume",
+        ),
+        ("eval", "sqlrl.cli.eval", "cli_main", "interrupted; rerun the same command to resume"),
+        (
+            "train",
+            "sqlrl.cli.train",
+            "cli_main",
+            "interrupted; resume with `sqlrl train CONFIG --resume RUN_DIR`",
+        ),
+        ("sql", "sqlrl.cli.sql", "cli_main", "interrupted"),
+    ],
+)
+def test_ctrl_c_says_how_to_resume(command, module, func, said, monkeypatch, capsys):
+    import importlib
+
+    from sqlrl import cli
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(importlib.import_module(module), func, interrupted)
+    assert cli.main([command]) == 130
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"sqlrl {command}: {said}")
+    if command == "sql":
+        assert err == "sqlrl sql: interrupted"

@@ -203,3 +203,88 @@ def test_eval_against_an_openai_compatible_endpoint(tmp_path):
     assert seen and all(isinstance(p, list) and isinstance(p[0], int) for b in seen for p in b["prompt"])
     res = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert {r["final_sql"] for r in res if r["status"] != "gold_unscorable"} == {"SELECT count(*) FROM Staff"}
+
+
+class CountingPolicy(ScriptedPolicy):
+    """A scripted policy (answers by question) that counts prompts and can fail on its n-th call."""
+
+    def __init__(self, fail_on_call: int | None = None):
+        super().__init__(
+            lambda text, turn: "```sql\nSELECT 1\n```" if "How many" in text else "```sql\nSELECT\n```"
+        )
+        self.n_calls, self.prompts, self.fail_on_call = 0, 0, fail_on_call
+
+    def generate(self, prompts, **kw):
+        self.n_calls += 1
+        if self.n_calls == self.fail_on_call:
+            raise KeyboardInterrupt
+        self.prompts += len(prompts)
+        return super().generate(prompts, **kw)
+
+
+def _eval(out, policy, caplog=None):
+    from sqlrl.evaluation.runner import run_eval
+
+    return run_eval(
+        model="scripted",
+        data="embedded",
+        split="validation",
+        out=out,
+        budgets=Budgets(turns=1, max_new_tokens=16, max_schema_chars=300),
+        limit=5,
+        policy=policy,
+        sandbox_workers=1,
+        progress=False,
+        chunk_size=2,
+    )
+
+
+def test_an_interrupted_eval_resumes_from_the_saved_tasks_with_the_same_predictions(tmp_path, caplog):
+    import json
+    import logging
+
+    whole = tmp_path / "whole"
+    _eval(whole, CountingPolicy())
+    part = tmp_path / "part"
+    with pytest.raises(KeyboardInterrupt):  # chunk 1 (tasks 1-2) saved, interrupted in chunk 2
+        _eval(part, CountingPolicy(fail_on_call=2))
+    saved = [json.loads(x) for x in (part / "trajectories.partial.jsonl").read_text().splitlines()]
+    assert len(saved) == 2 and not (part / "summary.json").exists()
+    again = CountingPolicy()
+    with caplog.at_level(logging.INFO, logger="sqlrl"):
+        out = _eval(part, again)
+    assert again.prompts == 3  # tasks 3, 4 and 5 only
+    assert "resuming evaluation" in caplog.text and "after 2 of 5 tasks" in caplog.text
+    assert out.summary["resumed_tasks"] == 2
+
+    def strip(path):  # records without their timings
+        rows = [json.loads(x) for x in path.read_text().splitlines()]
+        for r in rows:
+            r.pop("timings", None)
+            r.pop("exec_ms", None)
+            (r.get("reward") or {}).pop("exec_ms", None)
+            for t in r.get("turns") if isinstance(r.get("turns"), list) else []:
+                t.pop("gen_s")
+                (t.get("sql_result") or {}).pop("elapsed_ms", None)
+        return rows
+
+    predictions = strip(part / "results.jsonl")
+    assert [r["task_id"] for r in predictions] == json.loads((whole / "run.json").read_text())["task_ids"]
+    assert predictions == strip(whole / "results.jsonl")
+
+    assert strip(part / "trajectories.jsonl") == strip(whole / "trajectories.jsonl")
+    assert not (part / "trajectories.partial.jsonl").exists() and not (part / "partial.json").exists()
+
+
+def test_partial_predictions_of_another_model_are_not_reused(tmp_path, caplog):
+    import logging
+
+    part = tmp_path / "part"
+    with pytest.raises(KeyboardInterrupt):
+        _eval(part, CountingPolicy(fail_on_call=2))
+    other = CountingPolicy()
+    other.name = "another-model"
+    with caplog.at_level(logging.WARNING, logger="sqlrl"):
+        out = _eval(part, other)
+    assert other.prompts == 5 and "resumed_tasks" not in out.summary
+    assert "another model, task set or budgets; starting over" in caplog.text

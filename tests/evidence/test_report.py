@@ -167,7 +167,7 @@ def test_results_table_md(synthetic_report) -> None:
     exp, _ = synthetic_report
     table = results_table_md(exp, n_boot=N_BOOT)
     lines = table.strip().splitlines()
-    assert lines[0] == "| arm | accuracy (95% CI) | Δ vs Base (95% CI) | McNemar p | GPU minutes | steps |"
+    assert lines[0] == "| arm | accuracy (95% CI) | Δ vs Base (95% CI) | McNemar p | device minutes | steps |"
     assert len(lines) == 2 + len(ARMS)
     for name in ("base", "base_t3"):
         base = next(line for line in lines if line.startswith(f"| {name} |"))
@@ -177,7 +177,8 @@ def test_results_table_md(synthetic_report) -> None:
     cmp_t3 = next(r for r in row["comparisons"] if (r["a"], r["b"]) == ("base_t3", "grpo_t3"))
     assert f"{100 * cmp_t3['diff']:+.1f} pp" in grpo_t3
     grpo = next(line for line in lines if line.startswith("| grpo |"))
-    assert grpo.split("|")[5].strip() == "6.0" and grpo.split("|")[6].strip() == "12"
+    # 12 steps x 30 s, on the GPU the train run recorded
+    assert grpo.split("|")[5].strip() == "6.0 GPU min (SYNTHETIC H200)" and grpo.split("|")[6].strip() == "12"
 
 
 def test_gpu_minutes_fall_back_to_step_timings(tmp_path: Path) -> None:
@@ -187,7 +188,25 @@ def test_gpu_minutes_fall_back_to_step_timings(tmp_path: Path) -> None:
     (exp / "arms/grpo/train/run.json").write_text(__import__("json").dumps(run))
     table = results_table_md(exp, n_boot=200)
     grpo = next(line for line in table.splitlines() if line.startswith("| grpo |"))
-    assert grpo.split("|")[5].strip() == "~6.0"
+    assert grpo.split("|")[5].strip() == "~6.0 GPU min (SYNTHETIC H200)"
+
+
+def test_device_minutes_name_the_cpu_of_a_cpu_run(tmp_path: Path) -> None:
+    """A CPU run (no gpu_minutes; the machine may still have a GPU) is counted in CPU minutes, with the
+    cores and architecture the run recorded."""
+    exp = make_experiment(tmp_path / "exp")
+    run = read_json(exp / "arms/grpo/train/run.json")
+    del run["gpu_minutes"]
+    run["device"] = "cpu"
+    run["machine"] = {**run["machine"], "cpu_count": 2, "platform": "Linux-6.8.0-x86_64-with-glibc2.39"}
+    (exp / "arms/grpo/train/run.json").write_text(__import__("json").dumps(run))
+    paths = write_report(exp, n_boot=200)
+    md = Path(paths["markdown"]).read_text(encoding="utf-8")
+    grpo = next(line for line in md.splitlines() if line.startswith("| grpo |"))
+    assert grpo.split("|")[5].strip() == "~6.0 CPU min (2-core x86_64)"
+    html = Path(paths["html"]).read_text(encoding="utf-8")
+    assert "~6.0 CPU min (2-core x86_64)" in html and "GPU min" in html  # the other arms ran on the GPU
+    assert "GPU minutes" not in md and "GPU minutes" not in html
 
 
 def test_claim_report_and_incomplete_report(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -61,14 +62,33 @@ def test_matrix_end_to_end_and_resume(tiny_model_dir, tmp_path, caplog):
     # progress lines are log records of the matrix (the CLI prints them on stderr); the handler sits on the
     # module's logger because an in-process `sqlrl.cli.main` stops propagation at the `sqlrl` logger
     matrix_log = logging.getLogger("sqlrl.experiment.matrix")
+    caplog.set_level(logging.INFO, logger="sqlrl")
+    progress_log = logging.getLogger("sqlrl.progress")  # the progress line, as log records off a terminal
     matrix_log.addHandler(caplog.handler)
+    progress_log.addHandler(caplog.handler)
     try:
         run_experiment(cfg, exp, out, report=True)
     finally:
         matrix_log.removeHandler(caplog.handler)
+        progress_log.removeHandler(caplog.handler)
     progress = caplog.messages
-    assert "[experiment] training arm grpo (new)" in progress
-    assert "[experiment] evaluating arm base on 4 tasks" in progress
+    assert f"[experiment] grpo: training -> {out / 'arms' / 'grpo' / 'train'}" in progress
+    assert f"[experiment] base: evaluating on 4 tasks -> {out / 'arms' / 'base' / 'eval'}" in progress
+    lines = [m for m in progress if m.startswith("[tiny] ")]
+    # each part's first and last line: arm i of 4, its unit s of S, elapsed, ETA over the whole plan (a
+    # lower bound while a kind of unit left to do, here training steps, has not been timed)
+    assert re.fullmatch(
+        r"\[tiny\] arm 1 of 4 base: evaluate task 0 of 4 \| 0:\d\d elapsed \| ETA \?", lines[0]
+    )
+    assert any(
+        re.match(r"\[tiny\] arm 2 of 4 grpo: train step 0 of 1 \| \d+:\d\d elapsed \| ETA >= ", x)
+        for x in lines
+    )
+    assert any(
+        re.match(r"\[tiny\] arm 4 of 4 validity: evaluate task 4 of 4 \| .* \| ETA \d+:\d\d", x)
+        for x in lines
+    )
+    assert re.match(r"\[tiny\] leakage audit \(turns 1\): task 4 of 4 \| .* \| ETA 0:00$", lines[-1])
     e = json.loads((out / "experiment.json").read_text())
     assert set(e["arms"]) == {"base", "grpo", "no_update", "validity"} and e["finished"]
     assert len(e["tasks"]) == 4 and e["fingerprint"]
@@ -98,7 +118,14 @@ def test_matrix_end_to_end_and_resume(tiny_model_dir, tmp_path, caplog):
     # resumable: a second run finds every arm finished and does not train or evaluate again
     t0 = time.perf_counter()
     mtime = (out / "arms" / "grpo" / "eval" / "summary.json").stat().st_mtime
-    run_experiment(cfg, exp, out, report=False)
+    caplog.clear()
+    matrix_log.addHandler(caplog.handler)
+    try:
+        run_experiment(cfg, exp, out, report=False)
+    finally:
+        matrix_log.removeHandler(caplog.handler)
+    assert "[experiment] grpo: training finished before, kept" in caplog.messages
+    assert "[experiment] base: evaluation finished before, kept" in caplog.messages
     assert (out / "arms" / "grpo" / "eval" / "summary.json").stat().st_mtime == mtime
     assert time.perf_counter() - t0 < 60
     # a memory-only setting (how updates are split into passes) may change on resume: recorded, no retraining

@@ -266,7 +266,9 @@ def test_dynamic_sampling_replaces_zero_variance_groups(tmp_path):
     assert s["grad_norm"] == 0.0 and final_hash(capped) == tiny_factory()[3]
 
 
-def test_resume_gives_the_same_next_step(tmp_path):
+def test_resume_gives_the_same_next_step(tmp_path, caplog):
+    import logging
+
     from sqlrl.training.trainer import train
 
     full = tmp_path / "full"
@@ -284,14 +286,16 @@ def test_resume_gives_the_same_next_step(tmp_path):
     # a half-written checkpoint of the next step is left behind, as by a kill during the save
     (part / "checkpoints" / ".step_000002.tmp-999").mkdir()
     (part / "checkpoints" / ".step_000002.tmp-999" / "model.safetensors").write_bytes(b"partial")
-    train(
-        tiny_cfg(steps=3),
-        part,
-        resume=True,
-        policy_factory=tiny_factory,
-        evaluator_factory=Alternating,
-        progress=False,
-    )
+    with caplog.at_level(logging.INFO, logger="sqlrl"):
+        train(
+            tiny_cfg(steps=3),
+            part,
+            resume=True,
+            policy_factory=tiny_factory,
+            evaluator_factory=Alternating,
+            progress=False,
+        )
+    assert f"resuming training {part} from step 1 of 3" in caplog.messages
     assert not (part / "checkpoints" / ".step_000002.tmp-999").exists()  # removed on resume
     a, b = steps(full), steps(part)
     assert [s["step"] for s in b] == [1, 2, 3]
@@ -797,3 +801,24 @@ def test_cli_resume_with_a_corrupt_latest_checkpoint(tmp_path, monkeypatch, caps
     err = capsys.readouterr().err
     assert f"resuming from the newest valid older checkpoint {ckdir / 'step_000001'} (step 1)" in err
     assert [s["step"] for s in steps(run)] == [1, 2, 3]
+
+
+def test_no_update_step_runs_without_warnings(tmp_path):
+    """The No-update control skips `optimizer.step()` on purpose; its steps (and the scheduler's) raise no
+    warning, and the weights stay bit-identical."""
+    import warnings
+
+    from sqlrl.training.trainer import train
+
+    run = tmp_path / "noupd"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        train(
+            tiny_cfg(steps=2, lr=0.0),
+            run,
+            policy_factory=tiny_factory,
+            evaluator_factory=Alternating,
+            progress=False,
+        )
+    assert final_hash(run) == tiny_factory()[3]
+    assert [s["lr"] for s in steps(run)] == [0.0, 0.0]

@@ -52,6 +52,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# what to do after Ctrl-C, for the commands that can continue where they stopped
+RESUME_HINTS = {
+    "quickstart": "rerun the same command to resume",
+    "experiment": "rerun the same command to resume",
+    "eval": "rerun the same command to resume",
+    "train": "resume with `sqlrl train CONFIG --resume RUN_DIR` (RUN_DIR: the run folder)",
+    "sft": "resume with `sqlrl sft ... --resume RUN_DIR` (RUN_DIR: the run folder)",
+}
+
+
 def _usage() -> str:
     width = max(len(k) for k in COMMANDS)
     lines = [
@@ -73,9 +83,13 @@ class _ConsoleHandler(logging.Handler):
     capture and redirections see them."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        from sqlrl.evaluation.progress import pause_line, resume_line
+
         stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
+        line = pause_line()  # a progress line drawn on the terminal: the record goes above it
         stream.write(self.format(record) + "\n")
         stream.flush()
+        resume_line(line)
 
 
 def console_logging(level: int = logging.INFO) -> None:
@@ -116,7 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sqlrl {name}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("sqlrl: interrupted", file=sys.stderr)
+        from sqlrl.evaluation.progress import finish_line
+
+        finish_line()  # the last progress state stays on the screen
+        hint = RESUME_HINTS.get(name)
+        print(f"sqlrl {name}: interrupted" + (f"; {hint}" if hint else ""), file=sys.stderr)
         return 130
 
 

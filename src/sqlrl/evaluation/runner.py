@@ -13,6 +13,9 @@ across machines in bf16 (see `sqlrl.agent.loop`).
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 import sys
 import time
 from collections import Counter, defaultdict
@@ -24,6 +27,8 @@ from sqlrl.agent.loop import Budgets, Sampling, Trajectory
 from sqlrl.artifacts import git_commit, holds_run_lock, machine_info, write_json_atomic, write_jsonl
 from sqlrl.generation.device import pick_device
 from sqlrl.tasks.data import resolve_data_root, select_tasks
+
+log = logging.getLogger(__name__)
 
 EXECUTABLE_FAIL = {"no_sql", "exec_error", "timeout"}
 
@@ -44,12 +49,21 @@ def evaluate_tasks(
     *,
     sampling: Sampling = Sampling(temperature=0.0, seed=0),
     kind: str = "execution",
-    progress: bool = True,
+    progress=True,
     rollout_all: bool = False,
+    chunk_size: int = 0,
+    done: dict[str, Trajectory] | None = None,
+    on_chunk=None,
 ) -> EvalOutput:
     """Score `tasks` (PrivateTask). With `rollout_all`, the agent also runs on tasks whose gold is
     unscorable (they are still excluded from scoring); the leakage audit uses this so that both of its
-    runs roll out exactly the same tasks whatever the golds are."""
+    runs roll out exactly the same tasks whatever the golds are.
+
+    The rolled-out tasks run in chunks of `chunk_size` (0: one chunk), fixed by position, so a resumed
+    evaluation batches each task exactly as an uninterrupted one; `done` (task id -> scored trajectory)
+    holds the tasks finished before, which are not run again; `on_chunk(trajectories)` receives each
+    scored chunk. `progress`: True for a tqdm bar, False, or a handle (`progress.PartHandle`) that
+    counts tasks."""
     from sqlrl.tasks.goldcache import audit_golds
 
     t_start = time.perf_counter()
@@ -57,13 +71,30 @@ def evaluate_tasks(
     audit = audit_golds(tasks, gold_cache)
     scorable = [t for t in tasks if audit.per_task.get(t.public.task_id) is None]
     rolled = tasks if rollout_all else scorable
-    trajectories = env.rollout(
-        [t.public for t in rolled], policy, budgets, sampling, progress="eval" if progress else False
-    )
     scorable_ids = {t.public.task_id for t in scorable}
-    env.score(
-        [tr for tr in trajectories if tr.task_id in scorable_ids], {t.public.task_id: t for t in scorable}
-    )
+    private = {t.public.task_id: t for t in scorable}
+    done = done or {}
+    size = chunk_size if chunk_size > 0 else max(1, len(rolled))
+    handle = progress if hasattr(progress, "update") else None
+    trajectories: list[Trajectory] = []
+    for start in range(0, len(rolled), size):
+        chunk = rolled[start : start + size]
+        todo = [t for t in chunk if t.public.task_id not in done]
+        ran: list[Trajectory] = []
+        if todo:
+            # a chunk's sampling seed depends on its position only (as `rollout(chunk_size=size)`)
+            shifted = dataclasses.replace(
+                sampling, seed=None if sampling.seed is None else sampling.seed + start
+            )
+            bar = "eval" if progress is True and handle is None else False
+            ran = env.rollout([t.public for t in todo], policy, budgets, shifted, progress=bar)
+            env.score([tr for tr in ran if tr.task_id in scorable_ids], private)
+            if on_chunk is not None:
+                on_chunk(ran)
+            if handle is not None:
+                handle.update(len(todo))
+        by_ran = {tr.task_id: tr for tr in ran}
+        trajectories += [done.get(t.public.task_id) or by_ran[t.public.task_id] for t in chunk]
     by_id = {tr.task_id: tr for tr in trajectories}
     results = []
     for t in tasks:
@@ -105,6 +136,8 @@ def evaluate_tasks(
     summary["elapsed_s"] = round(time.perf_counter() - t_start, 3)
     summary["budgets"] = budgets.to_dict()
     summary["gold_audit"] = audit.to_dict() if hasattr(audit, "to_dict") else None
+    if done:
+        summary["resumed_tasks"] = sum(t.public.task_id in done for t in rolled)
     return EvalOutput(trajectories, results, summary)
 
 
@@ -191,6 +224,45 @@ def load_endpoint_policy(endpoint: str, model: str, tokenizer: str | None = None
     return OpenAIPolicy(endpoint, model, api_key=api_key or os.environ.get("OPENAI_API_KEY"), tokenizer=tok)
 
 
+PARTIAL = "trajectories.partial.jsonl"  # scored trajectories of the chunks finished so far
+PARTIAL_KEY = "partial.json"  # what they were made with: a resumed evaluation must match it
+
+
+def eval_chunk_size(policy) -> int:
+    """Tasks per saved chunk: the policy's batch (`run.gen_max_batch`) on a GPU; 2 elsewhere (on a CPU a
+    0.5B model takes about a minute a task, so an interruption loses at most one chunk)."""
+    model = getattr(policy, "model", None)
+    device = getattr(getattr(model, "device", None), "type", "cpu")
+    batch = int(getattr(policy, "max_batch", 0) or 64)
+    return max(1, batch) if device == "cuda" else 2
+
+
+def trajectory_from_dict(d: dict) -> Trajectory:
+    from sqlrl.agent.loop import Turn
+
+    return Trajectory(**{**d, "turns": [Turn(**t) for t in d["turns"]]})
+
+
+def load_partial(out: Path, key: dict) -> dict[str, Trajectory]:
+    """The scored trajectories an interrupted evaluation into `out` wrote with the same `key` (model,
+    tasks, budgets, chunking); anything else there is removed (with a warning) and the evaluation starts
+    over."""
+    from sqlrl.artifacts import read_json, read_jsonl
+
+    kp, tp = out / PARTIAL_KEY, out / PARTIAL
+    if not kp.exists():
+        tp.unlink(missing_ok=True)
+        return {}
+    if read_json(kp) != key:
+        log.warning(
+            f"{out}: the partial predictions there are of another model, task set or budgets; starting over"
+        )
+        kp.unlink()
+        tp.unlink(missing_ok=True)
+        return {}
+    return {d["task_id"]: trajectory_from_dict(d) for d in read_jsonl(tp)} if tp.exists() else {}
+
+
 @holds_run_lock("out")
 def run_eval(
     *,
@@ -209,9 +281,17 @@ def run_eval(
     policy=None,
     sandbox_workers: int = 2,
     command: list[str] | None = None,
+    progress=True,
+    chunk_size: int | None = None,
 ) -> EvalOutput:
+    """Evaluate into `out`. Each chunk of tasks (`eval_chunk_size`) is saved when scored; rerunning an
+    interrupted evaluation with the same model, tasks and budgets resumes after the last saved chunk and
+    writes the same predictions as an uninterrupted run. `progress`: as `progress.open_part`."""
+    from sqlrl.artifacts import append_jsonl_many
+    from sqlrl.evaluation.progress import open_part
     from sqlrl.tasks.data import SpiderData
 
+    out = Path(out)
     root = resolve_data_root(data)
     ds = SpiderData(root)
     tasks = select_tasks(ds.load(split, seed=split_seed, val_fraction=val_fraction), limit, seed)
@@ -219,28 +299,68 @@ def run_eval(
         raise ValueError(f"split {split!r} of {root} has no tasks")
     if policy is None:
         policy = load_policy(model, device=device, dtype=dtype, engine=engine)
+    fingerprint = ds.fingerprint(split, seed=split_seed, val_fraction=val_fraction)
+    size = chunk_size or eval_chunk_size(policy)
+    key = {
+        "model": {"name": getattr(policy, "name", model), "identity": getattr(policy, "identity", None)},
+        "task_ids": [t.public.task_id for t in tasks],
+        "fingerprint": fingerprint,
+        "budgets": budgets.to_dict(),
+        "chunk_size": size,
+    }
+    key = json.loads(json.dumps(key))
+    out.mkdir(parents=True, exist_ok=True)
+    done = load_partial(out, key)
+    if done:
+        log.info(
+            f"resuming evaluation {out} after {len(done)} of {len(tasks)} tasks (their predictions are kept)"
+        )
+    write_json_atomic(out / PARTIAL_KEY, key)
+
+    def save(chunk: list[Trajectory]) -> None:
+        append_jsonl_many(out / PARTIAL, (tr.to_dict() for tr in chunk))
+
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    bar = open_part(
+        progress, title="sqlrl eval", label="evaluate", kind="task", total=len(tasks), initial=len(done)
+    )
     with make_env(
-        workers=sandbox_workers, timeout_s=budgets.sql_timeout_s, gold_dir=Path(out) / ".goldcache"
+        workers=sandbox_workers, timeout_s=budgets.sql_timeout_s, gold_dir=out / ".goldcache"
     ) as env:
-        output = evaluate_tasks(tasks, policy, env.sandbox, env.gold_cache, budgets)
+        output = evaluate_tasks(
+            tasks,
+            policy,
+            env.sandbox,
+            env.gold_cache,
+            budgets,
+            progress=bar if bar is not None else False,
+            chunk_size=size,
+            done=done,
+            on_chunk=save,
+        )
+    if bar is not None:
+        bar.close()
     prov = {
         "command": command or sys.argv,
         "git": git_commit(),
         "machine": machine_info(),
-        "model": {"name": getattr(policy, "name", model), "identity": getattr(policy, "identity", None)},
+        "model": key["model"],
         "data": str(root),
         "split": split,
         "split_seed": split_seed,
         "val_fraction": val_fraction,
         "limit": limit,
-        "task_ids": [t.public.task_id for t in tasks],
-        "fingerprint": ds.fingerprint(split, seed=split_seed, val_fraction=val_fraction),
+        "task_ids": key["task_ids"],
+        "fingerprint": fingerprint,
         "budgets": budgets.to_dict(),
         "sampling": {"temperature": 0.0, "seed": seed},
         "engine": getattr(policy, "engine", engine),
+        "chunk_size": size,
+        "resumed_tasks": len(done),
         "started": started,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     write_eval_run(out, output, prov)
+    (out / PARTIAL).unlink(missing_ok=True)
+    (out / PARTIAL_KEY).unlink(missing_ok=True)
     return output

@@ -262,6 +262,7 @@ def _arm_info(exp: Experiment, name: str, *, n_boot: int, seed: int, ci: float) 
             "gpu_minutes": gm,
             "gpu_minutes_source": gsrc,
             "machine": (train_run or {}).get("machine") or {},
+            "device": (train_run or {}).get("device"),
             "model": (train_run or {}).get("model") or {},
         }
         if arm.train_dir is not None

@@ -42,21 +42,71 @@ def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return [round(start + i * step, 12) for i in range(max(2, count))]
 
 
-def _fmt_tick(t: float, scale: float = 1.0, suffix: str = "") -> str:
-    v = t * scale
-    if v == 0:
-        return "0" + suffix
-    if abs(v) >= 1e5 or abs(v) < 0.01:
-        return f"{v:.1e}" + suffix
-    if float(v).is_integer():
-        return f"{int(v)}" + suffix
-    return f"{v:.3g}" + suffix
+def axis_labels(ticks: list[float], scale: float = 1.0, suffix: str = "") -> tuple[list[str], str]:
+    """The labels of one axis, all in one format: the fewest decimals that show every tick exactly
+    (`0.00 0.25 0.50`). Ticks below 0.01 or from 1e5 up share a power of ten, returned as the axis note
+    (`×1e-6`, for the title) while the labels show the mantissas (`0 1 2 3`)."""
+    vals = [t * scale for t in ticks]
+    big = max((abs(v) for v in vals), default=0.0)
+    note = ""
+    if big and (big >= 1e5 or big < 0.01):
+        e = math.floor(math.log10(big))
+        vals = [v / 10**e for v in vals]
+        note = f"×1e{e}"
+    digits = next(
+        (d for d in range(7) if all(abs(round(v, d) - v) <= 1e-9 * max(1.0, abs(v)) for v in vals)), 6
+    )
+    return [f"{round(v, digits) + 0.0:.{digits}f}{suffix}" for v in vals], note
+
+
+# per series, by position: a dash pattern and a hollow marker shape, so that series drawn on top of each
+# other (e.g. GRPO and No-update when the update changed nothing measurable) stay distinguishable
+DASHES = ["", "7 4", "2 3", "9 3 2 3", "4 2"]
+MARKERS = ["circle", "square", "triangle", "diamond", "cross"]
+
+
+def _marker(shape: str, x: float, y: float, color: str, r: float = 3.2) -> str:
+    style = f'fill="none" stroke="{color}" stroke-width="1.4"'  # hollow: markers on one point all show
+    if shape == "circle":
+        return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r:.1f}" {style}/>'
+    if shape == "square":
+        return f'<rect x="{x - r:.1f}" y="{y - r:.1f}" width="{2 * r:.1f}" height="{2 * r:.1f}" {style}/>'
+    if shape == "triangle":
+        pts = f"{x:.1f},{y - 1.2 * r:.1f} {x - 1.1 * r:.1f},{y + 0.8 * r:.1f} {x + 1.1 * r:.1f},{y + 0.8 * r:.1f}"
+        return f'<polygon points="{pts}" {style}/>'
+    if shape == "diamond":
+        pts = f"{x:.1f},{y - 1.3 * r:.1f} {x + 1.3 * r:.1f},{y:.1f} {x:.1f},{y + 1.3 * r:.1f} {x - 1.3 * r:.1f},{y:.1f}"
+        return f'<polygon points="{pts}" {style}/>'
+    return (
+        f'<path d="M{x - r:.1f},{y - r:.1f}L{x + r:.1f},{y + r:.1f}M{x - r:.1f},{y + r:.1f}L{x + r:.1f},{y - r:.1f}" '
+        f'stroke="{color}" stroke-width="1.6"/>'
+    )
+
+
+def line_style(i: int) -> tuple[str, str]:
+    """(dash pattern, marker shape) of the `i`-th series."""
+    return DASHES[i % len(DASHES)], MARKERS[i % len(MARKERS)]
+
+
+def svg_legend_entry(name: str, color: str, i: int) -> str:
+    """A legend entry: the `i`-th series' line sample (dash and marker) and its name."""
+    dash, shape = line_style(i)
+    dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
+    return (
+        f'<span><svg width="34" height="12" viewBox="0 0 34 12" aria-hidden="true">'
+        f'<line x1="1" x2="33" y1="6" y2="6" stroke="{color}" stroke-width="1.8"{dash_attr}/>'
+        f"{_marker(shape, 17, 6, color)}</svg> {esc(name)}</span>"
+    )
 
 
 def svg_line_chart(
-    title: str, series: dict[str, list[tuple[float, float | None]]], colors: dict[str, str]
+    title: str,
+    series: dict[str, list[tuple[float, float | None]]],
+    colors: dict[str, str],
+    styles: dict[str, int] | None = None,
 ) -> str:
-    """A small line chart of named series of (step, value); None breaks a line."""
+    """A small line chart of named series of (step, value); None breaks a line. Each series has its color,
+    dash pattern and marker (`line_style` of its index in `styles`, else of its position)."""
     w, h = 322, 200
     ml, mr, mt, mb = 52, 12, 30, 34
     pts = [(x, y) for s in series.values() for x, y in s if y is not None]
@@ -85,22 +135,25 @@ def svg_line_chart(
     def sy(y: float) -> float:
         return h - mb - (y - y0) / ((y1 - y0) or 1) * (h - mt - mb)
 
+    y_labels, y_note = axis_labels(yt)
+    x_labels, _ = axis_labels(xt)
+    shown = f"{title} ({y_note})" if y_note else title
     parts = [
         f'<svg class="chart" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="{esc(title)}">',
-        f'<text x="{ml}" y="18" class="ct">{esc(title)}</text>',
+        f'<text x="{ml}" y="18" class="ct">{esc(shown)}</text>',
     ]
-    for t in yt:
+    for t, label in zip(yt, y_labels):
         parts.append(f'<line x1="{ml}" x2="{w - mr}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" class="grid"/>')
         parts.append(
-            f'<text x="{ml - 6}" y="{sy(t) + 4:.1f}" text-anchor="end" class="tick">{esc(_fmt_tick(t))}</text>'
+            f'<text x="{ml - 6}" y="{sy(t) + 4:.1f}" text-anchor="end" class="tick">{esc(label)}</text>'
         )
-    for t in xt:
+    for t, label in zip(xt, x_labels):
         parts.append(
-            f'<text x="{sx(t):.1f}" y="{h - mb + 15}" text-anchor="middle" class="tick">{esc(_fmt_tick(t))}</text>'
+            f'<text x="{sx(t):.1f}" y="{h - mb + 15}" text-anchor="middle" class="tick">{esc(label)}</text>'
         )
     parts.append(f'<text x="{(ml + w - mr) / 2}" y="{h - 4}" text-anchor="middle" class="axis">step</text>')
     parts.append(f'<line x1="{ml}" x2="{w - mr}" y1="{h - mb}" y2="{h - mb}" class="axisline"/>')
-    for name, s in series.items():
+    for pos, (name, s) in enumerate(series.items()):
         segs: list[list[tuple[float, float]]] = [[]]
         for x, y in s:
             if y is None:
@@ -108,12 +161,17 @@ def svg_line_chart(
             else:
                 segs[-1].append((sx(x), sy(y)))
         color = colors.get(name, "#111827")
+        dash, shape = line_style((styles or {}).get(name, pos))
+        dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
+        points = [p for seg in segs for p in seg]
+        every = max(1, math.ceil(len(points) / 16))  # at most ~16 markers a series
         for seg in segs:
             if len(seg) >= 2:
                 d = " ".join(f"{px:.1f},{py:.1f}" for px, py in seg)
-                parts.append(f'<polyline points="{d}" fill="none" stroke="{color}" stroke-width="1.8"/>')
-            elif len(seg) == 1:
-                parts.append(f'<circle cx="{seg[0][0]:.1f}" cy="{seg[0][1]:.1f}" r="2.5" fill="{color}"/>')
+                parts.append(
+                    f'<polyline points="{d}" fill="none" stroke="{color}" stroke-width="1.8"{dash_attr}/>'
+                )
+        parts += [_marker(shape, px, py, color) for px, py in points[::every]]
     parts.append("</svg>")
     return "".join(parts)
 
@@ -144,9 +202,13 @@ def svg_interval_chart(
     bottom = mt + row_h * len(rows)
     for i in range(0, len(rows), 2):
         parts.append(f'<rect x="0" y="{mt + row_h * i}" width="{w}" height="{row_h}" class="band"/>')
-    for t in ticks:
+    labels, note = (
+        axis_labels(ticks, 100, "%" if not zero_line else " pp") if pct_axis else axis_labels(ticks)
+    )
+    if note:
+        parts[1] = f'<text x="8" y="18" class="ct">{esc(f"{title} ({note})")}</text>'
+    for t, label in zip(ticks, labels):
         parts.append(f'<line x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{mt}" y2="{bottom}" class="grid"/>')
-        label = _fmt_tick(t, 100, "%" if not zero_line else " pp") if pct_axis else _fmt_tick(t)
         parts.append(
             f'<text x="{sx(t):.1f}" y="{bottom + 16}" text-anchor="middle" class="tick">{esc(label)}</text>'
         )

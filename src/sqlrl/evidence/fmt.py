@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from typing import Any
 
 
@@ -52,16 +53,25 @@ def short(h: Any, n: int = 12) -> str:
     return "-" if not h else str(h)[:n]
 
 
+def device_str(m: Any, device: str | None = None) -> str:
+    """The device of a machine record: `GPU: 2× NVIDIA H200`, or `CPU: 2-core x86_64` (cores and
+    architecture as recorded). `device` ("cuda" / "cpu", as a train run.json records it) says which of
+    the machine's devices ran; without it a recorded accelerator is taken as the device."""
+    if not isinstance(m, dict) or not m:
+        return "device not recorded"
+    gpu = m.get("accelerator")
+    if gpu and device != "cpu":
+        return f"GPU: {m['gpu_count']}× {gpu}" if m.get("gpu_count") else f"GPU: {gpu}"
+    arch = re.search(r"x86_64|amd64|aarch64|arm64|ppc64le|s390x", str(m.get("platform") or ""))
+    cores = f"{m['cpu_count']}-core" if m.get("cpu_count") else ""
+    return "CPU: " + (" ".join(x for x in (cores, arch.group(0) if arch else "") if x) or "unknown")
+
+
 def machine_str(m: Any) -> str:
-    """A machine record as `2× H200 on host`, or `CPU only`."""
+    """A machine record as `GPU: 2× H200 on host`, or `CPU: 2-core x86_64 on host`."""
     if not isinstance(m, dict) or not m:
         return "-"
-    parts = [str(m.get("accelerator") or "CPU only")]
-    if m.get("gpu_count"):
-        parts[0] = f"{m['gpu_count']}× {parts[0]}"
-    if m.get("hostname"):
-        parts.append(f"on {m['hostname']}")
-    return " ".join(parts)
+    return device_str(m) + (f" on {m['hostname']}" if m.get("hostname") else "")
 
 
 def budgets_str(b: Any) -> str:
@@ -71,12 +81,21 @@ def budgets_str(b: Any) -> str:
     return ", ".join(f"{k}={json.dumps(v) if isinstance(v, dict | list) else v}" for k, v in b.items())
 
 
-def gpu_str(arm: dict) -> str:
-    """An arm's GPU minutes; `~` marks a sum of step times."""
+def device_minutes_str(arm: dict) -> str:
+    """An arm's training minutes on its device, named as its train run recorded it: `6.0 GPU min (NVIDIA
+    H200)`, `~1.6 CPU min (2-core x86_64)`; `~` marks a sum of step times."""
     t = arm.get("train")
     if not t or t.get("gpu_minutes") is None:
         return "-"
-    return ("~" if t["gpu_minutes_source"] == "steps" else "") + f"{t['gpu_minutes']:.1f}"
+    kind, _, name = device_str(t.get("machine"), t.get("device")).partition(": ")
+    where = f"{kind} min ({name})" if name else "min (device not recorded)"
+    return ("~" if t["gpu_minutes_source"] == "steps" else "") + f"{t['gpu_minutes']:.1f} {where}"
+
+
+DEVICE_MINUTES_NOTE = (
+    "Device minutes: training time of each trained arm on the device its train run.json records (GPU name, "
+    "or CPU cores and architecture), or (marked ~) the sum of its step times."
+)
 
 
 def md_cell(s: Any) -> str:

@@ -32,17 +32,28 @@ from sqlrl.evidence.analysis import (
     find_comparison,
     turn_use_rows,
 )
-from sqlrl.evidence.fmt import acc_ci, budgets_str, diff_ci, fmt_p, gpu_str, machine_str, md_cell, pp, short
+from sqlrl.evidence.fmt import (
+    DEVICE_MINUTES_NOTE,
+    acc_ci,
+    budgets_str,
+    device_minutes_str,
+    diff_ci,
+    fmt_p,
+    machine_str,
+    md_cell,
+    pp,
+    short,
+)
 from sqlrl.evidence.page import render_html
 from sqlrl.evidence.rundir import Experiment
 
 
 def results_table_md(exp_dir: str | Path | Experiment | dict, **kw: Any) -> str:
-    """README-ready Markdown table: arm | accuracy (95% CI) | Δ vs Base (95% CI) | McNemar p | GPU minutes | steps."""
+    """README-ready Markdown table: arm | accuracy (95% CI) | Δ vs Base (95% CI) | McNemar p | device minutes | steps."""
     analysis = exp_dir if isinstance(exp_dir, dict) else analyze(exp_dir, **kw)
     level = int(round(100 * analysis["params"]["ci"]))
     lines = [
-        f"| arm | accuracy ({level}% CI) | Δ vs Base ({level}% CI) | McNemar p | GPU minutes | steps |",
+        f"| arm | accuracy ({level}% CI) | Δ vs Base ({level}% CI) | McNemar p | device minutes | steps |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for arm in analysis["arms"]:
@@ -58,7 +69,7 @@ def results_table_md(exp_dir: str | Path | Experiment | dict, **kw: Any) -> str:
                     acc_ci(arm),
                     diff_ci(row),
                     fmt_p(row["p_value"]) if row and row.get("available") else "-",
-                    gpu_str(arm),
+                    device_minutes_str(arm),
                     str(steps) if steps is not None else "-",
                 ]
             )
@@ -85,7 +96,7 @@ def render_markdown(analysis: dict, links: dict[str, dict[str, str]]) -> str:
     out += ["", "## Results", "", results_table_md(analysis)]
     out += [
         "Accuracy = execution match over scored tasks (excluded tasks dropped), percentile bootstrap CI; "
-        "Δ and McNemar p are paired by task id over tasks scored in both arms.",
+        "Δ and McNemar p are paired by task id over tasks scored in both arms. " + DEVICE_MINUTES_NOTE,
         "",
         "## Paired comparisons",
         "",

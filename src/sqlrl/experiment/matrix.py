@@ -158,6 +158,38 @@ def _experiment_state(
     return state
 
 
+class ArmProgress:
+    """The experiment's progress plan: per turn budget and arm, its training steps (not for base) and
+    evaluated tasks, then the leakage audit; one line (`evaluation.progress.Progress`) over all of it."""
+
+    def __init__(self, cfg: Config, exp: ExperimentConfig, n_eval: int, title: str):
+        from sqlrl.evaluation.progress import Part, Progress
+
+        self.index: dict[tuple[str, str], int] = {}
+        parts: list[Part] = []
+        arms = [(t, k) for t in exp.turns for k in exp.arms]
+        for i, (turns, kind) in enumerate(arms, 1):
+            name = f"{kind}{'' if turns == 1 else f'_t{turns}'}"
+            head = f"arm {i} of {len(arms)} {name}:"
+            if kind != "base":
+                self.index[(name, "train")] = len(parts)
+                parts.append(Part(f"{head} train", "step", cfg.grpo.steps))
+            self.index[(name, "eval")] = len(parts)
+            parts.append(Part(f"{head} evaluate", "task", n_eval))
+        for turns in exp.turns:
+            self.index[(f"t{turns}", "leakage")] = len(parts)
+            parts.append(Part(f"leakage audit (turns {turns}):", "task", 2 * min(exp.leakage_tasks, n_eval)))
+        self.line = Progress(title, parts)
+        self.arm = ""
+
+    def skip(self, what: str, arm: str | None = None) -> None:
+        self.line.skip(self.index[(arm or self.arm, what)])
+
+    def opener(self, what: str, arm: str | None = None):
+        i = self.index[(arm or self.arm, what)]
+        return lambda total, initial: self.line.open(i, total, initial)
+
+
 def _run_arm(
     cfg: Config,
     out: Path,
@@ -169,6 +201,7 @@ def _run_arm(
     n_eval_tasks: int,
     command: list[str] | None,
     deadline: float | None,
+    progress: ArmProgress | None = None,
 ) -> dict:
     """Train (unless base) and evaluate one arm, skipping what is finished; returns its experiment.json entry."""
     from sqlrl.agent.loop import Budgets
@@ -192,18 +225,33 @@ def _run_arm(
         entry["train_run"] = f"arms/{name}/train"
         run_json = train_dir / "run.json"
         finished = run_json.exists() and read_json(run_json).get("status") == "finished"
-        if not finished:
+        if finished:
+            if progress is not None:
+                progress.skip("train")
+            log.info(f"[experiment] {name}: training finished before, kept")
+        else:
             check_time(deadline, 60, f"training arm {name}")
             resume = (train_dir / "config.json").exists()
-            log.warning(f"[experiment] training arm {name} ({'resume' if resume else 'new'})")
-            res = train(acfg, train_dir, resume=resume, command=command, deadline=deadline)
+            log.info(f"[experiment] {name}: {'resuming training' if resume else 'training'} -> {train_dir}")
+            res = train(
+                acfg,
+                train_dir,
+                resume=resume,
+                command=command,
+                deadline=deadline,
+                progress=progress.opener("train") if progress is not None else True,
+            )
             free_memory()
             if not res["finished"]:
                 raise Unfinished(f"arm {name} stopped at step {res['steps']} of {acfg.grpo.steps}")
         model_for_eval = str(train_dir / "final")
-    if not (arm_dir / "eval" / "summary.json").exists():
+    if (arm_dir / "eval" / "summary.json").exists():
+        if progress is not None:
+            progress.skip("eval")
+        log.info(f"[experiment] {name}: evaluation finished before, kept")
+    else:
         check_time(deadline, 45, f"evaluating arm {name}")
-        log.warning(f"[experiment] evaluating arm {name} on {n_eval_tasks} tasks")
+        log.info(f"[experiment] {name}: evaluating on {n_eval_tasks} tasks -> {arm_dir / 'eval'}")
         policy = load_policy(
             model_for_eval,
             device=cfg.run.device,
@@ -224,6 +272,7 @@ def _run_arm(
             policy=policy,
             sandbox_workers=cfg.run.sandbox_workers,
             command=command,
+            progress=progress.opener("eval") if progress is not None else True,
         )
         del policy
         free_memory()
@@ -303,6 +352,46 @@ def _audit_weights(cfg: Config, exp: ExperimentConfig, out: Path) -> None:
     write_json_atomic(out / "weights_audit.json", wa)
 
 
+def _run_matrix(
+    cfg: Config,
+    exp: ExperimentConfig,
+    out: Path,
+    state: dict,
+    progress: ArmProgress,
+    *,
+    root: Path,
+    eval_tasks: list,
+    command: list[str] | None,
+    deadline: float | None,
+) -> None:
+    """Every arm of every turn budget, then that budget's leakage audit; experiment.json after each arm."""
+    for turns in exp.turns:
+        suffix = "" if turns == 1 else f"_t{turns}"
+        for kind in exp.arms:
+            name = f"{kind}{suffix}"
+            progress.arm = name
+            state["arms"][name] = _run_arm(
+                cfg,
+                out,
+                name,
+                kind,
+                turns,
+                root=root,
+                n_eval_tasks=len(eval_tasks),
+                command=command,
+                deadline=deadline,
+                progress=progress,
+            )
+            write_json_atomic(out / "experiment.json", state)
+        leak = progress.index[(f"t{turns}", "leakage")]
+        if (out / f"leakage{suffix}.json").exists():
+            progress.line.skip(leak)
+        else:
+            handle = progress.line.open(leak)
+            _leakage_for_turns(cfg, exp, out, turns, eval_tasks)
+            handle.update(progress.line.parts[leak].total)
+
+
 def run_experiment(
     cfg: Config,
     exp: ExperimentConfig,
@@ -318,11 +407,11 @@ def run_experiment(
     from sqlrl.generation.models import check_model
 
     check_model(cfg.model.name)
-    return _run_matrix(cfg, exp, out_dir, command=command, report=report, deadline=deadline)
+    return _run_locked(cfg, exp, out_dir, command=command, report=report, deadline=deadline)
 
 
 @holds_run_lock("out_dir")
-def _run_matrix(
+def _run_locked(
     cfg: Config,
     exp: ExperimentConfig,
     out_dir: str | Path,
@@ -350,29 +439,26 @@ def _run_matrix(
     state = _experiment_state(
         cfg, exp, out, root=root, fingerprint=fingerprint, eval_tasks=eval_tasks, command=command
     )
-    exp_path = out / "experiment.json"
-    for turns in exp.turns:
-        suffix = "" if turns == 1 else f"_t{turns}"
-        for kind in exp.arms:
-            name = f"{kind}{suffix}"
-            state["arms"][name] = _run_arm(
-                cfg,
-                out,
-                name,
-                kind,
-                turns,
-                root=root,
-                n_eval_tasks=len(eval_tasks),
-                command=command,
-                deadline=deadline,
-            )
-            write_json_atomic(exp_path, state)
-        _leakage_for_turns(cfg, exp, out, turns, eval_tasks)
+    progress = ArmProgress(cfg, exp, len(eval_tasks), title=exp.name)
+    try:
+        _run_matrix(
+            cfg,
+            exp,
+            out,
+            state,
+            progress,
+            root=root,
+            eval_tasks=eval_tasks,
+            command=command,
+            deadline=deadline,
+        )
+    finally:
+        progress.line.finish()
     _combine_leakage(out, exp.turns)
     if "grpo" in exp.arms:
         _audit_weights(cfg, exp, out)
     state["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    write_json_atomic(exp_path, state)
+    write_json_atomic(out / "experiment.json", state)
     result = {"out": str(out)}
     if report:
         from sqlrl.evidence.report import write_report

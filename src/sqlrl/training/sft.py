@@ -55,6 +55,7 @@ from sqlrl.training.runfolder import (
 )
 from sqlrl.training.sampling import TaskSampler
 from sqlrl.training.trainer import load_trainable, make_optimizer, pad_token_id, seed_and_device
+from sqlrl.training.update import step_schedule
 
 log = logging.getLogger(__name__)
 
@@ -274,9 +275,10 @@ def sft_step(model, optimizer, scheduler, params, batch, sft: SFTConfig, pad_id:
         correct += corr
         counted += ntok
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, sft.max_grad_norm).item())
-    if math.isfinite(grad_norm):
+    stepped = math.isfinite(grad_norm)
+    if stepped:
         optimizer.step()
-    scheduler.step()
+    step_schedule(scheduler, optimizer_stepped=stepped)
     optimizer.zero_grad(set_to_none=True)
     return loss_sum, correct, counted, grad_norm
 

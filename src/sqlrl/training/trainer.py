@@ -39,6 +39,7 @@ from typing import Any
 
 from sqlrl.artifacts import append_jsonl, git_commit, holds_run_lock, machine_info, write_json_atomic
 from sqlrl.config import Config
+from sqlrl.evaluation.progress import open_part
 from sqlrl.generation.device import device_and_dtypes
 from sqlrl.training.curve import Curve
 from sqlrl.training.rollouts import RolloutSource, StepSample, advantages, informative
@@ -51,7 +52,6 @@ from sqlrl.training.runfolder import (
     gpu_telemetry,
     previous_run,
     previous_seconds,
-    progress_bar,
     restore_latest,
     stop_for_time,
 )
@@ -314,7 +314,7 @@ def train(
     *,
     resume: bool = False,
     policy_factory=None,
-    progress: bool = True,
+    progress=True,
     command: list[str] | None = None,
     stop_after: int | None = None,
     deadline: float | None = None,
@@ -326,7 +326,8 @@ def train(
     `deadline` (a `time.monotonic()` value) stops cleanly, with a checkpoint, before a step that would
     probably end after it, so a time-limited session can resume the run later. `policy_factory` ->
     (model, tokenizer, name, identity) and `evaluator_factory(sandbox, gold_cache, kind)` replace the
-    model loading and the reward (tests use them for tiny models and scripted rewards)."""
+    model loading and the reward (tests use them for tiny models and scripted rewards). `progress`: True
+    for a progress line of its own, False, or an experiment's opener (`progress.open_part`)."""
     import torch
 
     from sqlrl.agent.envs import make_env
@@ -359,7 +360,16 @@ def train(
 
     autocast = torch.bfloat16 if device == "cuda" else None
     sinks = MetricSinks(cfg, out)
-    bar = progress_bar(progress, g.steps, start_step, f"grpo[{arm_kind(cfg)}]")
+    if resume:
+        log.info(f"resuming training {out} from step {start_step} of {g.steps}")
+    bar = open_part(
+        progress,
+        title=f"sqlrl train {arm_kind(cfg)}",
+        label="train",
+        kind="step",
+        total=g.steps,
+        initial=start_step,
+    )
     t_train0 = time.perf_counter()
     steps_done, last_step, last_step_s = 0, start_step, 0.0
     learner = Learner(
@@ -416,8 +426,6 @@ def train(
                     reward=f"{metrics['reward_mean'] or 0:.3f}",
                     acc=f"{metrics['accuracy'] or 0:.3f}",
                     loss=f"{upd.loss:.4f}",
-                    gn=f"{upd.grad_norm:.3g}",
-                    s=f"{metrics['time_step_s']:.1f}",
                 )
                 bar.update(1)
             if step % cfg.run.checkpoint_every == 0 or step == g.steps:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -278,6 +279,21 @@ def accumulate_gradients(learner: Learner, trajs: list, adv, g, step: int, logit
         )
 
 
+def step_schedule(scheduler, *, optimizer_stepped: bool) -> None:
+    """Advance the learning-rate schedule by one step, also when the optimizer step was skipped on purpose
+    (the No-update control, a non-finite gradient), so that step k has the same learning rate in every
+    arm. PyTorch warns when a schedule advances before any `optimizer.step()` (its guess at a forgotten
+    call); that one warning is silenced for a deliberate skip, and only for this call."""
+    if optimizer_stepped:
+        scheduler.step()
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`"
+        )
+        scheduler.step()
+
+
 def update_policy(learner: Learner, trajs: list, adv, g, step: int, logit_cap: int) -> UpdateResult:
     """One step's update: gradients, clipping, the optimizer step (unless the gradient norm is not
     finite, or the run is the No-update control), the scheduler step."""
@@ -305,7 +321,7 @@ def update_policy(learner: Learner, trajs: list, adv, g, step: int, logit_cap: i
     applied = not skipped and g.control != "no-update"
     if applied:  # the No-update control takes every step except the parameter write
         optimizer.step()
-    learner.scheduler.step()
+    step_schedule(learner.scheduler, optimizer_stepped=applied)
     optimizer.zero_grad(set_to_none=True)
     return UpdateResult(
         loss=acc.loss,
