@@ -163,6 +163,37 @@ def test_no_update_control_is_bit_identical(tmp_path):
     assert all(s["grad_norm"] > 0 for s in st)  # gradients flowed; the learning rate kept the weights
     assert not any(s["update_applied"] for s in st)
     assert json.loads((run / "run.json").read_text())["arm"] == "no_update"
+    # bit-identical to the base: final/ records every tensor's hash, not a second copy of the weights
+    import hashlib
+
+    ident = json.loads((run / "final" / "identity.json").read_text())
+    assert sorted(p.name for p in (run / "final").iterdir()) == ["identity.json"]
+    assert ident["weights_stored"] is False and ident["weights_in"] == "tiny"
+    base = tiny_factory()[0]
+    w = base.state_dict()["model.layers.0.mlp.up_proj.weight"]
+    rec = ident["tensor_hashes"]["model.layers.0.mlp.up_proj.weight"]
+    assert rec == {
+        "dtype": "float32",
+        "shape": [64, 32],
+        "sha256": hashlib.sha256(w.contiguous().numpy().tobytes()).hexdigest(),
+    }
+    assert set(ident["tensor_hashes"]) == set(base.state_dict())
+
+
+def test_last_checkpoint_is_skipped_when_the_run_prunes_at_end():
+    from sqlrl.training.trainer import checkpoint_due
+
+    def due(every, prune, steps=4):
+        cfg = tiny_cfg(steps=steps).replace(
+            run={"checkpoint_every": every, "prune_checkpoints_at_end": prune}
+        )
+        return [s for s in range(1, steps + 1) if checkpoint_due(cfg, s)]
+
+    assert due(1, False) == [1, 2, 3, 4]
+    assert due(1, True) == [1, 2, 3]  # the final export replaces the last one at once
+    assert due(2, True) == [2]
+    assert due(4, True) == []
+    assert due(3, False) == [3, 4]
 
 
 def test_zero_variance_groups_give_no_gradient(tmp_path):
