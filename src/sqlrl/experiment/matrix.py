@@ -406,7 +406,7 @@ def disk_needed(cfg: Config, exp: ExperimentConfig, params: int) -> tuple[int, s
     kept = min(n_ckpt, r.keep_checkpoints)
     # while an arm trains: the finals before it, its checkpoints (one more while a new one is written)
     peak_ckpt = ckpt * min(n_ckpt, kept + 1)
-    left_behind = 0 if r.prune_checkpoints_at_end else ckpt * kept * trained
+    left_behind = 0 if r.prune_checkpoints_at_end else ckpt * kept * (trained - 1)  # earlier arms
     need = stored * weights + peak_ckpt + left_behind + DISK_MARGIN
     how = (
         f"{stored} stored arm(s) x {weights / GB:.1f} GB float32 weights"
