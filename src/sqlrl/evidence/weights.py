@@ -1,20 +1,18 @@
 """Tensor-level weight audit: did training change the weights, did the no-update arm leave them
 bit-identical, and is the exported/reloaded model the one that was trained?
 
-`audit_weights(base, trained, no_update=None, *, reloaded=None, expect_hash=None)` takes paths (a
-Hugging Face folder with ``*.safetensors``, possibly sharded, a sqlrl checkpoint folder ``step_NNNNNN``,
-or a run's ``final`` folder that holds only the hash of every tensor: a No-update run bit-identical to
-its base, `export_unchanged`) or in-memory state dicts / modules. Tensors are read one at a time (``safetensors.safe_open``) and compared
-in float64 chunks; the weights hash (``models.weights_hash``) needs one full model in memory at a time.
+`audit_weights(base, trained, no_update=None, *, reloaded=None, expect_hash=None)` takes paths (a HF
+folder with ``*.safetensors``, a sqlrl checkpoint ``step_NNNNNN``, or a ``final`` folder holding only
+every tensor's hash: `export_unchanged`) or state dicts / modules. Tensors are read one at a time and
+compared in float64 chunks; the weights hash needs one full model in memory at a time.
 
 Verdicts (``None`` when not applicable):
 - ``trained_changed``: at least one tensor of ``trained`` differs from ``base`` (raw bytes).
 - ``no_update_identical``: every tensor of ``no_update`` is bit-identical to ``base`` (raw bytes compared,
   not allclose: -0.0 vs 0.0 or a NaN payload change counts as a change). Tensors of different floating
   dtypes where one converts exactly into the other (a bf16 base vs a float32 export) are compared bit for
-  bit after that exact upcast; any other dtype change counts as a change. Against a hash-only folder, each
-  base tensor's sha256 (raw bytes, after that exact upcast) must equal the recorded one; the size of a
-  change is then unknown (``None``).
+  bit after that exact upcast; any other dtype change counts as a change. Against a hash-only folder,
+  each base tensor's sha256 (after that upcast) must equal the recorded one (a change has no size then).
 - ``reloaded_identity``: the weights hash of ``reloaded`` (or of ``trained`` itself when no ``reloaded``
   is given) equals the recorded hash (``expect_hash``, else ``identity.json`` / ``sidecar.json`` of
   ``trained``, else the hash computed from ``trained``).

@@ -123,12 +123,16 @@ def final_weights(final_dir: str | os.PathLike) -> str:
     its identity when the weights were not stored twice (`export_unchanged`)."""
     from sqlrl.artifacts import read_json
 
-    ident = Path(final_dir) / IDENTITY
-    if ident.is_file():
+    where = str(final_dir)
+    for _ in range(64):  # a chain of such runs (e.g. curriculum stages) ends at stored weights
+        ident = Path(where) / IDENTITY
+        if not ident.is_file():
+            break
         data = read_json(ident)
-        if data.get("weights_stored") is False:
-            return str(data["weights_in"])
-    return str(final_dir)
+        if data.get("weights_stored") is not False:
+            break
+        where = str(data["weights_in"])
+    return where
 
 
 def export_hf(

@@ -501,7 +501,9 @@ def train(
     result = {"steps": last_step, "finished": finished}
     if finished:
         export = save_final(cfg, m, out)
-        result["final"] = str(out / "final")
+        from sqlrl.training.export import final_weights
+
+        result["final"] = final_weights(out / "final")  # the base itself when No-update stored only hashes
         result["final_identity"] = export.get("weights_hash")
     total_s = r.prev_train_s + train_s
     run_info.update(
