@@ -828,3 +828,21 @@ def test_cli_resume_with_a_corrupt_latest_checkpoint(tmp_path, monkeypatch, caps
     err = capsys.readouterr().err
     assert f"resuming from the newest valid older checkpoint {ckdir / 'step_000001'} (step 1)" in err
     assert [s["step"] for s in steps(run)] == [1, 2, 3]
+
+
+def test_run_without_checkpoints_restarts_to_the_same_weights(tmp_path):
+    """The quickstart's setting: no checkpoint inside the run and none after the last step (the final
+    export replaces it); an interrupted run restarts from its first step and ends with the same weights."""
+    from sqlrl.training.trainer import train
+
+    cfg = tiny_cfg(steps=2).replace(run={"checkpoint_every": 2, "prune_checkpoints_at_end": True})
+    kw = {"policy_factory": tiny_factory, "evaluator_factory": Alternating, "progress": False}
+    full = tmp_path / "full"
+    train(cfg, full, **kw)
+    assert not (full / "checkpoints").exists()  # nothing written, so nothing to prune
+    part = tmp_path / "part"
+    assert not train(cfg, part, stop_after=1, **kw)["finished"]
+    assert not (part / "checkpoints").exists()
+    res = train(cfg, part, resume=True, **kw)
+    assert res["finished"] and [s["step"] for s in steps(part)] == [1, 2]
+    assert final_hash(full) == final_hash(part) != tiny_factory()[3]
