@@ -186,7 +186,7 @@ class RunConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to run; `auto` picks CUDA when available."""
     checkpoint_every: int = 10
-    """Save a checkpoint every N steps (and at the end)."""
+    """Save a checkpoint every N steps (and at the end, unless `prune_checkpoints_at_end`)."""
     keep_checkpoints: int = 2
     """Checkpoints kept on disk."""
     prune_checkpoints_at_end: bool = False

@@ -223,3 +223,65 @@ def test_bf16_base_vs_float32_export_compares_after_exact_upcast(models):
     res = audit_weights(b16, trained, bumped)
     assert res["verdicts"]["no_update_identical"] is False
     assert res["tensors"]["no_update"]["summary"]["first_changed"] == ["model.norm.weight"]
+
+
+def _hash_only_final(model_or_sd, folder: Path, base: str = "BASE") -> Path:
+    """A run's final folder as a No-update run writes it: identity.json with every tensor's hash, no weights."""
+    from sqlrl.training.export import export_unchanged
+
+    ident = weights_hash(model_or_sd)
+    assert export_unchanged(model_or_sd, folder, base=base, base_identity=ident, step=2) is not None
+    return folder
+
+
+def test_hash_only_no_update_is_checked_tensor_by_tensor(models, tmp_path):
+    """No weights stored: each base tensor's sha256 must equal the recorded one; one flipped bit is named."""
+    root, base, *_ = models
+    final = _hash_only_final(base, tmp_path / "final")
+    assert not list(final.glob("*.safetensors"))
+    res = audit_weights(root / "base", root / "trained", final)
+    assert res["passed"] and res["verdicts"]["no_update_identical"] is True
+    s = res["tensors"]["no_update"]["summary"]
+    # the tiny Llama has 2 x 9 layer tensors + embeddings + final norm; lm_head is tied to the embeddings
+    assert s["n_tensors"] == 20 and s["n_changed"] == 0 and s["changed_by_hash_only"] == []
+    assert res["sources"]["no_update"]["kind"] == "hashes"
+    sd = {k: v.clone() for k, v in base.state_dict().items()}
+    sd["model.layers.1.mlp.up_proj.weight"].view(torch.int32)[3, 5] ^= 1
+    flipped = _hash_only_final(sd, tmp_path / "flipped")
+    res = audit_weights(root / "base", root / "trained", flipped)
+    assert res["verdicts"]["no_update_identical"] is False and not res["passed"]
+    s = res["tensors"]["no_update"]["summary"]
+    assert s["first_changed"] == ["model.layers.1.mlp.up_proj.weight"]
+    assert s["changed_by_hash_only"] == ["model.layers.1.mlp.up_proj.weight"] and s["nonfinite_tensors"] == []
+
+
+def test_hash_only_no_update_against_bf16_base_after_exact_upcast(models, tmp_path):
+    _, base, trained, _ = models
+    b16 = {k: v.to(torch.bfloat16) for k, v in base.state_dict().items()}
+    f32 = {k: v.float() for k, v in b16.items()}
+    res = audit_weights(b16, trained, _hash_only_final(f32, tmp_path / "f32"))
+    assert res["verdicts"]["no_update_identical"] is True
+    # a base that is not the recorded dtype's exact source (float32 recorded, base float32 rounded) differs
+    res = audit_weights(base.state_dict(), trained, _hash_only_final(f32, tmp_path / "f32b"))
+    assert res["verdicts"]["no_update_identical"] is False
+
+
+def test_hash_only_folder_cannot_stand_for_base_or_reloaded(models, tmp_path):
+    root, base, *_ = models
+    final = _hash_only_final(base, tmp_path / "final")
+    res = audit_weights(final, root / "trained")
+    assert not res["passed"] and any("stores only tensor hashes" in e for e in res["errors"])
+    res = audit_weights(root / "base", root / "trained", reloaded=final)
+    assert not res["passed"] and any("reloaded" in e and "tensor hashes" in e for e in res["errors"])
+
+
+def test_export_unchanged_refuses_changed_weights(models, tmp_path):
+    from sqlrl.training.export import export_unchanged, final_weights
+
+    _, base, trained, _ = models
+    out = tmp_path / "final"
+    assert export_unchanged(trained, out, base="B", base_identity=weights_hash(base)) is None
+    assert not out.exists()
+    _hash_only_final(base, out, base="models/base")
+    assert final_weights(out) == "models/base"
+    assert final_weights(tmp_path / "elsewhere") == str(tmp_path / "elsewhere")

@@ -110,6 +110,11 @@ def test_matrix_end_to_end_and_resume(tiny_model_dir, tmp_path, caplog):
     assert leak["passed"] and leak["tasks"] == 2
     wa = json.loads((out / "weights_audit.json").read_text())
     assert wa["verdicts"]["no_update_identical"] is True and wa["verdicts"]["reloaded_identity"] is True
+    # No-update stores its tensor hashes (checked by the audit), not a second copy; the trained arms their weights
+    assert wa["sources"]["no_update"]["kind"] == "hashes"
+    assert [p.name for p in (out / "arms" / "no_update" / "train" / "final").iterdir()] == ["identity.json"]
+    for arm in ("grpo", "validity"):
+        assert (out / "arms" / arm / "train" / "final" / "model.safetensors").is_file()
     verdict = json.loads((out / "verdict.json").read_text())
     assert verdict["claim_allowed"] is False  # a smoke run never becomes a claim
     assert any("smoke" in m for m in verdict["missing"])
@@ -162,3 +167,36 @@ def test_unknown_arm_is_a_config_error(tmp_path):
     with pytest.raises(C.ConfigError, match="unknown arm 'magic'"):
         load_experiment(p)
     assert Path(p).exists()
+
+
+def test_disk_needed_counts_stored_arms_and_checkpoints():
+    from sqlrl.experiment.matrix import disk_needed
+
+    exp = ExperimentConfig(name="q")  # base, grpo, no_update, validity; one turn budget
+    p = 1_000_000_000  # float32 weights 4 GB, a checkpoint (weights + AdamW m and v) 12 GB
+
+    def need(**run):
+        cfg = C.from_dict({"grpo": {"steps": 2}, "run": run})
+        return disk_needed(cfg, exp, p)[0]
+
+    # No-update stores hashes: GRPO and validity-only store 4 GB each, + 0.2 GB logs
+    assert need(checkpoint_every=2, prune_checkpoints_at_end=True) == 8_200_000_000
+    # one checkpoint after step 1 (the last one is replaced by the final export)
+    assert need(checkpoint_every=1, keep_checkpoints=1, prune_checkpoints_at_end=True) == 20_200_000_000
+    # kept checkpoints: 2 at each step while training, 2 left by each of the 2 earlier trained arms
+    assert need(checkpoint_every=1, keep_checkpoints=2, prune_checkpoints_at_end=False) == 80_200_000_000
+
+
+def test_quickstart_refuses_a_full_disk_before_writing(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from sqlrl.cli.experiment import cli_quickstart
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**12, 10**12 - 1000, 1000))
+    out = tmp_path / "runs" / "q"
+    rc = cli_quickstart(["--out", str(out), "--set", f"model.name={tiny_model_dir!r}".replace("'", '"')])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert f"not enough free disk for {out}" in err and "0.0 GB are free" in err
+    assert "2 stored arm(s)" in err
+    assert not out.exists()  # the run lock removes the folder it created

@@ -163,6 +163,37 @@ def test_no_update_control_is_bit_identical(tmp_path):
     assert all(s["grad_norm"] > 0 for s in st)  # gradients flowed; the learning rate kept the weights
     assert not any(s["update_applied"] for s in st)
     assert json.loads((run / "run.json").read_text())["arm"] == "no_update"
+    # bit-identical to the base: final/ records every tensor's hash, not a second copy of the weights
+    import hashlib
+
+    ident = json.loads((run / "final" / "identity.json").read_text())
+    assert sorted(p.name for p in (run / "final").iterdir()) == ["identity.json"]
+    assert ident["weights_stored"] is False and ident["weights_in"] == "tiny"
+    base = tiny_factory()[0]
+    w = base.state_dict()["model.layers.0.mlp.up_proj.weight"]
+    rec = ident["tensor_hashes"]["model.layers.0.mlp.up_proj.weight"]
+    assert rec == {
+        "dtype": "float32",
+        "shape": [64, 32],
+        "sha256": hashlib.sha256(w.contiguous().numpy().tobytes()).hexdigest(),
+    }
+    assert set(ident["tensor_hashes"]) == set(base.state_dict())
+
+
+def test_last_checkpoint_is_skipped_when_the_run_prunes_at_end():
+    from sqlrl.training.trainer import checkpoint_due
+
+    def due(every, prune, steps=4):
+        cfg = tiny_cfg(steps=steps).replace(
+            run={"checkpoint_every": every, "prune_checkpoints_at_end": prune}
+        )
+        return [s for s in range(1, steps + 1) if checkpoint_due(cfg, s)]
+
+    assert due(1, False) == [1, 2, 3, 4]
+    assert due(1, True) == [1, 2, 3]  # the final export replaces the last one at once
+    assert due(2, True) == [2]
+    assert due(4, True) == []
+    assert due(3, False) == [3, 4]
 
 
 def test_zero_variance_groups_give_no_gradient(tmp_path):
@@ -822,3 +853,21 @@ def test_no_update_step_runs_without_warnings(tmp_path):
         )
     assert final_hash(run) == tiny_factory()[3]
     assert [s["lr"] for s in steps(run)] == [0.0, 0.0]
+
+
+def test_run_without_checkpoints_restarts_to_the_same_weights(tmp_path):
+    """The quickstart's setting: no checkpoint inside the run and none after the last step (the final
+    export replaces it); an interrupted run restarts from its first step and ends with the same weights."""
+    from sqlrl.training.trainer import train
+
+    cfg = tiny_cfg(steps=2).replace(run={"checkpoint_every": 2, "prune_checkpoints_at_end": True})
+    kw = {"policy_factory": tiny_factory, "evaluator_factory": Alternating, "progress": False}
+    full = tmp_path / "full"
+    train(cfg, full, **kw)
+    assert not (full / "checkpoints").exists()  # nothing written, so nothing to prune
+    part = tmp_path / "part"
+    assert not train(cfg, part, stop_after=1, **kw)["finished"]
+    assert not (part / "checkpoints").exists()
+    res = train(cfg, part, resume=True, **kw)
+    assert res["finished"] and [s["step"] for s in steps(part)] == [1, 2]
+    assert final_hash(full) == final_hash(part) != tiny_factory()[3]

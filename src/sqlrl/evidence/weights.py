@@ -1,17 +1,18 @@
 """Tensor-level weight audit: did training change the weights, did the no-update arm leave them
 bit-identical, and is the exported/reloaded model the one that was trained?
 
-`audit_weights(base, trained, no_update=None, *, reloaded=None, expect_hash=None)` takes paths (a
-Hugging Face folder with ``*.safetensors``, possibly sharded, or a sqlrl checkpoint folder ``step_NNNNNN``)
-or in-memory state dicts / modules. Tensors are read one at a time (``safetensors.safe_open``) and compared
-in float64 chunks; the weights hash (``models.weights_hash``) needs one full model in memory at a time.
+`audit_weights(base, trained, no_update=None, *, reloaded=None, expect_hash=None)` takes paths (a HF
+folder with ``*.safetensors``, a sqlrl checkpoint ``step_NNNNNN``, or a ``final`` folder holding only
+every tensor's hash: `export_unchanged`) or state dicts / modules. Tensors are read one at a time and
+compared in float64 chunks; the weights hash needs one full model in memory at a time.
 
 Verdicts (``None`` when not applicable):
 - ``trained_changed``: at least one tensor of ``trained`` differs from ``base`` (raw bytes).
 - ``no_update_identical``: every tensor of ``no_update`` is bit-identical to ``base`` (raw bytes compared,
   not allclose: -0.0 vs 0.0 or a NaN payload change counts as a change). Tensors of different floating
   dtypes where one converts exactly into the other (a bf16 base vs a float32 export) are compared bit for
-  bit after that exact upcast; any other dtype change counts as a change.
+  bit after that exact upcast; any other dtype change counts as a change. Against a hash-only folder,
+  each base tensor's sha256 (after that upcast) must equal the recorded one (a change has no size then).
 - ``reloaded_identity``: the weights hash of ``reloaded`` (or of ``trained`` itself when no ``reloaded``
   is given) equals the recorded hash (``expect_hash``, else ``identity.json`` / ``sidecar.json`` of
   ``trained``, else the hash computed from ``trained``).
@@ -51,6 +52,7 @@ class _Source:
         self.recorded_hash: str | None = None
         self.aliases: dict[str, str] = {}
         self._mem: dict | None = None
+        self._hashes: dict[str, dict] | None = None
         self._file_of: dict[str, Path] = {}
         self._handles: dict[Path, Any] = {}
         if isinstance(obj, str | os.PathLike):
@@ -85,8 +87,17 @@ class _Source:
             files = [path / sc["weights_file"]]
         else:
             self.kind = "hf"
-            if (path / "identity.json").is_file():
-                self.recorded_hash = read_json(path / "identity.json").get("weights_hash")
+            ident = read_json(path / "identity.json") if (path / "identity.json").is_file() else {}
+            self.recorded_hash = ident.get("weights_hash")
+            if ident.get("weights_stored") is False:
+                if not isinstance(ident.get("tensor_hashes"), dict):
+                    raise AuditError(
+                        f"{self.label}: {path}/identity.json stores no weights and no tensor hashes"
+                    )
+                self.kind = "hashes"
+                self._hashes = ident["tensor_hashes"]
+                self.aliases = dict(ident.get("aliases") or {})
+                return
             index = path / "model.safetensors.index.json"
             if index.is_file():
                 files = sorted({path / f for f in read_json(index)["weight_map"].values()})
@@ -123,10 +134,15 @@ class _Source:
             self.aliases["lm_head.weight"] = embeds[0]
 
     def names(self) -> set[str]:
-        base = set(self._mem) if self._mem is not None else set(self._file_of)
+        if self._hashes is not None:
+            base = set(self._hashes)
+        else:
+            base = set(self._mem) if self._mem is not None else set(self._file_of)
         return base | {a for a, c in self.aliases.items() if c in base}
 
     def canonical(self, name: str) -> str:
+        if self._hashes is not None:
+            return name if name in self._hashes else self.aliases.get(name, name)
         if self._mem is not None or name not in self._file_of:
             return self.aliases.get(name, name)
         return name
@@ -134,7 +150,13 @@ class _Source:
     def is_alias(self, name: str) -> bool:
         return self.canonical(name) != name
 
+    def hash_entry(self, name: str) -> dict:
+        """{dtype, shape, sha256} recorded for a tensor of a hash-only folder."""
+        return self._hashes[self.canonical(name)]
+
     def get(self, name: str):
+        if self._hashes is not None:
+            raise AuditError(f"{self.label}: {self.path} stores tensor hashes, not tensors")
         if self._mem is not None:
             return self._mem[name].detach().cpu()
         name = self.canonical(name)
@@ -152,6 +174,8 @@ class _Source:
     def weights_hash(self) -> str:
         from sqlrl.generation.models import weights_hash
 
+        if self._hashes is not None:
+            return self.recorded_hash  # the hash recorded from the weights in memory; none stored here
         sd = self.full_state_dict()
         try:
             return weights_hash(sd)
@@ -160,6 +184,51 @@ class _Source:
 
     def describe(self) -> dict:
         return {"path": self.path, "kind": self.kind, "n_tensors": len(self.names())}
+
+
+def _sum_sq(t) -> float:
+    import torch
+
+    flat = t.reshape(-1)
+    return sum(
+        float((flat[i : i + CHUNK].to(torch.float64) ** 2).sum()) for i in range(0, flat.numel(), CHUNK)
+    )
+
+
+def _compare_hashed(a, entry: dict) -> dict:
+    """``a`` (base) against a recorded {dtype, shape, sha256}: identical when the sha256 of a's raw bytes,
+    after an exact upcast into the recorded dtype where needed, equals the recorded one."""
+    import hashlib
+
+    import torch
+
+    from sqlrl.training.export import tensor_bytes
+
+    want = getattr(torch, str(entry.get("dtype")), None)
+    rec: dict[str, Any] = {"dtype_a": str(a.dtype).removeprefix("torch."), "dtype_b": entry.get("dtype")}
+    x = None
+    if want == a.dtype:
+        x = a
+    elif isinstance(want, torch.dtype) and _lossless_common(a.dtype, want) == want:
+        x = a.to(want)
+    rec["compared_as"] = f"sha256 of {entry.get('dtype')} bytes"
+    identical = x is not None and hashlib.sha256(tensor_bytes(x)).hexdigest() == entry.get("sha256")
+    base_sq = _sum_sq(a)
+    base_l2 = math.sqrt(base_sq) if math.isfinite(base_sq) else float("nan")
+    known = 0 if identical else None  # a hash mismatch says that, not by how much
+    rec.update(
+        identical=identical,
+        changed_elements=known,
+        value_changed_elements=known,
+        numel=a.numel(),
+        delta_l2=0.0 if identical else None,
+        max_abs_delta=0.0 if identical else None,
+        base_l2=_num(base_l2),
+        relative_change=0.0 if identical else None,
+        _sq=0.0,
+        _base_sq=base_sq,
+    )
+    return rec
 
 
 def _memory_aliases(sd: dict) -> dict[str, str]:
@@ -272,6 +341,7 @@ def _summarise(recs: list[dict], top_k: int, full: bool) -> dict:
     sq = sum(r["_sq"] for r in recs)
     base_sq = sum(r["_base_sq"] for r in recs)
     clean = [{k: v for k, v in r.items() if not k.startswith("_")} for r in recs]
+    unsized = [r["name"] for r in clean if r["changed_elements"] is None]  # hash mismatch, size unknown
     ranked = sorted(clean, key=lambda r: (r["delta_l2"] is None, -(r["delta_l2"] or 0.0), r["name"]))
     ranked_nonfinite_first = [r for r in ranked if r["delta_l2"] is None] + [
         r for r in ranked if r["delta_l2"] is not None
@@ -283,13 +353,16 @@ def _summarise(recs: list[dict], top_k: int, full: bool) -> dict:
             "n_tensors": len(recs),
             "n_changed": sum(1 for r in recs if not r["identical"]),
             "n_elements": sum(r["numel"] for r in recs),
-            "n_changed_elements": sum(r["changed_elements"] for r in recs),
-            "n_value_changed_elements": sum(r["value_changed_elements"] for r in recs),
+            "n_changed_elements": sum(r["changed_elements"] or 0 for r in recs),
+            "n_value_changed_elements": sum(r["value_changed_elements"] or 0 for r in recs),
+            "changed_by_hash_only": unsized,
             "delta_l2": _num(l2),
             "base_l2": _num(base_l2),
             "relative_change": _num(l2 / base_l2) if base_l2 > 0 else None,
             "max_abs_delta": max((r["max_abs_delta"] or 0.0 for r in recs), default=0.0),
-            "nonfinite_tensors": [r["name"] for r in clean if r["delta_l2"] is None],
+            "nonfinite_tensors": [
+                r["name"] for r in clean if r["delta_l2"] is None and r["name"] not in unsized
+            ],
             "dtype_changed": [r["name"] for r in clean if r["dtype_a"] != r["dtype_b"]],
         },
         "top": ranked_nonfinite_first[:top_k],
@@ -329,6 +402,12 @@ def audit_weights(
         except Exception as e:  # noqa: BLE001 -- unreadable file: a failed audit, not a crash
             errors.append(f"{label}: cannot read {obj!r}: {type(e).__name__}: {e}")
 
+    for label in ("base", "reloaded"):  # these must be weights that can be read back, not hashes
+        if label in sources and sources[label].kind == "hashes":
+            errors.append(
+                f"{label}: {sources.pop(label).path} stores only tensor hashes; give the model folder "
+                "its identity.json names (weights_in)"
+            )
     verdicts: dict[str, bool | None] = {
         "trained_changed": None,
         "no_update_identical": None,
@@ -353,11 +432,13 @@ def audit_weights(
         for name in sorted(bn & on):
             if b.is_alias(name) and other.is_alias(name):
                 continue  # tied: the canonical tensor is compared
-            ta, tb = b.get(name), other.get(name)
-            if tuple(ta.shape) != tuple(tb.shape):
-                structural.append(f"{label}: tensor {name} shape {list(tb.shape)} != base {list(ta.shape)}")
+            ta = b.get(name)
+            tb = other.hash_entry(name) if other.kind == "hashes" else other.get(name)
+            shape_b = list(tb["shape"]) if other.kind == "hashes" else list(tb.shape)
+            if list(ta.shape) != shape_b:
+                structural.append(f"{label}: tensor {name} shape {shape_b} != base {list(ta.shape)}")
                 continue
-            rec = _compare(ta, tb)
+            rec = _compare_hashed(ta, tb) if other.kind == "hashes" else _compare(ta, tb)
             rec["name"] = name
             rec["shape"] = list(ta.shape)
             recs.append(rec)

@@ -46,6 +46,7 @@ from sqlrl.artifacts import (
     write_json_atomic,
 )
 from sqlrl.config import Config, ConfigError, CurriculumConfig, SFTConfig, StageConfig
+from sqlrl.training.export import final_weights
 from sqlrl.training.runfolder import config_changes
 
 log = logging.getLogger(__name__)
@@ -331,7 +332,7 @@ def run_stages(
             }
         )
         write_json_atomic(out / "curriculum.json", record)
-        init_model, init_identity = str(folder / "final"), done["final_identity"]
+        init_model, init_identity = final_weights(folder / "final"), done["final_identity"]
     return base_identity
 
 
@@ -513,7 +514,7 @@ def run_curriculum(
         raise ConfigError(f"{tasks_file}: no {cfg.data.eval_split!r} tasks to evaluate on")
     models = [("base", cfg.model.name, base_identity)] if cur.eval_base else []
     for st in record["stages"]:
-        models.append((st["name"], str(out / st["folder"] / "final"), st["final_identity"]))
+        models.append((st["name"], final_weights(out / st["folder"] / "final"), st["final_identity"]))
     evals = evaluate_models(
         cfg,
         cur,

@@ -8,6 +8,10 @@ What is covered:
   wherever the merge left a value numerically unchanged (a zero adapter merges to bit-identical base
   weights, signed zeros included).
 - `model_from_checkpoint` rebuilds a model from a checkpoint and checks its weights hash.
+- `export_unchanged` records, for a run whose weights ended bit-identical to its base (the No-update
+  control), only ``identity.json`` with the hash of every tensor (no second copy of the weights);
+  `final_weights` says which folder then holds them (the base) and the weight audit re-checks every
+  tensor hash against the base.
 
 What is not: loading a LoRA checkpoint without its base model (same weights and dtype), which the
 weights-hash check refuses loudly.
@@ -41,6 +45,94 @@ def _weights_hash(model_or_sd: Any) -> str:
     from sqlrl.generation.models import weights_hash
 
     return weights_hash(model_or_sd)
+
+
+def tensor_hashes(model_or_sd: Any) -> tuple[dict[str, dict], dict[str, str]]:
+    """({name: {dtype, shape, sha256}} of the raw bytes of every tensor, {alias: canonical name}) of a
+    model's state dict; tied weights (the same storage view) are hashed once, under their first name."""
+    import hashlib
+
+    sd = model_or_sd.state_dict() if hasattr(model_or_sd, "state_dict") else model_or_sd
+    seen: dict[tuple, str] = {}
+    out: dict[str, dict] = {}
+    aliases: dict[str, str] = {}
+    for name, t in sd.items():
+        t = t.detach()
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if t.numel() and key in seen:
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        out[name] = {
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "shape": list(t.shape),
+            "sha256": hashlib.sha256(tensor_bytes(t)).hexdigest(),
+        }
+    return out, aliases
+
+
+def tensor_bytes(t: Any) -> memoryview:
+    """The raw bytes of a tensor (made contiguous on the CPU)."""
+    import torch
+
+    t = t.detach().cpu().contiguous().reshape(-1)
+    return memoryview(t.view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
+
+
+def export_unchanged(
+    model: Any, out_dir: str | os.PathLike, *, base: str, base_identity: str, step: int | None = None
+) -> dict | None:
+    """When ``model``'s weights hash equals ``base_identity`` (the hash of ``base`` as loaded), write
+    ``out_dir`` with only ``identity.json`` (weights hash, every tensor's sha256, the base) and return
+    the identity; else write nothing and return None (the caller exports the weights)."""
+    got = _weights_hash(model)
+    if got != base_identity:
+        return None
+    hashes, aliases = tensor_hashes(model)
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    identity = {
+        "format_version": FORMAT_VERSION,
+        "weights_hash": got,
+        "weights_stored": False,
+        "weights_in": base,
+        "weights_note": "bit-identical to the base model as loaded (same weights hash); not stored twice",
+        "tensor_hashes": hashes,
+        "aliases": aliases,
+        "step": step,
+        "model_class": type(model).__name__,
+        "dtype": model_dtype(model) if hasattr(model, "parameters") else None,
+        "created": utc_now(),
+    }
+    try:
+        write_json_atomic(tmp / IDENTITY, identity)
+        fsync_dir(tmp)
+        replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return identity
+
+
+def final_weights(final_dir: str | os.PathLike) -> str:
+    """The model to load for a run's ``final`` folder: the folder itself, or the base model named in
+    its identity when the weights were not stored twice (`export_unchanged`)."""
+    from sqlrl.artifacts import read_json
+
+    where = str(final_dir)
+    for _ in range(64):  # a chain of such runs (e.g. curriculum stages) ends at stored weights
+        ident = Path(where) / IDENTITY
+        if not ident.is_file():
+            break
+        data = read_json(ident)
+        if data.get("weights_stored") is not False:
+            break
+        where = str(data["weights_in"])
+    return where
 
 
 def export_hf(

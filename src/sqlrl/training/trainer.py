@@ -52,6 +52,7 @@ from sqlrl.training.runfolder import (
     gpu_telemetry,
     previous_run,
     previous_seconds,
+    prune_checkpoints,
     restore_latest,
     stop_for_time,
 )
@@ -152,7 +153,8 @@ class PolicyModels:
 
 
 def build_models(cfg: Config, device: str, gen_dtype: str, policy_factory=None) -> PolicyModels:
-    """The models of a GRPO run: on CUDA a full fine-tune generates with a `gen_dtype` copy."""
+    """The models of a GRPO run: a full fine-tune generates with a `gen_dtype` copy unless that is float32
+    (bfloat16 on CUDA by default; on CPU with `model.dtype = "bfloat16"`)."""
     import copy
 
     import torch
@@ -160,7 +162,7 @@ def build_models(cfg: Config, device: str, gen_dtype: str, policy_factory=None) 
     from sqlrl.generation.policy import HFPolicy
 
     train_model, tokenizer, base_name, base_identity = load_trainable(cfg, device, gen_dtype, policy_factory)
-    separate_gen = cfg.model.lora_rank == 0 and device == "cuda" and gen_dtype != "float32"
+    separate_gen = cfg.model.lora_rank == 0 and gen_dtype != "float32"
     gen_model = train_model
     if separate_gen:
         gen_model = copy.deepcopy(train_model).to(getattr(torch, gen_dtype)).eval()
@@ -307,6 +309,31 @@ def arm_kind(cfg: Config) -> str:
     return "grpo"
 
 
+def checkpoint_due(cfg: Config, step: int) -> bool:
+    """Checkpoint after `step`: every `run.checkpoint_every` steps and at the last one, except the last
+    one of a run that prunes its checkpoints at the end (its final export replaces it at once)."""
+    if step >= cfg.grpo.steps:
+        return not cfg.run.prune_checkpoints_at_end
+    return step % cfg.run.checkpoint_every == 0
+
+
+def save_final(cfg: Config, m: PolicyModels, out: Path) -> dict:
+    """RUN/final of a finished run; returns its identity. A No-update run whose weights are bit-identical
+    to the base as loaded records only their hashes (`export_unchanged`), not a second copy."""
+    if arm_kind(cfg) == "no_update":
+        from sqlrl.training.export import export_unchanged
+
+        ident = export_unchanged(
+            m.train, out / "final", base=cfg.model.name, base_identity=m.base_identity, step=cfg.grpo.steps
+        )
+        if ident is not None:
+            if cfg.run.prune_checkpoints_at_end:
+                prune_checkpoints(out)
+            return ident
+        log.warning("sqlrl train: the No-update run's weights differ from the base; exporting them in full")
+    return export_final(m.train, m.tokenizer, out, prune=cfg.run.prune_checkpoints_at_end)
+
+
 @holds_run_lock("out_dir")
 def train(
     cfg: Config,
@@ -428,7 +455,7 @@ def train(
                     loss=f"{upd.loss:.4f}",
                 )
                 bar.update(1)
-            if step % cfg.run.checkpoint_every == 0 or step == g.steps:
+            if checkpoint_due(cfg, step):
                 checkpoint(step)
             point = curve(step, m.policy, step == g.steps)
             if point is not None:
@@ -443,8 +470,10 @@ def train(
     finished = last_step >= g.steps
     result = {"steps": last_step, "finished": finished}
     if finished:
-        export = export_final(m.train, m.tokenizer, out, prune=cfg.run.prune_checkpoints_at_end)
-        result["final"] = str(out / "final")
+        export = save_final(cfg, m, out)
+        from sqlrl.training.export import final_weights
+
+        result["final"] = final_weights(out / "final")  # the base itself when No-update stored only hashes
         result["final_identity"] = export.get("weights_hash")
     total_s = r.prev_train_s + train_s
     run_info.update(
