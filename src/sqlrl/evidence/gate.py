@@ -460,8 +460,13 @@ def check_leakage(exp: Experiment) -> Check:
 
 def _train_seconds(exp: Experiment, arm: Arm) -> float | None:
     run = exp.train_run(arm.name) if arm.train_dir is not None else None
-    t = run.get("train_seconds") if isinstance(run, dict) else None
-    return float(t) if isinstance(t, int | float) and not isinstance(t, bool) else None
+    if not isinstance(run, dict):
+        return None
+    for key, scale in (("train_seconds", 1.0), ("gpu_minutes", 60.0)):
+        t = run.get(key)
+        if isinstance(t, int | float) and not isinstance(t, bool):
+            return float(t) * scale
+    return None
 
 
 def check_sft_control(exp: Experiment) -> Check:
