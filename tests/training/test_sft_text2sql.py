@@ -128,3 +128,19 @@ def test_sft_on_text2sql_refuses_the_evaluation_split_before_loading_a_model(tmp
             policy_factory=tiny_factory,
             progress=False,
         )
+
+
+def test_sft_checkpoint_interval_is_its_own_and_old_run_folders_still_resume(tmp_path):
+    from sqlrl.training.checkpoint import load_latest
+    from sqlrl.training.runfolder import config_changes
+    from sqlrl.training.sft import train_sft
+
+    sft = C.sft_from_dict({"steps": 3, "batch_size": 2, "micro_batch": 2, "lr": 1e-3, "checkpoint_every": 2})
+    cfg = _cfg().replace(run={"keep_checkpoints": 5})
+    train_sft(cfg, sft, tmp_path / "s", policy_factory=tiny_factory, progress=False, stop_after=2)
+    assert load_latest(tmp_path / "s").step == 2  # run.checkpoint_every = 1 would also have saved step 1
+    assert sorted(p.name for p in (tmp_path / "s" / "checkpoints").iterdir() if p.is_dir()) == ["step_000002"]
+    # a run folder written before sft.checkpoint_every existed resumes (it behaved as 0)
+    assert config_changes({"sft": {"steps": 3}}, {"sft": {"steps": 3, "checkpoint_every": 0}}) == ([], [])
+    with pytest.raises(C.ConfigError, match="checkpoint_every = -1"):
+        C.sft_from_dict({"checkpoint_every": -1})

@@ -40,7 +40,11 @@ RECORD_ONLY_KEYS = {("run", "log_sql"), ("run", "log_rollouts")}
 RESUMABLE_CHANGES = MEMORY_ONLY_KEYS | RECORD_ONLY_KEYS
 # settings a saved config may lack, with the value that behaves as a config without them: a saved
 # config without one of them is read as having that value (so such runs resume)
-ADDED_KEYS = {("grpo", "dynamic_sampling_rounds"): 0, ("sft", "submit_turns"): 0}
+ADDED_KEYS = {
+    ("grpo", "dynamic_sampling_rounds"): 0,
+    ("sft", "submit_turns"): 0,
+    ("sft", "checkpoint_every"): 0,
+}
 
 
 def config_changes(saved: dict, mine: dict) -> tuple[list[str], list[str]]:

@@ -376,11 +376,12 @@ def train_sft(
     checkpoint = Checkpointer(
         out, model, optimizer, scheduler, sampler, config_hash(cfg, sft), cfg.run.keep_checkpoints
     )
+    every = sft.checkpoint_every or cfg.run.checkpoint_every
     bar = progress_bar(progress, sft.steps, start_step, "sft")
     t_train0 = time.perf_counter()
     last, done, last_step_s = start_step, 0, 0.0
     for step in range(start_step + 1, sft.steps + 1):
-        if stop_for_time(deadline, last_step_s, last, start_step, cfg.run.checkpoint_every, checkpoint):
+        if stop_for_time(deadline, last_step_s, last, start_step, every, checkpoint):
             log.warning(f"sqlrl sft: stopping before step {step} to meet the time budget")
             break
         t0 = time.perf_counter()
@@ -407,7 +408,7 @@ def train_sft(
         if bar is not None:
             bar.set_postfix(loss=f"{metrics['loss']:.4f}", gn=f"{grad_norm:.3g}")
             bar.update(1)
-        if step % cfg.run.checkpoint_every == 0 or step == sft.steps:
+        if step % every == 0 or step == sft.steps:
             checkpoint(step)
         last, done, last_step_s = step, done + 1, time.perf_counter() - t0
         if stop_after is not None and done >= stop_after:
