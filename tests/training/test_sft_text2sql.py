@@ -125,7 +125,7 @@ def test_sft_on_text2sql_refuses_the_evaluation_split_before_loading_a_model(tmp
             _cfg(),
             C.sft_from_dict({"submit_turns": 3}),
             tmp_path / "r2",
-            policy_factory=tiny_factory,
+            policy_factory=lambda: pytest.fail("model loaded"),
             progress=False,
         )
 
@@ -144,3 +144,37 @@ def test_sft_checkpoint_interval_is_its_own_and_old_run_folders_still_resume(tmp
     assert config_changes({"sft": {"steps": 3}}, {"sft": {"steps": 3, "checkpoint_every": 0}}) == ([], [])
     with pytest.raises(C.ConfigError, match="checkpoint_every = -1"):
         C.sft_from_dict({"checkpoint_every": -1})
+
+
+@pytest.mark.slow
+def test_sft_with_smollm2_lowers_the_target_loss_and_moves_weights(tmp_path):
+    """SmolLM2-135M-Instruct (fetched on first use), 4 training golds of the embedded slice, 6 steps."""
+    import torch
+
+    from sqlrl.generation.models import load_model
+    from sqlrl.training.sft import answer_loss_sum, collate
+
+    cfg = _cfg(max_train_tasks=4).replace(model={"name": "smollm2-135m-instruct"})
+    sft = C.sft_from_dict({"steps": 6, "batch_size": 4, "micro_batch": 2, "lr": 1e-4})
+    from sqlrl.training.sft import train_sft
+
+    res = train_sft(cfg, sft, tmp_path / "sft", progress=False)
+    assert res["finished"] and res["weights_changed"]
+
+    def loss(name: str) -> float:
+        m = load_model(name, device="cpu", dtype="float32")
+        tasks = [
+            t
+            for t in SpiderData(embedded_root()).load("train")
+            if t.task_id in json.loads((tmp_path / "sft" / "split.json").read_text())["task_ids"]
+        ]
+        examples, _ = build_text2sql_examples(tasks, m.tokenizer, Budgets.from_config(cfg.agent))
+        assert len(examples) == 4
+        with torch.no_grad():
+            total, n, _ = answer_loss_sum(m.model, *collate(examples, m.tokenizer.eos_token_id, "cpu"))
+        return float(total) / n
+
+    before, after = loss("smollm2-135m-instruct"), loss(res["final"])
+    assert after < 0.5 * before, (before, after)
+    steps = [json.loads(x) for x in (tmp_path / "sft" / "steps.jsonl").read_text().splitlines()]
+    assert steps[-1]["loss"] < steps[0]["loss"]

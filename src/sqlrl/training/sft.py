@@ -234,11 +234,6 @@ def load_sft_data(cfg: Config, out: Path) -> dict:
         tasks, split, root, audit = load_text2sql_sft(cfg, out)
 
         def build(tokenizer, budgets, submit_turns):
-            if submit_turns:
-                raise ConfigError(
-                    "sft.submit_turns is for debugging tasks; text-to-SQL SFT trains the single-turn "
-                    "answer only: set sft.submit_turns = 0"
-                )
             return build_text2sql_examples(tasks, tokenizer, budgets)
 
         return {"tasks": tasks, "split": split, "data": root, "gold_audit": audit, "build": build}
@@ -321,6 +316,11 @@ def train_sft(
     check_run_folder(out, mine, resume, "sft")
 
     budgets = Budgets.from_config(cfg.agent)
+    if cfg.data.kind == "text2sql" and sft.submit_turns:
+        raise ConfigError(
+            "sft.submit_turns is for debugging tasks; text-to-SQL SFT trains the single-turn answer "
+            "only: set sft.submit_turns = 0"
+        )
     data = load_sft_data(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
     tasks = data["tasks"]
