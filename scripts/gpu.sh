@@ -164,6 +164,7 @@ PY
       # GO_SEEDS="1 2": one matrix per training seed (run.seed; same split), in exp${t}s1, exp${t}s2, ...
       for seed in ${GO_SEEDS:-config}; do
         exp=exp$t; name=spider-$TAG-single-turn; [ "$t" = 1 ] || name=spider-$TAG-$t-turn
+        [ -z "${GPU_CONFIG:-}" ] || name=$(basename "$GPU_CONFIG" .toml)   # e.g. spider-0.5b-gpu-sft
         seed_args=()
         if [ "$seed" != config ]; then exp=exp${t}s$seed; name=$name-seed$seed; seed_args=(--set "run.seed=$seed"); fi
         last=$exp

@@ -57,6 +57,10 @@ def test_sft_arm_trained_less_than_grpo_is_not_an_equal_time_control(tmp_path: P
         "arm 'sft' trained 1.50 min, less than 'grpo' (6.00 min): not an equal-time control; raise sft.steps"
     ]
     assert v.rl_over_sft_line.startswith("RL over SFT: no claim: arm 'sft' trained 1.50 min")
+    write_json_atomic(p / "arms/sft/train/run.json", {**run, "weights_changed": False})
+    assert evidence_gate(p).sft_control.problems == [
+        "arm 'sft': weights did not change (train run.json weights_changed=false)"
+    ]
 
 
 def test_sft_arm_without_eval_or_in_another_turn_group_is_refused(tmp_path: Path) -> None:

@@ -491,6 +491,10 @@ def check_sft_control(exp: Experiment) -> Check:
                 f"arm '{arm.name}': eval run missing ({_rel(exp, arm.eval_dir)}/run.json + results.jsonl)"
             )
         _steps_problems(exp, arm, problems)
+        if arm.kind == "sft" and (exp.train_run(arm.name) or {}).get("weights_changed") is False:
+            problems.append(
+                f"arm '{arm.name}': weights did not change (train run.json weights_changed=false)"
+            )
     times = []
     for g in exp.arms_of("grpo"):
         for s in exp.same_turns(g, "sft"):
