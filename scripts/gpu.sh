@@ -24,7 +24,7 @@ TAG=${GPU_MODEL:-0.5b}                       # model size tag: 0.5b (default) or
 MODEL=qwen2.5-coder-$TAG-instruct            # built-in model name (sqlrl model list)
 PARTS=.stage/q50                             # the GGUF's parts here (0.5b: q50, a historical name)
 [ "$TAG" = 0.5b ] || PARTS=.stage/q${TAG//[.b]/}   # 1.5b: .stage/q15
-CONFIG=configs/spider-$TAG-gpu.toml
+CONFIG=${GPU_CONFIG:-configs/spider-$TAG-gpu.toml}   # GPU_CONFIG: another run file, e.g. configs/spider-0.5b-gpu-sft.toml
 # Here, before a GPU session: check that every call's upload fits the device tool's 64 MiB (working tree
 # + carried files), that the parts join to the manifest's sha256 and that the tree archive is HEAD's.
 preflight() {
@@ -176,6 +176,7 @@ PY
       # GO_SEEDS="1 2": one matrix per training seed (run.seed; same split), in exp${t}s1, exp${t}s2, ...
       for seed in ${GO_SEEDS:-config}; do
         exp=exp$t; name=spider-$TAG-single-turn; [ "$t" = 1 ] || name=spider-$TAG-$t-turn
+        [ -z "${GPU_CONFIG:-}" ] || name=$(basename "$GPU_CONFIG" .toml)   # e.g. spider-0.5b-gpu-sft
         seed_args=()
         if [ "$seed" != config ]; then exp=exp${t}s$seed; name=$name-seed$seed; seed_args=(--set "run.seed=$seed"); fi
         last=$exp

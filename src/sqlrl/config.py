@@ -389,7 +389,10 @@ def load(path: str | Path, overrides: list[str] | None = None) -> Config:
 @dataclass(frozen=True)
 class SFTConfig:
     steps: int = 20
-    """Optimizer steps of the supervised warm start (the training references are cycled, seeded)."""
+    """Optimizer steps (the training references are cycled, seeded). For the matrix's `sft` arm (the
+    SFT-only control) choose steps whose training time is at least the `grpo` arm's: the gate refuses the
+    RL-over-SFT claim otherwise (run.json train_seconds side by side). configs/spider-0.5b-gpu-sft.toml
+    sizes it from a measured 0.78 s per 32-example step on one H200 against GRPO's 153 s."""
     batch_size: int = 4
     """Examples (task, reference solution) per optimizer step."""
     micro_batch: int = 4
@@ -402,6 +405,8 @@ class SFTConfig:
     """Linear warm-up steps, then constant."""
     max_grad_norm: float = 1.0
     """Gradient clipping (global L2 norm)."""
+    checkpoint_every: int = 0
+    """Steps between checkpoints (0 = run.checkpoint_every); SFT steps are short, so checkpoint less often."""
     submit_turns: int = 0
     """Also teach the multi-turn protocol: every training reference appears a second time after the
     multi-turn prompt for this many turns, answered with SUBMIT and the solution (what the agent reads
@@ -456,6 +461,10 @@ def sft_from_dict(raw: Any, source: str = "<dict>") -> SFTConfig:
     need(s.lr > 0, f"sft.lr = {s.lr}: the warm start needs a positive learning rate")
     need(s.max_grad_norm > 0, "sft.max_grad_norm must be > 0")
     need(s.warmup_steps >= 0, "sft.warmup_steps must be >= 0")
+    need(
+        s.checkpoint_every >= 0,
+        f"sft.checkpoint_every = {s.checkpoint_every} must be >= 0 (0 = run.checkpoint_every)",
+    )
     need(
         s.submit_turns == 0 or s.submit_turns >= 2,
         f"sft.submit_turns = {s.submit_turns}: 0 (single-turn examples only) or the multi-turn budget, >= 2",

@@ -41,6 +41,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     print(f"verdict: {verdict['verdict'].upper()}")
     for m in verdict["missing"]:
         print(f"  missing: {m}")
+    if verdict.get("rl_over_sft"):
+        print(verdict["rl_over_sft"]["line"])
     for key in ("html", "markdown", "verdict"):
         print(f"wrote {paths[key]}")
     return 0 if verdict["claim_allowed"] else 1

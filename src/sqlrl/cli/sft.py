@@ -1,4 +1,4 @@
-"""`sqlrl sft`: supervised warm start on training references of debugging tasks."""
+"""`sqlrl sft`: supervised fine-tuning on training references (text-to-SQL golds or debugging tasks)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,13 @@ from sqlrl.training.sft import train_sft
 def cli_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="sqlrl sft",
-        description="Supervised warm start on the reference solutions of training debugging tasks "
-        '([data] kind = "debug"; the [sft] table sets steps, batch size, learning rate).',
+        description="Supervised fine-tuning on training references in the agent's single-turn answer format: "
+        'text-to-SQL golds ([data] kind = "text2sql") or debugging-task solutions (kind = "debug"); '
+        "the [sft] table sets steps, batch size, learning rate.",
     )
-    p.add_argument("config", help="TOML run file, e.g. configs/debug-curriculum.toml")
+    p.add_argument(
+        "config", help="TOML run file, e.g. configs/spider-0.5b-gpu-sft.toml or configs/debug-curriculum.toml"
+    )
     p.add_argument("--out", help="run folder (default runs/<config stem>-sft)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     p.add_argument(

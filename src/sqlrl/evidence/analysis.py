@@ -290,6 +290,10 @@ def _comparison_pairs(exp: Experiment) -> tuple[list[tuple[str, str]], dict[str,
             for c in exp.same_turns(g, kind) or exp.arms_of(kind):
                 if (c.name, g.name) not in pairs:
                     pairs.append((c.name, g.name))
+    for g in [a for a in exp.arms.values() if a.kind.startswith("grpo")]:  # RL vs the SFT-only control
+        for c in exp.same_turns(g, "sft") or exp.arms_of("sft"):
+            if (c.name, g.name) not in pairs:
+                pairs.append((c.name, g.name))
     return pairs, base_of
 
 
@@ -351,6 +355,26 @@ def find_comparison(analysis: dict, a: str, b: str) -> dict | None:
         if row["a"] == a and row["b"] == b:
             return row
     return None
+
+
+def sft_comparisons(analysis: dict) -> list[dict]:
+    """The comparisons of each RL arm (kind grpo*) against the SFT-only control, each with `reading`:
+    RL better / SFT better (McNemar p < 0.01 and the CI on that side of 0) or no difference at p < 0.01."""
+    kinds = {a["name"]: a["kind"] for a in analysis["arms"]}
+    rows = []
+    for r in analysis["comparisons"]:
+        if kinds.get(r["a"]) != "sft" or not str(kinds.get(r["b"], "")).startswith("grpo"):
+            continue
+        if not r.get("available"):
+            reading = "not comparable: " + str(r.get("reason", ""))
+        elif r["p_value"] is not None and r["p_value"] < 0.01 and r["ci_low"] > 0:
+            reading = "RL better than SFT (p < 0.01)"
+        elif r["p_value"] is not None and r["p_value"] < 0.01 and r["ci_high"] < 0:
+            reading = "SFT better than RL (p < 0.01)"
+        else:
+            reading = "no difference at p < 0.01"
+        rows.append({**r, "reading": reading})
+    return rows
 
 
 def base_comparisons(analysis: dict) -> list[dict]:

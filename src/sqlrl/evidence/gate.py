@@ -11,14 +11,15 @@ CI match on them): `real_run` (not flagged smoke/synthetic/partial, finished, ev
 rolled-out results), `equal_budgets` (identical budgets within each turn group, and as recorded by each
 eval run), `same_tasks`, `same_fingerprint`, `leakage_audit` (passed).
 
-What is covered:
-- every defect of a readable experiment folder becomes a failed check with a named problem;
-- a folder that is not an experiment folder raises `rundir.ExperimentError` (CLI exit 2);
-- no torch import; the gate only reads files.
+"RL adds value over supervised fine-tuning" is a separate claim (`check_sft_control`, outside
+`claim_allowed`): the whole gate plus an `sft` arm (train + eval, sound steps) for the turns of every
+RL arm (kind `grpo*`), trained at least as long as the `grpo` arm (run.json train_seconds); without
+one it says "no SFT control: whether RL beats SFT is not answered".
 
-What is not:
-- hashes are not recomputed and audits not re-run: the audit files' contents are trusted;
-- structure and consistency are checked, not statistical significance.
+Covered: every defect of a readable experiment folder becomes a failed check with a named problem; a
+folder that is not an experiment folder raises `rundir.ExperimentError` (CLI exit 2); no torch import.
+Not covered: hashes are not recomputed and audits not re-run (their files are trusted); structure and
+consistency are checked, not statistical significance.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 from sqlrl.evidence.rundir import RUN_FLAGS, Arm, Experiment
 
 CONTROL_KINDS = ("no_update", "validity")
+SFT_MISSING = "no SFT control: whether RL beats SFT is not answered"
 AUDIT_VERDICTS = {
     "trained_changed": "GRPO weights did not change (trained_changed=false)",
     "no_update_identical": "No-update weights are not bit-identical to the base (no_update_identical=false)",
@@ -66,10 +68,28 @@ class Verdict:
     missing: list[str]
     experiment: str = ""
     name: str = ""
+    sft_control: Check | None = None
 
     @property
     def label(self) -> str:
         return "claim" if self.claim_allowed else "no claim"
+
+    @property
+    def rl_over_sft_allowed(self) -> bool:
+        """May the experiment claim (or deny) that RL adds value over supervised fine-tuning?"""
+        return self.claim_allowed and self.sft_control is not None and self.sft_control.passed
+
+    @property
+    def rl_over_sft_line(self) -> str:
+        """One plain line on the RL-over-SFT claim, for verdict.json and the report."""
+        c = self.sft_control
+        if c is None or c.problems == [SFT_MISSING]:
+            return SFT_MISSING
+        if not c.passed:
+            return "RL over SFT: no claim: " + c.detail
+        if not self.claim_allowed:
+            return "RL over SFT: no claim: the evidence gate did not pass (see missing)"
+        return "RL over SFT: may be claimed (" + c.detail + "); the grpo* vs sft comparisons answer it"
 
     def to_dict(self) -> dict:
         return {
@@ -79,6 +99,11 @@ class Verdict:
             "name": self.name,
             "missing": list(self.missing),
             "checks": [c.to_dict() for c in self.checks],
+            "rl_over_sft": {
+                "allowed": self.rl_over_sft_allowed,
+                "line": self.rl_over_sft_line,
+                "problems": list(self.sft_control.problems) if self.sft_control else [SFT_MISSING],
+            },
         }
 
 
@@ -202,49 +227,50 @@ def check_controls(exp: Experiment) -> Check:
     return _check("controls", problems, "No-update and validity-only controls present (train + eval)")
 
 
+def _steps_problems(exp: Experiment, arm: Arm, problems: list[str]) -> int | None:
+    """Append the problems of `arm`'s optimizer steps (recorded, finite, not all zero grad norms);
+    return how many steps were skipped for a non-finite gradient (None when there are no steps)."""
+    path = exp.train_file(arm.name, "steps.jsonl")
+    if arm.train_dir is None:
+        problems.append(f"arm '{arm.name}': no train run, so no optimizer steps")
+        return None
+    steps = exp.steps(arm.name)
+    if steps is None:
+        problems.append(f"arm '{arm.name}': {_rel(exp, path)} missing or unreadable, so no optimizer steps")
+        return None
+    steps = [s for s in steps if isinstance(s, dict) and "step" in s]
+    if not steps:
+        problems.append(f"arm '{arm.name}': 0 optimizer steps in {_rel(exp, path)}")
+        return None
+    # A step whose gradient was non-finite is recorded with skipped_nonfinite = true and no update:
+    # it is disclosed in the detail, not counted as a missing grad norm.
+    skipped = [s for s in steps if s.get("skipped_nonfinite") is True and s.get("update_applied") is not True]
+    steps = [s for s in steps if s not in skipped]
+    if not steps:
+        problems.append(f"arm '{arm.name}': every step was skipped (non-finite gradients)")
+        return len(skipped)
+    norms = [s.get("grad_norm") for s in steps]
+    unrecorded = sum(1 for g in norms if not isinstance(g, int | float) or isinstance(g, bool))
+    nonfinite = sum(1 for g in norms if isinstance(g, int | float) and not math.isfinite(g))
+    if unrecorded:
+        problems.append(f"arm '{arm.name}': grad_norm not recorded in {unrecorded} of {len(steps)} steps")
+    if nonfinite:
+        problems.append(f"arm '{arm.name}': non-finite grad_norm in {nonfinite} of {len(steps)} steps")
+    if not unrecorded and not nonfinite and all(g == 0 for g in norms):
+        problems.append(f"arm '{arm.name}': all {len(steps)} grad norms are zero (no gradient ever flowed)")
+    return len(skipped)
+
+
 def check_optimizer_steps(exp: Experiment) -> Check:
-    problems = []
+    problems: list[str] = []
     skipped_info: dict[str, int] = {}
     arms = exp.arms_of("grpo")
     if not arms:
         problems.append("no arm of kind 'grpo' to check for optimizer steps")
     for arm in arms:
-        path = exp.train_file(arm.name, "steps.jsonl")
-        if arm.train_dir is None:
-            problems.append(f"arm '{arm.name}': no train run, so no optimizer steps")
-            continue
-        steps = exp.steps(arm.name)
-        if steps is None:
-            problems.append(
-                f"arm '{arm.name}': {_rel(exp, path)} missing or unreadable, so no optimizer steps"
-            )
-            continue
-        steps = [s for s in steps if isinstance(s, dict) and "step" in s]
-        if not steps:
-            problems.append(f"arm '{arm.name}': 0 optimizer steps in {_rel(exp, path)}")
-            continue
-        # A step whose gradient was non-finite is recorded with skipped_nonfinite = true and no update:
-        # it is disclosed in the detail, not counted as a missing grad norm.
-        skipped = [
-            s for s in steps if s.get("skipped_nonfinite") is True and s.get("update_applied") is not True
-        ]
+        skipped = _steps_problems(exp, arm, problems)
         if skipped:
-            skipped_info[arm.name] = len(skipped)
-        steps = [s for s in steps if s not in skipped]
-        if not steps:
-            problems.append(f"arm '{arm.name}': every step was skipped (non-finite gradients)")
-            continue
-        norms = [s.get("grad_norm") for s in steps]
-        unrecorded = sum(1 for g in norms if not isinstance(g, int | float) or isinstance(g, bool))
-        nonfinite = sum(1 for g in norms if isinstance(g, int | float) and not math.isfinite(g))
-        if unrecorded:
-            problems.append(f"arm '{arm.name}': grad_norm not recorded in {unrecorded} of {len(steps)} steps")
-        if nonfinite:
-            problems.append(f"arm '{arm.name}': non-finite grad_norm in {nonfinite} of {len(steps)} steps")
-        if not unrecorded and not nonfinite and all(g == 0 for g in norms):
-            problems.append(
-                f"arm '{arm.name}': all {len(steps)} grad norms are zero (no gradient ever flowed)"
-            )
+            skipped_info[arm.name] = skipped
     n = {a.name: len(exp.steps(a.name) or []) - skipped_info.get(a.name, 0) for a in arms}
     detail = "optimizer steps with non-zero grad norms: " + ", ".join(f"{k}={v}" for k, v in n.items())
     if skipped_info:
@@ -432,6 +458,62 @@ def check_leakage(exp: Experiment) -> Check:
     return _check("leakage_audit", problems, "gold-mutation leakage audit passed")
 
 
+def _train_seconds(exp: Experiment, arm: Arm) -> float | None:
+    run = exp.train_run(arm.name) if arm.train_dir is not None else None
+    if not isinstance(run, dict):
+        return None
+    for key, scale in (("train_seconds", 1.0), ("gpu_minutes", 60.0)):
+        t = run.get(key)
+        if isinstance(t, int | float) and not isinstance(t, bool):
+            return float(t) * scale
+    return None
+
+
+def check_sft_control(exp: Experiment) -> Check:
+    """The SFT-only control behind a claim that RL adds value over supervised fine-tuning (not in
+    `CHECKS`: it decides `Verdict.rl_over_sft_allowed`, not `claim_allowed`)."""
+    rl = [a for a in exp.arms.values() if a.kind.startswith("grpo")]
+    sfts = exp.arms_of("sft")
+    if not sfts:
+        return _check("sft_control", [SFT_MISSING], "")
+    problems: list[str] = []
+    if not rl:
+        problems.append("no RL arm (kind grpo*) to compare with the sft arm")
+    for g in rl:
+        if not exp.same_turns(g, "sft"):
+            problems.append(f"arm '{g.name}' (turns={g.turns!r}) has no sft arm with the same turns")
+    for arm in sfts + [a for a in rl if a.kind != "grpo"]:
+        if not exp.has_train(arm.name):
+            problems.append(f"arm '{arm.name}': train run missing ({_rel(exp, arm.train_dir)}/run.json)")
+            continue
+        if not exp.has_eval(arm.name):
+            problems.append(
+                f"arm '{arm.name}': eval run missing ({_rel(exp, arm.eval_dir)}/run.json + results.jsonl)"
+            )
+        _steps_problems(exp, arm, problems)
+        if arm.kind == "sft" and (exp.train_run(arm.name) or {}).get("weights_changed") is False:
+            problems.append(
+                f"arm '{arm.name}': weights did not change (train run.json weights_changed=false)"
+            )
+    times = []
+    for g in exp.arms_of("grpo"):
+        for s in exp.same_turns(g, "sft"):
+            ts, tg = _train_seconds(exp, s), _train_seconds(exp, g)
+            if ts is None or tg is None:
+                problems.append(
+                    f"training time of '{s.name}' or '{g.name}' not recorded (train run.json train_seconds)"
+                )
+            elif ts < tg:
+                problems.append(
+                    f"arm '{s.name}' trained {ts / 60:.2f} min, less than '{g.name}' ({tg / 60:.2f} min): "
+                    "not an equal-time control; raise sft.steps"
+                )
+            else:
+                times.append(f"{s.name} {ts / 60:.2f} min >= {g.name} {tg / 60:.2f} min of training")
+    detail = "sft control present for every RL arm" + (f"; {', '.join(times)}" if times else "")
+    return _check("sft_control", problems, detail)
+
+
 CHECKS = (
     check_real_run,
     check_core_arms,
@@ -458,4 +540,5 @@ def evidence_gate(exp_dir: str | Path | Experiment) -> Verdict:
         missing=missing,
         experiment=str(exp.dir),
         name=exp.name,
+        sft_control=check_sft_control(exp),
     )

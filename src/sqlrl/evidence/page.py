@@ -208,6 +208,7 @@ def _verdict_section(analysis: dict) -> list[str]:
             + "".join(f"<li>{esc(m)}</li>" for m in v.missing)
             + "</ul>"
         )
+    out.append(f"<p><b>{esc(v.rl_over_sft_line)}</b></p>")  # the SFT-only control's claim (gate.py)
     rows = [
         [
             f"<code>{esc(c.name)}</code>",

@@ -30,6 +30,7 @@ from sqlrl.evidence.analysis import (
     analyze,
     base_comparisons,
     find_comparison,
+    sft_comparisons,
     turn_use_rows,
 )
 from sqlrl.evidence.fmt import (
@@ -91,6 +92,7 @@ def render_markdown(analysis: dict, links: dict[str, dict[str, str]]) -> str:
             "",
         ]
         out += ["Missing:", ""] + [f"- {md_cell(m)}" for m in v.missing] + [""]
+    out += [f"**{md_cell(v.rl_over_sft_line)}**", ""]
     out += ["## Evidence checks", "", "| check | passed | detail |", "| --- | --- | --- |"]
     out += [f"| {c.name} | {'yes' if c.passed else 'NO'} | {md_cell(c.detail)} |" for c in v.checks]
     out += ["", "## Results", "", results_table_md(analysis)]
@@ -112,6 +114,7 @@ def render_markdown(analysis: dict, links: dict[str, dict[str, str]]) -> str:
             )
         else:
             out.append(f"| {md_cell(label)} | 0 | - | - | - | - | {md_cell(row.get('reason', ''))} |")
+    out += _sft_section(analysis)
     rep = base_comparisons(analysis)
     if rep:
         out += [
@@ -159,6 +162,36 @@ def render_markdown(analysis: dict, links: dict[str, dict[str, str]]) -> str:
         )
     out += ["", "Full report with charts: `report.html`.", ""]
     return "\n".join(out)
+
+
+def _sft_section(analysis: dict) -> list[str]:
+    """RL arms vs the SFT-only control, with training minutes side by side (empty without an sft arm)."""
+    rows = sft_comparisons(analysis)
+    if not rows:
+        return []
+    minutes = {
+        a["name"]: (a.get("train") or {}).get("gpu_minutes") for a in analysis["arms"] if a.get("train")
+    }
+    out = [
+        "",
+        "## RL vs supervised fine-tuning (SFT-only control)",
+        "",
+        analysis["verdict"].rl_over_sft_line,
+        "",
+        "| RL arm vs SFT | Δ (95% CI) | McNemar p | reading | train min (RL / SFT) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        ok = r.get("available")
+        mins = " / ".join(
+            f"{minutes[x]:.2f}" if minutes.get(x) is not None else "-" for x in (r["b"], r["a"])
+        )
+        out.append(
+            f"| {md_cell(r['b'])} vs {md_cell(r['a'])} | {diff_ci(r) if ok else '-'} | "
+            f"{fmt_p(r['p_value']) if ok else '-'} | {md_cell(r['reading'])} | {mins} |"
+        )
+    out += ["", "Train minutes of grpo_sft are its GRPO part; its SFT part is the sft arm's."]
+    return out
 
 
 def _links(exp: Experiment, out_dir: Path) -> dict[str, dict[str, str]]:

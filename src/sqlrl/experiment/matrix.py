@@ -6,6 +6,8 @@ budgets and the same number of steps, prompts and rollouts:
 - `grpo`: GRPO with the execution-match reward;
 - `no_update`: the same loop with learning rate 0 (weights must stay bit-identical);
 - `validity`: GRPO with the validity-only reward (1 when the SQL executes).
+Opt-in (`experiment.arms`): `sft`, the SFT-only control (`training/sft.py` on the training golds, budget
+in [sft]), and `grpo_sft`, GRPO as `grpo` but starting from the `sft` arm's final weights.
 With `turns = [1, 3]` the matrix is run once per turn budget (arm names get a `_t3` suffix).
 
 Every arm is a normal run folder (train and/or eval) under `arms/<arm>/`; `experiment.json` links
@@ -19,12 +21,13 @@ mutation, on a slice of the evaluation tasks, per turn budget) and the report wi
 The command is resumable: a finished arm (its `summary.json` exists) is skipped, an unfinished
 training run resumes from its last checkpoint. This is how long experiments fit into time-limited
 sessions. Guaranteed: arms with different budgets, tasks or fingerprints are refused, naming the
-difference. Not guaranteed: that a quickstart-sized experiment supports any claim; its report
-will usually say "no claim", which is the honest outcome at that size.
+difference. Not guaranteed: that a quickstart-sized experiment supports any claim ("no claim" is then
+the honest outcome).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -35,20 +38,22 @@ from importlib import resources
 from pathlib import Path
 
 from sqlrl.artifacts import git_commit, holds_run_lock, machine_info, read_json, write_json_atomic
-from sqlrl.config import Config, ConfigError, from_dict
+from sqlrl.config import Config, ConfigError, SFTConfig, from_dict, sft_from_dict
 from sqlrl.training.budget import Unfinished, check_time
 
 log = logging.getLogger(__name__)
 
-ARM_KINDS = ("base", "grpo", "no_update", "validity")
+ARM_KINDS = ("base", "grpo", "no_update", "validity", "sft", "grpo_sft")
+DEFAULT_ARMS = ("base", "grpo", "no_update", "validity")
 
 
 @dataclass(frozen=True)
 class ExperimentConfig:
     name: str = "experiment"
     """Name shown in the report."""
-    arms: tuple[str, ...] = ARM_KINDS
-    """Arms to run; base, grpo, no_update and validity are needed for a claim."""
+    arms: tuple[str, ...] = DEFAULT_ARMS
+    """Arms to run, in order; base, grpo, no_update and validity are needed for a claim, and sft for a
+    claim that RL beats supervised fine-tuning. Also: grpo_sft (needs sft listed before it)."""
     turns: tuple[int, ...] = (1,)
     """Turn budgets; the matrix runs once per value (1 = single-turn)."""
     leakage_tasks: int = 16
@@ -57,6 +62,8 @@ class ExperimentConfig:
     """Mark the experiment as a smoke run: the gate will never turn it into a claim."""
     extra: dict = field(default_factory=dict)
     """Free-form notes copied into experiment.json."""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """The sft arm's training budget: the run file's [sft] table (not a key of [experiment])."""
 
 
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tuple[Config, ExperimentConfig]:
@@ -67,24 +74,33 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tup
     exp_raw = raw.pop("experiment", {})
     if not isinstance(exp_raw, dict):
         raise ConfigError(f"{path}: experiment must be an [experiment] table of keys, got {exp_raw!r}")
+    sft = sft_from_dict(raw.pop("sft", {}), source=str(path))
     cfg = from_dict(raw, source=str(path))
-    known = set(ExperimentConfig.__dataclass_fields__)
+    known = set(ExperimentConfig.__dataclass_fields__) - {"sft"}
     for k in exp_raw:
         if k not in known:
             raise ConfigError(f"{path}: unknown key experiment.{k}; valid keys: {', '.join(sorted(known))}")
     exp = ExperimentConfig(
         name=str(exp_raw.get("name", path.stem)),
-        arms=tuple(exp_raw.get("arms", ARM_KINDS)),
+        arms=tuple(exp_raw.get("arms", DEFAULT_ARMS)),
         turns=tuple(int(t) for t in exp_raw.get("turns", (cfg.agent.turns,))),
         leakage_tasks=int(exp_raw.get("leakage_tasks", 16)),
         smoke=bool(exp_raw.get("smoke", False)),
         extra=dict(exp_raw.get("extra", {})),
+        sft=sft,
     )
     for arm in exp.arms:
         if arm not in ARM_KINDS:
             raise ConfigError(
                 f"{path}: experiment.arms has unknown arm {arm!r}; arms are {', '.join(ARM_KINDS)}"
             )
+    if "grpo_sft" in exp.arms and (
+        "sft" not in exp.arms or exp.arms.index("sft") > exp.arms.index("grpo_sft")
+    ):
+        raise ConfigError(
+            f"{path}: experiment.arms has grpo_sft without sft before it; grpo_sft starts from the sft "
+            "arm's final weights: list sft before grpo_sft"
+        )
     if any(t < 1 for t in exp.turns):
         raise ConfigError(f"{path}: experiment.turns must be >= 1")
     return cfg, exp
@@ -96,6 +112,8 @@ def arm_config(cfg: Config, kind: str, turns: int) -> Config:
         return cfg.replace(agent=agent, grpo={"control": "no-update", "lr": 0.0, "reward": "execution"})
     if kind == "validity":
         return cfg.replace(agent=agent, grpo={"control": "none", "reward": "validity"})
+    if kind == "sft":  # trained single-turn (the answer format), evaluated with `turns`
+        return cfg.replace(agent=agent)
     return cfg.replace(agent=agent, grpo={"control": "none", "reward": "execution"})
 
 
@@ -140,6 +158,7 @@ def _experiment_state(
                 "turns": list(exp.turns),
                 "leakage_tasks": exp.leakage_tasks,
                 "extra": exp.extra,
+                **({"sft": dataclasses.asdict(exp.sft)} if {"sft", "grpo_sft"} & set(exp.arms) else {}),
             },
             "smoke": exp.smoke,
             "synthetic": False,
@@ -174,7 +193,8 @@ class ArmProgress:
             head = f"arm {i} of {len(arms)} {name}:"
             if kind != "base":
                 self.index[(name, "train")] = len(parts)
-                parts.append(Part(f"{head} train", "step", cfg.grpo.steps))
+                steps = exp.sft.steps if kind == "sft" and exp.sft is not None else cfg.grpo.steps
+                parts.append(Part(f"{head} train", "step", steps))
             self.index[(name, "eval")] = len(parts)
             parts.append(Part(f"{head} evaluate", "task", n_eval))
         for turns in exp.turns:
@@ -203,12 +223,12 @@ def _run_arm(
     command: list[str] | None,
     deadline: float | None,
     progress: ArmProgress | None = None,
+    sft: SFTConfig | None = None,
 ) -> dict:
     """Train (unless base) and evaluate one arm, skipping what is finished; returns its experiment.json entry."""
     from sqlrl.agent.loop import Budgets
     from sqlrl.evaluation.runner import load_policy, run_eval
     from sqlrl.generation.device import free_memory
-    from sqlrl.training.trainer import train
 
     arm_dir = out / "arms" / name
     acfg = arm_config(cfg, kind, turns)
@@ -234,17 +254,11 @@ def _run_arm(
             check_time(deadline, 60, f"training arm {name}")
             resume = (train_dir / "config.json").exists()
             log.info(f"[experiment] {name}: {'resuming training' if resume else 'training'} -> {train_dir}")
-            res = train(
-                acfg,
-                train_dir,
-                resume=resume,
-                command=command,
-                deadline=deadline,
-                progress=progress.opener("train") if progress is not None else True,
-            )
+            opener = progress.opener("train") if progress is not None else True
+            res, total = _train_arm(acfg, out, train_dir, kind, turns, resume, command, deadline, sft, opener)
             free_memory()
             if not res["finished"]:
-                raise Unfinished(f"arm {name} stopped at step {res['steps']} of {acfg.grpo.steps}")
+                raise Unfinished(f"arm {name} stopped at step {res['steps']} of {total}")
         from sqlrl.training.export import final_weights
 
         # the folder itself, or the base when the arm's weights are bit-identical to it (No-update: only
@@ -282,6 +296,31 @@ def _run_arm(
         del policy
         free_memory()
     return entry
+
+
+def _train_arm(
+    acfg, out, train_dir, kind, turns, resume, command, deadline, sft, progress
+) -> tuple[dict, int]:
+    """Train one arm into `train_dir`: GRPO, or supervised fine-tuning (`sft`, single-turn), or GRPO from
+    the sft arm's final weights (`grpo_sft`). Returns (the trainer's result, its total steps)."""
+    from sqlrl.training.sft import train_sft
+    from sqlrl.training.trainer import train
+
+    sft = sft or SFTConfig()
+    if kind == "sft":
+        scfg = acfg.replace(agent={"turns": 1})
+        res = train_sft(scfg, sft, train_dir, resume=resume, command=command, deadline=deadline)
+        return res, sft.steps
+    if kind == "grpo_sft":
+        init = out / "arms" / f"sft{'' if turns == 1 else f'_t{turns}'}" / "train" / "final"
+        if not (init / "identity.json").is_file():
+            raise ConfigError(
+                f"arm grpo_sft starts from the sft arm's final weights, but {init} holds none; list sft "
+                "before grpo_sft in experiment.arms and let it finish"
+            )
+        acfg = acfg.replace(model={"name": str(init.resolve())})
+    res = train(acfg, train_dir, resume=resume, command=command, deadline=deadline, progress=progress)
+    return res, acfg.grpo.steps
 
 
 def _leakage_for_turns(cfg: Config, exp: ExperimentConfig, out: Path, turns: int, eval_tasks: list) -> None:
@@ -386,6 +425,7 @@ def _run_matrix(
                 command=command,
                 deadline=deadline,
                 progress=progress,
+                sft=exp.sft,
             )
             write_json_atomic(out / "experiment.json", state)
         leak = progress.index[(f"t{turns}", "leakage")]

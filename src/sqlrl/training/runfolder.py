@@ -50,6 +50,7 @@ ADDED_KEYS = {
     ("grpo", "score_timeout_s"): 0.0,
     ("grpo", "task_sampling"): "epoch",
     ("sft", "submit_turns"): 0,
+    ("sft", "checkpoint_every"): 0,
     ("run", "eval_every"): 0,
     ("run", "eval_tasks"): 0,
 }

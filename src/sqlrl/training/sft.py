@@ -1,24 +1,26 @@
-"""`sqlrl sft CONFIG.toml`: supervised warm start on the reference solutions of training debug tasks.
+"""`sqlrl sft CONFIG.toml`: supervised fine-tuning on training references, in the agent's answer format.
 
-Each example is one training-split debugging task (`data.kind = "debug"`): the prompt is exactly the
-single-turn prompt the agent builds (`agent.debugging.build_debug_messages`, rendered by
-`prompts.ChatFormat`), the target the reference solution as the agent's single-turn answer (one ```sql
-block per solution entry) plus the chat template's end-of-turn token. With `sft.submit_turns` = T >= 2
-every reference appears again after the multi-turn prompt for T turns, answered "SUBMIT" + the same
-blocks. Cross-entropy on target tokens only, averaged over all target tokens of an optimizer step.
+Data (`data.kind`):
+- `text2sql`: each training task (the tasks GRPO samples, gold audit passed) is one example: the
+  text-to-SQL agent's single-turn prompt, answered "```sql\n<gold>\n```" + end-of-turn (`sft_data.py`);
+  the matrix's `sft` arm (SFT-only control) and `grpo_sft` arm (GRPO from its weights) run this.
+- `debug`: each training-split debugging task: the prompt is exactly the single-turn prompt the agent
+  builds (`agent.debugging.build_debug_messages`), the target the reference solution as the agent's
+  answer (one ```sql block per solution entry) plus end-of-turn. With `sft.submit_turns` = T >= 2 every
+  reference appears again after the multi-turn prompt for T turns, answered "SUBMIT" + the same blocks.
+Cross-entropy on target tokens only, averaged over all target tokens of an optimizer step.
 
 What is covered:
-- Only training references are used: every task must carry `data.train_split`, which must differ from
-  `data.eval_split`, and no task may sit on a database that has evaluation tasks
-  (`check_training_references`: a `ValueError` before any model is loaded).
-- Every target round-trips: decoding its token ids and parsing them with `parse_debug_action` gives back
-  the reference submission; examples that do not, or that exceed the agent's budgets
-  (`max_new_tokens`, `max_context_tokens`), are dropped and counted in run.json (never truncated).
-- The run folder is that of `sqlrl train` (`runfolder.py`): config.json (run config + [sft]), run.json,
-  steps.jsonl, split.json, checkpoints/, final/ with identity.json; `--resume` continues after a kill
-  from the last complete checkpoint.
-
-What is not: that imitation of references helps the RL stages; a short CPU run proves nothing.
+- Only training references are used: `data.train_split` must differ from `data.eval_split`, and no
+  training task may sit on a database that has evaluation tasks (`check_training_references`,
+  `sft_data.check_reference_databases`: a `ValueError` before any model is loaded).
+- Every target round-trips: decoding its token ids and parsing them with the agent's parser gives back
+  the reference; examples that do not, that exceed the agent's budgets (`max_new_tokens`,
+  `max_context_tokens`), or whose gold is unscorable are dropped and counted in run.json (never truncated).
+- The run folder is that of `sqlrl train` (`runfolder.py`): config.json (run config + [sft]), run.json
+  (with train_seconds and gpu_minutes), steps.jsonl, split.json, checkpoints/, final/ with identity.json;
+  `--resume` continues after a kill from the last complete checkpoint.
+Not covered: that imitation of references helps; a short CPU run proves nothing.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ from sqlrl.training.runfolder import (
     stop_for_time,
 )
 from sqlrl.training.sampling import TaskSampler
+from sqlrl.training.sft_data import build_text2sql_examples, load_text2sql_sft
+from sqlrl.training.sft_data import completion_tail as _completion_tail
 from sqlrl.training.trainer import load_trainable, make_optimizer, pad_token_id, seed_and_device
 from sqlrl.training.update import step_schedule
 
@@ -93,25 +97,6 @@ def check_training_references(tasks, all_tasks, *, train_split: str, eval_split:
             f"supervised warm start refused: databases {shared[:5]} hold both training tasks and "
             f"{eval_split!r} tasks; the split must be by database"
         )
-
-
-def _completion_tail(chat, messages: list[dict], target: str) -> str:
-    """What the chat template puts after the assistant's text up to and including its end-of-turn token."""
-    prompt = chat.render(messages, add_generation_prompt=True)
-    full = chat.render(messages + [{"role": "assistant", "content": target}], add_generation_prompt=False)
-    if not full.startswith(prompt) or target not in full[len(prompt) :]:
-        raise ValueError(
-            "the chat template does not render an assistant answer as prompt + answer; the SFT target "
-            "cannot be aligned with what the agent generates"
-        )
-    rest = full[len(prompt) :]
-    after = rest[rest.index(target) + len(target) :]
-    best = None
-    for eos in chat._eos_texts:
-        if eos and eos in after:
-            i = after.index(eos) + len(eos)
-            best = i if best is None else min(best, i)
-    return after[:best] if best is not None else ""
 
 
 def build_sft_examples(tasks, tokenizer, budgets, submit_turns: int = 0) -> tuple[list[dict], dict]:
@@ -225,14 +210,15 @@ def config_hash(cfg: Config, sft: SFTConfig) -> str:
 
 
 def load_sft_tasks(cfg: Config):
-    """(training tasks used, all tasks of the file, the file): `data.max_train_tasks` chosen as DebugEnv does."""
+    """(training tasks used, all tasks of the file, the file) of `data.kind = "debug"`:
+    `data.max_train_tasks` chosen as DebugEnv does."""
     from sqlrl.tasks.data import select_tasks
     from sqlrl.tasks.debugging import load_debug_tasks, resolve_debug_file
 
     if cfg.data.kind != "debug":
         raise ConfigError(
-            f"data.kind = {cfg.data.kind!r}: the supervised warm start trains on debugging-task references; "
-            'set [data] kind = "debug"'
+            f"data.kind = {cfg.data.kind!r}: load_sft_tasks reads debugging tasks; text-to-SQL golds are "
+            "read by sft_data.load_text2sql_sft"
         )
     file = resolve_debug_file(cfg.data.path)
     all_tasks = load_debug_tasks(file)
@@ -241,6 +227,29 @@ def load_sft_tasks(cfg: Config):
         splits = sorted({t.split for t in all_tasks})
         raise ValueError(f"{file}: no tasks with split {cfg.data.train_split!r}; splits there: {splits}")
     return select_tasks(train, cfg.data.max_train_tasks, cfg.run.seed), all_tasks, file
+
+
+def load_sft_data(cfg: Config, out: Path) -> dict:
+    """The training references of either data kind, checked to be training data only:
+    {tasks, split (split.json), data (path), gold_audit, build(tokenizer, budgets, submit_turns)}."""
+    if cfg.data.kind == "text2sql":
+        tasks, split, root, audit = load_text2sql_sft(cfg, out)
+
+        def build(tokenizer, budgets, submit_turns):
+            return build_text2sql_examples(tasks, tokenizer, budgets)
+
+        return {"tasks": tasks, "split": split, "data": root, "gold_audit": audit, "build": build}
+    tasks, all_tasks, file = load_sft_tasks(cfg)
+    check_training_references(
+        tasks, all_tasks, train_split=cfg.data.train_split, eval_split=cfg.data.eval_split
+    )
+    return {
+        "tasks": tasks,
+        "split": split_record(cfg, tasks, all_tasks, file),
+        "data": str(file),
+        "gold_audit": None,
+        "build": lambda tok, budgets, submit_turns: build_sft_examples(tasks, tok, budgets, submit_turns),
+    }
 
 
 def split_record(cfg: Config, tasks, all_tasks, file: Path) -> dict:
@@ -310,15 +319,22 @@ def train_sft(
     check_run_folder(out, mine, resume, "sft")
 
     budgets = Budgets.from_config(cfg.agent)
-    tasks, all_tasks, file = load_sft_tasks(cfg)
-    check_training_references(
-        tasks, all_tasks, train_split=cfg.data.train_split, eval_split=cfg.data.eval_split
-    )
+    if cfg.data.kind == "text2sql" and sft.submit_turns:
+        raise ConfigError(
+            "sft.submit_turns is for debugging tasks; text-to-SQL SFT trains the single-turn answer "
+            "only: set sft.submit_turns = 0"
+        )
+    data = load_sft_data(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
+    tasks = data["tasks"]
     device, gen_dtype = seed_and_device(cfg)
     model, tokenizer, base_name, base_identity = load_trainable(cfg, device, gen_dtype, policy_factory)
 
-    examples, dropped = build_sft_examples(tasks, tokenizer, budgets, sft.submit_turns)
+    examples, dropped = data["build"](tokenizer, budgets, sft.submit_turns)
+    if data["gold_audit"] is not None:
+        unscorable = data["gold_audit"]["n"] - data["gold_audit"]["scorable"]
+        if unscorable:
+            dropped = {"gold_unscorable": unscorable, **dropped}
     if not examples:
         raise ValueError(f"no usable SFT examples among {len(tasks)} training tasks (dropped: {dropped})")
     sampler = TaskSampler(len(examples), cfg.run.seed)
@@ -334,7 +350,7 @@ def train_sft(
         drop_steps_after(out, ("steps.jsonl",), start_step)
     else:
         write_json_atomic(out / "config.json", mine)
-        write_json_atomic(out / "split.json", split_record(cfg, tasks, all_tasks, file))
+        write_json_atomic(out / "split.json", data["split"])
     run_info = {
         "kind": "sft",
         "command": command or sys.argv,
@@ -343,9 +359,10 @@ def train_sft(
         "device": device,
         "model": {"name": base_name, "base_identity": base_identity},
         "config_hash": config_hash(cfg, sft),
-        "data": str(file),
-        "data_kind": "debug",
+        "data": data["data"],
+        "data_kind": cfg.data.kind,
         "train_tasks": len(tasks),
+        "gold_audit": data["gold_audit"],
         "examples": len(examples),
         "examples_per_category": dict(Counter(e["category"] for e in examples)),
         "examples_per_format": dict(Counter(e["format"] for e in examples)),
@@ -362,11 +379,12 @@ def train_sft(
     checkpoint = Checkpointer(
         out, model, optimizer, scheduler, sampler, config_hash(cfg, sft), cfg.run.keep_checkpoints
     )
+    every = sft.checkpoint_every or cfg.run.checkpoint_every
     bar = progress_bar(progress, sft.steps, start_step, "sft")
     t_train0 = time.perf_counter()
     last, done, last_step_s = start_step, 0, 0.0
     for step in range(start_step + 1, sft.steps + 1):
-        if stop_for_time(deadline, last_step_s, last, start_step, cfg.run.checkpoint_every, checkpoint):
+        if stop_for_time(deadline, last_step_s, last, start_step, every, checkpoint):
             log.warning(f"sqlrl sft: stopping before step {step} to meet the time budget")
             break
         t0 = time.perf_counter()
@@ -393,7 +411,7 @@ def train_sft(
         if bar is not None:
             bar.set_postfix(loss=f"{metrics['loss']:.4f}", gn=f"{grad_norm:.3g}")
             bar.update(1)
-        if step % cfg.run.checkpoint_every == 0 or step == sft.steps:
+        if step % every == 0 or step == sft.steps:
             checkpoint(step)
         last, done, last_step_s = step, done + 1, time.perf_counter() - t0
         if stop_after is not None and done >= stop_after:
@@ -415,6 +433,7 @@ def train_sft(
             "status": "finished" if finished else "stopped",
             "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "train_seconds": round(total_s, 2),
+            "gpu_minutes": round(total_s / 60.0, 3) if device == "cuda" else None,
             **result,
         }
     )

@@ -1,0 +1,106 @@
+"""The SFT-only control: the claim "RL adds value over supervised fine-tuning" needs an `sft` arm.
+
+Synthetic experiment folders (tests/fixtures/make_experiment.py: every trained arm 12 steps x 30 s =
+6.00 min) and one committed result folder, which must still load and report.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from sqlrl.artifacts import read_json, write_json_atomic
+from sqlrl.evidence.analysis import analyze, sft_comparisons
+from sqlrl.evidence.gate import SFT_MISSING, evidence_gate
+from sqlrl.evidence.report import write_report
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from make_experiment import make_experiment  # noqa: E402
+
+CORE = ("base", "grpo", "no_update", "validity")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_without_sft_arm_the_grpo_claim_stands_and_rl_over_sft_is_refused(tmp_path: Path) -> None:
+    v = evidence_gate(make_experiment(tmp_path / "e", synthetic=False, arms=CORE))
+    assert v.claim_allowed and not v.rl_over_sft_allowed
+    assert v.rl_over_sft_line == "no SFT control: whether RL beats SFT is not answered" == SFT_MISSING
+    d = v.to_dict()
+    assert d["verdict"] == "claim" and d["rl_over_sft"] == {
+        "allowed": False,
+        "line": SFT_MISSING,
+        "problems": [SFT_MISSING],
+    }
+
+
+def test_committed_result_without_sft_still_claims_and_gains_the_line() -> None:
+    v = evidence_gate(REPO / "results" / "2026-12-01-spider-0.5b-single-turn-seed3")
+    assert v.claim_allowed and v.to_dict()["rl_over_sft"]["line"] == SFT_MISSING
+
+
+def test_sft_arm_with_at_least_grpo_time_allows_the_rl_over_sft_claim(tmp_path: Path) -> None:
+    v = evidence_gate(make_experiment(tmp_path / "e", synthetic=False, arms=(*CORE, "sft", "grpo_sft")))
+    assert v.claim_allowed and v.rl_over_sft_allowed
+    assert v.sft_control.detail == (
+        "sft control present for every RL arm; sft 6.00 min >= grpo 6.00 min of training"
+    )
+    assert v.rl_over_sft_line.startswith("RL over SFT: may be claimed (")
+
+
+def test_sft_arm_trained_less_than_grpo_is_not_an_equal_time_control(tmp_path: Path) -> None:
+    p = make_experiment(tmp_path / "e", synthetic=False, arms=(*CORE, "sft"))
+    run = read_json(p / "arms/sft/train/run.json")
+    write_json_atomic(p / "arms/sft/train/run.json", {**run, "train_seconds": 90.0})
+    v = evidence_gate(p)
+    assert v.claim_allowed and not v.rl_over_sft_allowed
+    assert v.sft_control.problems == [
+        "arm 'sft' trained 1.50 min, less than 'grpo' (6.00 min): not an equal-time control; raise sft.steps"
+    ]
+    assert v.rl_over_sft_line.startswith("RL over SFT: no claim: arm 'sft' trained 1.50 min")
+    write_json_atomic(p / "arms/sft/train/run.json", {**run, "weights_changed": False})
+    assert evidence_gate(p).sft_control.problems == [
+        "arm 'sft': weights did not change (train run.json weights_changed=false)"
+    ]
+
+
+def test_sft_arm_without_eval_or_in_another_turn_group_is_refused(tmp_path: Path) -> None:
+    p = make_experiment(tmp_path / "e", synthetic=False, arms=(*CORE, "sft", "grpo_t3"))
+    (p / "arms/sft/eval/results.jsonl").unlink()
+    problems = evidence_gate(p).sft_control.problems
+    assert "arm 'grpo_t3' (turns=3) has no sft arm with the same turns" in problems
+    assert any(x.startswith("arm 'sft': eval run missing") for x in problems)
+
+
+def test_the_gate_failing_elsewhere_refuses_rl_over_sft_too(tmp_path: Path) -> None:
+    p = make_experiment(tmp_path / "e", synthetic=True, arms=(*CORE, "sft"))
+    v = evidence_gate(p)
+    assert v.sft_control.passed and not v.claim_allowed and not v.rl_over_sft_allowed
+    assert v.rl_over_sft_line == "RL over SFT: no claim: the evidence gate did not pass (see missing)"
+
+
+def test_report_compares_every_rl_arm_with_sft(tmp_path: Path) -> None:
+    p = make_experiment(tmp_path / "e", synthetic=False, arms=(*CORE, "sft", "grpo_sft"))
+    a = analyze(p, n_boot=200)
+    rows = sft_comparisons(a)
+    assert [(r["b"], r["a"]) for r in rows] == [("grpo", "sft"), ("grpo_sft", "sft")]
+    assert all(r["available"] and isinstance(r["p_value"], float) for r in rows)
+    write_report(p, n_boot=200)
+    md = (p / "report.md").read_text(encoding="utf-8")
+    assert "## RL vs supervised fine-tuning (SFT-only control)" in md
+    assert "| grpo vs sft |" in md and "| grpo_sft vs sft |" in md and "6.00 / 6.00" in md
+    assert read_json(p / "verdict.json")["rl_over_sft"]["allowed"] is True
+    write_report(q := make_experiment(tmp_path / "f", synthetic=False, arms=CORE), n_boot=200)
+    md = (q / "report.md").read_text(encoding="utf-8")
+    assert f"**{SFT_MISSING}**" in md and "RL vs supervised" not in md
+
+
+def test_sft_reading_needs_p_below_001_and_the_ci_on_one_side() -> None:
+    def reading(p, lo, hi):
+        row = {"a": "sft", "b": "grpo", "available": True, "p_value": p, "ci_low": lo, "ci_high": hi}
+        arms = [{"name": "sft", "kind": "sft"}, {"name": "grpo", "kind": "grpo"}]
+        return sft_comparisons({"arms": arms, "comparisons": [row]})[0]["reading"]
+
+    assert reading(0.001, 0.02, 0.10) == "RL better than SFT (p < 0.01)"
+    assert reading(0.001, -0.10, -0.02) == "SFT better than RL (p < 0.01)"
+    assert reading(0.02, 0.01, 0.10) == "no difference at p < 0.01"
+    assert reading(0.001, -0.01, 0.10) == "no difference at p < 0.01"
