@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from sqlrl.config import SFTConfig
+    from sqlrl.config_tables import SFTConfig
     from sqlrl.training.sft import sft_step
     from sqlrl.training.trainer import make_optimizer
 

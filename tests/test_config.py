@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from sqlrl import config as C
+from sqlrl import config_tables as T
 from sqlrl.experiment.matrix import load_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +138,7 @@ def test_non_finite_floats_in_the_file_and_in_the_sft_table_are_rejected(tmp_pat
     with pytest.raises(C.ConfigError, match=r"grpo\.clip_high = nan is not a finite number"):
         C.load(write(tmp_path, "[grpo]\nclip_high = nan\n"))
     with pytest.raises(C.ConfigError, match=r"sft\.lr = inf is not a finite number"):
-        C.sft_from_dict({"lr": float("inf")})
+        T.sft_from_dict({"lr": float("inf")})
     with pytest.raises(C.ConfigError, match="not a finite number"):
         C.Config().replace(run={}, grpo={"max_grad_norm": float("inf")})
 

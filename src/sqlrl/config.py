@@ -16,7 +16,6 @@ import dataclasses
 import difflib
 import json
 import math
-import re
 import tomllib
 import types
 import typing
@@ -316,7 +315,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
-def _section(cls: type, raw: dict, name: str, source: str) -> Any:
+def parse_section(cls: type, raw: dict, name: str, source: str) -> Any:
+    """The table `raw` as dataclass `cls`: unknown keys and wrong types are one-line ConfigErrors."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: [{name}] must be a table of keys, got {type(raw).__name__}")
     hints = typing.get_type_hints(cls)
@@ -339,7 +339,9 @@ def from_dict(raw: dict, source: str = "<dict>") -> Config:
             close = difflib.get_close_matches(key, SECTIONS, n=1)
             hint = f"; did you mean [{close[0]}]?" if close else f"; sections are {', '.join(SECTIONS)}"
             raise ConfigError(f"{source}: unknown section [{key}]{hint}")
-    cfg = Config(**{name: _section(cls, raw.get(name, {}), name, source) for name, cls in SECTIONS.items()})
+    cfg = Config(
+        **{name: parse_section(cls, raw.get(name, {}), name, source) for name, cls in SECTIONS.items()}
+    )
     validate(cfg, source)
     return cfg
 
@@ -381,148 +383,6 @@ def load(path: str | Path, overrides: list[str] | None = None) -> Config:
     for table in COMMAND_TABLES:
         raw.pop(table, None)
     return from_dict(raw, source=str(path))
-
-
-# ------------------------------------------------------------------------------ [sft] and [curriculum]
-
-
-@dataclass(frozen=True)
-class SFTConfig:
-    steps: int = 20
-    """Optimizer steps (the training references are cycled, seeded). For the matrix's `sft` arm (the
-    SFT-only control) choose steps whose training time is at least the `grpo` arm's: the gate refuses the
-    RL-over-SFT claim otherwise (run.json train_seconds side by side). configs/spider-0.5b-gpu-sft.toml
-    sizes it from a measured 0.78 s per 32-example step on one H200 against GRPO's 153 s."""
-    batch_size: int = 4
-    """Examples (task, reference solution) per optimizer step."""
-    micro_batch: int = 4
-    """Examples per forward/backward pass (gradient accumulation covers the rest of a step)."""
-    lr: float = 1e-5
-    """AdamW learning rate."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    warmup_steps: int = 0
-    """Linear warm-up steps, then constant."""
-    max_grad_norm: float = 1.0
-    """Gradient clipping (global L2 norm)."""
-    checkpoint_every: int = 0
-    """Steps between checkpoints (0 = run.checkpoint_every); SFT steps are short, so checkpoint less often."""
-    submit_turns: int = 0
-    """Also teach the multi-turn protocol: every training reference appears a second time after the
-    multi-turn prompt for this many turns, answered with SUBMIT and the solution (what the agent reads
-    as submit_solution). 0 = single-turn examples only. Without it a warm-started model answers a
-    multi-turn prompt in the single-turn format, which the agent reads as execute_sql, and never submits."""
-
-
-@dataclass(frozen=True)
-class StageConfig:
-    name: str = ""
-    """Stage name; its run folder is OUT/NN-name (letters, digits, '-' and '_')."""
-    kind: Literal["sft", "grpo"] = "grpo"
-    """`sft`: supervised warm start on training references (`sqlrl sft`); `grpo`: `sqlrl train`."""
-    turns: int = 0
-    """agent.turns of this stage (0 = the file's [agent] turns); an sft stage is single-turn (1)."""
-    steps: int = 0
-    """Optimizer steps of this stage (0 = [sft].steps or [grpo].steps)."""
-    set: tuple[str, ...] = ()
-    """More `section.key=value` overrides for this stage only, e.g. ["grpo.lr=2e-6"]."""
-
-
-@dataclass(frozen=True)
-class CurriculumConfig:
-    stages: tuple[StageConfig, ...] = (
-        StageConfig(name="sft", kind="sft", turns=1),
-        StageConfig(name="grpo-single", kind="grpo", turns=1),
-        StageConfig(name="grpo-multi", kind="grpo", turns=3),
-    )
-    """Stages in order; each starts from the previous stage's final weights (the first from model.name)."""
-    eval_turns: tuple[int, ...] = (1, 3)
-    """Turn budgets at which the base model and every stage are evaluated on data.eval_split (greedy)."""
-    eval_base: bool = True
-    """Also evaluate the base model (the reference every stage is compared with)."""
-    smoke: bool = False
-    """Mark the run as a smoke run (a few CPU steps prove nothing; the summary says so)."""
-
-
-_STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-
-
-def sft_from_dict(raw: Any, source: str = "<dict>") -> SFTConfig:
-    """The [sft] table (missing keys take the defaults above), validated."""
-    s = _section(SFTConfig, raw if raw is not None else {}, "sft", source)
-
-    def need(cond: bool, msg: str) -> None:
-        if not cond:
-            raise ConfigError(f"{source}: {msg}")
-
-    need(s.steps >= 1, f"sft.steps = {s.steps}: at least one step is needed")
-    need(s.batch_size >= 1, f"sft.batch_size = {s.batch_size} must be >= 1")
-    need(s.micro_batch >= 1, f"sft.micro_batch = {s.micro_batch} must be >= 1")
-    need(s.lr > 0, f"sft.lr = {s.lr}: the warm start needs a positive learning rate")
-    need(s.max_grad_norm > 0, "sft.max_grad_norm must be > 0")
-    need(s.warmup_steps >= 0, "sft.warmup_steps must be >= 0")
-    need(
-        s.checkpoint_every >= 0,
-        f"sft.checkpoint_every = {s.checkpoint_every} must be >= 0 (0 = run.checkpoint_every)",
-    )
-    need(
-        s.submit_turns == 0 or s.submit_turns >= 2,
-        f"sft.submit_turns = {s.submit_turns}: 0 (single-turn examples only) or the multi-turn budget, >= 2",
-    )
-    return s
-
-
-def curriculum_from_dict(raw: Any, source: str = "<dict>") -> CurriculumConfig:
-    """The [curriculum] table with its [[curriculum.stages]] array, validated (what, why, how to fix)."""
-    raw = dict(raw or {})
-    stages_raw = raw.pop("stages", None)
-    c = _section(CurriculumConfig, raw, "curriculum", source)
-    if stages_raw is not None:
-        if not isinstance(stages_raw, list) or not stages_raw:
-            raise ConfigError(
-                f"{source}: curriculum.stages must be a non-empty array of tables; write one "
-                '[[curriculum.stages]] block per stage with name = "...", kind = "sft" | "grpo"'
-            )
-        stages = tuple(
-            _section(StageConfig, st, f"curriculum.stages[{i}]", source) for i, st in enumerate(stages_raw)
-        )
-        c = dataclasses.replace(c, stages=stages)
-    seen: set[str] = set()
-    for i, st in enumerate(c.stages):
-        where = f"{source}: curriculum.stages[{i}]"
-        if not _STAGE_NAME.match(st.name):
-            raise ConfigError(
-                f"{where}: name {st.name!r} is not a usable folder name; use letters, digits, '-' or '_' "
-                '(e.g. name = "grpo-single")'
-            )
-        if st.name in seen:
-            raise ConfigError(
-                f"{where}: stage name {st.name!r} is used twice; every stage needs its own folder"
-            )
-        seen.add(st.name)
-        if st.turns < 0 or st.steps < 0:
-            raise ConfigError(f"{where}: turns and steps must be >= 0 (0 = the file's default)")
-        if st.kind == "sft" and st.turns not in (0, 1):
-            raise ConfigError(
-                f"{where}: an sft stage trains on the single-turn answer format, so turns must be 1 "
-                f"(got {st.turns}); remove `turns` or set turns = 1"
-            )
-        for ov in st.set:
-            key = ov.split("=", 1)[0].strip()
-            if "=" not in ov or "." not in key:
-                raise ConfigError(f"{where}: set entry {ov!r} must look like section.key=value")
-            if key == "model.name":
-                raise ConfigError(
-                    f"{where}: set = [{ov!r}]: a stage always starts from the previous stage's final weights; "
-                    "change model.name at the top of the file to change the base model"
-                )
-            if key.split(".", 1)[0] in COMMAND_TABLES:
-                raise ConfigError(f"{where}: set entry {ov!r}: only run-file sections can be set per stage")
-    if not c.eval_turns or any(t < 1 for t in c.eval_turns):
-        raise ConfigError(
-            f"{source}: curriculum.eval_turns = {list(c.eval_turns)} must be a non-empty list of turns >= 1"
-        )
-    return c
 
 
 def apply_override(raw: dict, override: str) -> None:

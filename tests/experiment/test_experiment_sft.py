@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sqlrl import config as C
+from sqlrl import config_tables as T
 from sqlrl.experiment.matrix import ExperimentConfig, load_experiment, run_experiment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -29,7 +30,7 @@ def test_sft_and_grpo_sft_arms_run_and_are_compared(tiny_model_dir, tmp_path):  
             "run": {"device": "cpu", "loggers": [], "sandbox_workers": 1, "checkpoint_every": 1},
         }
     )
-    sft = C.sft_from_dict({"steps": 2, "batch_size": 2, "micro_batch": 2, "lr": 1e-3})
+    sft = T.sft_from_dict({"steps": 2, "batch_size": 2, "micro_batch": 2, "lr": 1e-3})
     exp = ExperimentConfig(
         name="tiny-sft", arms=("base", "grpo", "sft", "grpo_sft"), leakage_tasks=1, smoke=True, sft=sft
     )

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sqlrl import config as C
+from sqlrl import config_tables as T
 from sqlrl.agent.debugging import parse_debug_action
 from sqlrl.agent.loop import Budgets
 from sqlrl.evaluation.debugging import category_table
@@ -119,7 +120,7 @@ def test_sft_submit_format_teaches_the_multi_turn_protocol(demo, tmp_path):
     assert [(tr.stop_reason, len(tr.turns)) for tr in trajs] == [("submit", 1)] * len(picked)
     assert all(tr.reward["status"] == "solved" for tr in trajs)
     with pytest.raises(C.ConfigError, match="sft.submit_turns = 1"):
-        C.sft_from_dict({"submit_turns": 1})
+        T.sft_from_dict({"submit_turns": 1})
 
 
 def test_collate_masks_prompt_and_padding():
@@ -155,7 +156,7 @@ def test_sft_run_refuses_equal_splits_before_loading_a_model(tmp_path):
     with pytest.raises(ValueError, match="different splits"):
         train_sft(
             cfg,
-            C.sft_from_dict({}),
+            T.sft_from_dict({}),
             tmp_path / "r",
             policy_factory=lambda: pytest.fail("model loaded"),
             progress=False,
@@ -185,7 +186,7 @@ def test_sft_run_moves_weights_and_writes_its_run_folder(tmp_path):
     from sqlrl.training.sft import train_sft
 
     cfg = _tiny_cfg("embedded", max_new_tokens=256)
-    sft = C.sft_from_dict({"steps": 2, "batch_size": 2, "micro_batch": 1, "lr": 1e-3})
+    sft = T.sft_from_dict({"steps": 2, "batch_size": 2, "micro_batch": 1, "lr": 1e-3})
     res = train_sft(cfg, sft, tmp_path / "sft", policy_factory=tiny_factory, progress=False)
     run = tmp_path / "sft"
     assert res["finished"] and res["weights_changed"] and res["final_identity"] != res["base_identity"]
@@ -297,8 +298,8 @@ def test_curriculum_runs_stages_chains_weights_resumes_and_evaluates(tmp_path):
     from sqlrl.training.curriculum import run_curriculum
 
     cfg = _tiny_cfg("embedded")
-    sft = C.sft_from_dict({"steps": 1, "batch_size": 2, "micro_batch": 2, "lr": 1e-3})
-    cur = C.curriculum_from_dict(
+    sft = T.sft_from_dict({"steps": 1, "batch_size": 2, "micro_batch": 2, "lr": 1e-3})
+    cur = T.curriculum_from_dict(
         {
             "stages": [
                 {"name": "sft", "kind": "sft", "set": ["agent.max_new_tokens=256"]},
@@ -355,7 +356,7 @@ def test_curriculum_runs_stages_chains_weights_resumes_and_evaluates(tmp_path):
     with pytest.raises(C.ConfigError, match="does not match identity.json"):
         run_curriculum(cfg, sft, cur, out, policy_factory=_factory, progress=False)
     with pytest.raises(C.ConfigError, match="different config"):
-        run_curriculum(cfg, C.sft_from_dict({"steps": 2}), cur, out, policy_factory=_factory, progress=False)
+        run_curriculum(cfg, T.sft_from_dict({"steps": 2}), cur, out, policy_factory=_factory, progress=False)
 
 
 def test_sft_deadline_stops_cleanly_after_a_measured_step(tmp_path):
@@ -367,7 +368,7 @@ def test_sft_deadline_stops_cleanly_after_a_measured_step(tmp_path):
     from sqlrl.training.sft import train_sft
 
     cfg = _tiny_cfg("embedded", max_new_tokens=256)
-    sft = C.sft_from_dict({"steps": 2, "batch_size": 2, "micro_batch": 2, "lr": 1e-3})
+    sft = T.sft_from_dict({"steps": 2, "batch_size": 2, "micro_batch": 2, "lr": 1e-3})
     run = tmp_path / "sft"
     res = train_sft(cfg, sft, run, policy_factory=tiny_factory, progress=False, deadline=time.monotonic())
     assert not res["finished"] and res["steps"] == 1 and load_latest(run).step == 1
@@ -383,8 +384,8 @@ def test_curriculum_time_budget_stops_with_unfinished_and_resumes(tmp_path, monk
     from sqlrl.training.curriculum import run_curriculum
 
     cfg = _tiny_cfg("embedded")
-    sft = C.sft_from_dict({"steps": 2, "batch_size": 2, "micro_batch": 2, "lr": 1e-3})
-    cur = C.curriculum_from_dict(
+    sft = T.sft_from_dict({"steps": 2, "batch_size": 2, "micro_batch": 2, "lr": 1e-3})
+    cur = T.curriculum_from_dict(
         {
             "stages": [{"name": "sft", "kind": "sft", "set": ["agent.max_new_tokens=256"]}],
             "eval_turns": [1],
@@ -448,8 +449,8 @@ def test_curriculum_resume_from_valid_skips_a_corrupt_newest_checkpoint(tmp_path
     from sqlrl.training.curriculum import run_curriculum
 
     cfg = _tiny_cfg("embedded")
-    sft = C.sft_from_dict({"steps": 2, "batch_size": 2, "micro_batch": 2, "lr": 1e-3})
-    cur = C.curriculum_from_dict(
+    sft = T.sft_from_dict({"steps": 2, "batch_size": 2, "micro_batch": 2, "lr": 1e-3})
+    cur = T.curriculum_from_dict(
         {
             "stages": [{"name": "sft", "kind": "sft", "set": ["agent.max_new_tokens=256"]}],
             "eval_turns": [1],

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from sqlrl import config as C
+from sqlrl import config_tables as T
 from sqlrl.agent.loop import Budgets
 from sqlrl.agent.prompts import ChatFormat, Parser, build_messages
 from sqlrl.generation.scripted import make_chat_tokenizer
@@ -96,7 +97,7 @@ def _cfg(**data):
 def test_sft_on_text2sql_golds_moves_weights_and_records_the_run(tmp_path):
     from sqlrl.training.sft import train_sft
 
-    sft = C.sft_from_dict({"steps": 2, "batch_size": 2, "micro_batch": 1, "lr": 1e-3})
+    sft = T.sft_from_dict({"steps": 2, "batch_size": 2, "micro_batch": 1, "lr": 1e-3})
     res = train_sft(_cfg(), sft, tmp_path / "sft", policy_factory=tiny_factory, progress=False)
     assert res["finished"] and res["weights_changed"]
     run = json.loads((tmp_path / "sft" / "run.json").read_text())
@@ -115,7 +116,7 @@ def test_sft_on_text2sql_refuses_the_evaluation_split_before_loading_a_model(tmp
     with pytest.raises(ValueError, match="different splits"):
         train_sft(
             _cfg(eval_split="train"),
-            C.sft_from_dict({}),
+            T.sft_from_dict({}),
             tmp_path / "r",
             policy_factory=lambda: pytest.fail("model loaded"),
             progress=False,
@@ -123,7 +124,7 @@ def test_sft_on_text2sql_refuses_the_evaluation_split_before_loading_a_model(tmp
     with pytest.raises(C.ConfigError, match="submit_turns"):
         train_sft(
             _cfg(),
-            C.sft_from_dict({"submit_turns": 3}),
+            T.sft_from_dict({"submit_turns": 3}),
             tmp_path / "r2",
             policy_factory=lambda: pytest.fail("model loaded"),
             progress=False,
@@ -135,7 +136,7 @@ def test_sft_checkpoint_interval_is_its_own_and_old_run_folders_still_resume(tmp
     from sqlrl.training.runfolder import config_changes
     from sqlrl.training.sft import train_sft
 
-    sft = C.sft_from_dict({"steps": 3, "batch_size": 2, "micro_batch": 2, "lr": 1e-3, "checkpoint_every": 2})
+    sft = T.sft_from_dict({"steps": 3, "batch_size": 2, "micro_batch": 2, "lr": 1e-3, "checkpoint_every": 2})
     cfg = _cfg().replace(run={"keep_checkpoints": 5})
     train_sft(cfg, sft, tmp_path / "s", policy_factory=tiny_factory, progress=False, stop_after=2)
     assert load_latest(tmp_path / "s").step == 2  # run.checkpoint_every = 1 would also have saved step 1
@@ -143,7 +144,7 @@ def test_sft_checkpoint_interval_is_its_own_and_old_run_folders_still_resume(tmp
     # a run folder written before sft.checkpoint_every existed resumes (it behaved as 0)
     assert config_changes({"sft": {"steps": 3}}, {"sft": {"steps": 3, "checkpoint_every": 0}}) == ([], [])
     with pytest.raises(C.ConfigError, match="checkpoint_every = -1"):
-        C.sft_from_dict({"checkpoint_every": -1})
+        T.sft_from_dict({"checkpoint_every": -1})
 
 
 @pytest.mark.slow
@@ -156,7 +157,7 @@ def test_sft_with_smollm2_lowers_the_target_loss_and_moves_weights(tmp_path):
     from sqlrl.training.sft import answer_loss_sum, collate
 
     cfg = _cfg(max_train_tasks=4).replace(model={"name": "smollm2-135m-instruct", "lora_rank": 16})
-    sft = C.sft_from_dict({"steps": 6, "batch_size": 4, "micro_batch": 1, "lr": 2e-3})
+    sft = T.sft_from_dict({"steps": 6, "batch_size": 4, "micro_batch": 1, "lr": 2e-3})
     from sqlrl.training.sft import train_sft
 
     res = train_sft(cfg, sft, tmp_path / "sft", progress=False)

@@ -38,10 +38,11 @@ def cli_main(argv: list[str]) -> int:
     )
     a = p.parse_args(argv)
     from sqlrl import config as C
+    from sqlrl import config_tables as T
 
     try:
         raw = C.read_raw(a.config, a.set)
-        sft = C.sft_from_dict(raw.pop("sft", {}), source=a.config)
+        sft = T.sft_from_dict(raw.pop("sft", {}), source=a.config)
         for table in C.COMMAND_TABLES:
             raw.pop(table, None)
         cfg = C.from_dict(raw, source=a.config)

@@ -38,7 +38,8 @@ from importlib import resources
 from pathlib import Path
 
 from sqlrl.artifacts import git_commit, holds_run_lock, machine_info, read_json, write_json_atomic
-from sqlrl.config import Config, ConfigError, SFTConfig, from_dict, sft_from_dict
+from sqlrl.config import Config, ConfigError, from_dict
+from sqlrl.config_tables import SFTConfig, sft_from_dict
 from sqlrl.training.budget import Unfinished, check_time
 
 log = logging.getLogger(__name__)
@@ -261,8 +262,7 @@ def _run_arm(
                 raise Unfinished(f"arm {name} stopped at step {res['steps']} of {total}")
         from sqlrl.training.export import final_weights
 
-        # the folder itself, or the base when the arm's weights are bit-identical to it (No-update: only
-        # their hashes are stored, and the weight audit checks every one against the base)
+        # the folder, or the base for a No-update arm that stored only its weights' hashes (audited)
         model_for_eval = final_weights(train_dir / "final")
     if (arm_dir / "eval" / "summary.json").exists():
         if progress is not None:
@@ -301,8 +301,7 @@ def _run_arm(
 def _train_arm(
     acfg, out, train_dir, kind, turns, resume, command, deadline, sft, progress
 ) -> tuple[dict, int]:
-    """Train one arm into `train_dir`: GRPO, or supervised fine-tuning (`sft`, single-turn), or GRPO from
-    the sft arm's final weights (`grpo_sft`). Returns (the trainer's result, its total steps)."""
+    """Train one arm: GRPO, SFT (`sft`, single-turn) or GRPO from the sft arm's weights; (result, steps)."""
     from sqlrl.training.sft import train_sft
     from sqlrl.training.trainer import train
 

@@ -34,6 +34,7 @@ from typing import Any
 
 from sqlrl.reward.cut import Cut, fetch_cuts
 from sqlrl.reward.match import Reward, execution_match, test_suite_result_eq
+from sqlrl.reward.refs import cells, ref_key
 from sqlrl.reward.reproducible import is_deterministic_sql, reproducible
 from sqlrl.reward.scoring import EXEC_ERROR_STATUSES, PERMUTATION_NOTE, fail_parts, match_parts
 from sqlrl.reward.shape import GoldShape, gold_shape, remove_distinct
@@ -45,10 +46,6 @@ __all__ = ["Evaluator"]
 # would be shipped to, and held by, every worker); everything else is scored by `score_in_worker`.
 _WORKER_GOLD_MAX_CELLS = 200_000
 _SCORER = "sqlrl.reward.scoring:score_in_worker"
-_REFS: dict[tuple[int, str], tuple[int, Any]] = {}  # (id(gold result), gold sql) -> (key, gold result)
-_REFS_MAX = 8192
-_REFS_LOCK = threading.Lock()
-_ref_serial = iter(range(1, 2**62))
 
 
 def _gold_scorable(gold: Any, max_rows: int | None = None) -> tuple[bool, str | None]:
@@ -369,7 +366,7 @@ class Evaluator:
                     (p.db_path, v)
                     for p in pending
                     if (v := remove_distinct(p.gold_sql)) != p.gold_sql
-                    and _cells(p.gold) <= _WORKER_GOLD_MAX_CELLS
+                    and cells(p.gold) <= _WORKER_GOLD_MAX_CELLS
                 )
             )
             variants = dict(zip(wanted, self._gold_variants(wanted)))
@@ -488,10 +485,10 @@ class Evaluator:
     def _gold_refs(p: _Pair, gold: Any, refs: dict, variants: dict, want_ts: bool) -> tuple | None:
         """(ref keys, extra) for the worker items of pairs with this gold, registering the payloads in
         `refs`; None when a payload is too large to ship (the parent-side path scores those pairs)."""
-        weight = _cells(gold) + (p.cut.cells() if p.cut is not None else 0)
+        weight = cells(gold) + (p.cut.cells() if p.cut is not None else 0)
         if weight > _WORKER_GOLD_MAX_CELLS:
             return None
-        gk = _ref_key(gold, p.gold_sql)
+        gk = ref_key(gold, p.gold_sql)
         if gk not in refs:
             sh = gold_shape(p.gold_sql)
             shape_t = (sh.order_matters, sh.key_columns, sh.has_limit, sh.limit, sh.has_offset, sh.parsed)
@@ -503,10 +500,10 @@ class Evaluator:
                 g_var = variants[(p.db_path, v_sql)]
                 if isinstance(g_var, BaseException):
                     return (gk,), f"gold_variant_infra: {type(g_var).__name__}"
-                v_weight = _cells(g_var)
+                v_weight = cells(g_var)
                 if v_weight > _WORKER_GOLD_MAX_CELLS:
                     return None
-                vk = _ref_key(g_var, "")
+                vk = ref_key(g_var, "")
                 if vk not in refs:
                     v_status = getattr(g_var, "status", "unknown")
                     refs[vk] = (v_weight, (v_status, g_var.columns, g_var.rows))
@@ -584,25 +581,3 @@ class Evaluator:
 @dataclass(frozen=True)
 class _InfraFailure:
     error: str
-
-
-def _ref_key(obj: Any, sql: str) -> int:
-    """A process-wide key for a gold result object (and the SQL whose shape goes with it): the same
-    object always gets the same key while it is registered, and the registry holds the object, so its
-    id cannot be reused by another object under that key."""
-    k = (id(obj), sql)
-    with _REFS_LOCK:
-        hit = _REFS.get(k)
-        if hit is not None and hit[1] is obj:
-            return hit[0]
-        if len(_REFS) >= _REFS_MAX:
-            for old in list(_REFS)[: _REFS_MAX // 2]:
-                del _REFS[old]
-        key = next(_ref_serial)
-        _REFS[k] = (key, obj)
-        return key
-
-
-def _cells(res: Any) -> int:
-    rows = getattr(res, "rows", None) or []
-    return 1 + len(rows) * max(1, len(getattr(res, "columns", None) or []))

@@ -45,7 +45,8 @@ from sqlrl.artifacts import (
     sha256_file,
     write_json_atomic,
 )
-from sqlrl.config import Config, ConfigError, CurriculumConfig, SFTConfig, StageConfig
+from sqlrl.config import Config, ConfigError
+from sqlrl.config_tables import CurriculumConfig, SFTConfig, StageConfig, curriculum_from_dict, sft_from_dict
 from sqlrl.training.export import final_weights
 from sqlrl.training.runfolder import config_changes
 
@@ -56,8 +57,8 @@ def load_curriculum(
     path: str | Path, overrides: list[str] | None = None
 ) -> tuple[Config, SFTConfig, CurriculumConfig]:
     raw = C.read_raw(path, overrides)
-    sft = C.sft_from_dict(raw.pop("sft", {}), source=str(path))
-    cur = C.curriculum_from_dict(raw.pop("curriculum", {}), source=str(path))
+    sft = sft_from_dict(raw.pop("sft", {}), source=str(path))
+    cur = curriculum_from_dict(raw.pop("curriculum", {}), source=str(path))
     raw.pop("experiment", None)
     cfg = C.from_dict(raw, source=str(path))
     check_curriculum(cfg, cur, str(path))
@@ -102,7 +103,7 @@ def stage_configs(
     for ov in stage.set:
         C.apply_override(raw, ov)
     where = f"curriculum stage {stage.name!r}"
-    s = C.sft_from_dict(raw.pop("sft"), source=where)
+    s = sft_from_dict(raw.pop("sft"), source=where)
     scfg = C.from_dict(raw, source=where)
     if stage.kind == "sft" and scfg.agent.turns != 1:
         raise ConfigError(f"{where}: an sft stage is single-turn; do not set agent.turns in its `set`")

@@ -43,7 +43,8 @@ from sqlrl.artifacts import (
     sha256_file,
     write_json_atomic,
 )
-from sqlrl.config import Config, ConfigError, SFTConfig
+from sqlrl.config import Config, ConfigError
+from sqlrl.config_tables import SFTConfig
 from sqlrl.training.runfolder import (
     Checkpointer,
     check_run_folder,

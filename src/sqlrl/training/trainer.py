@@ -335,6 +335,18 @@ def save_final(cfg: Config, m: PolicyModels, out: Path) -> dict:
 
 
 @holds_run_lock("out_dir")
+def _finish(cfg: Config, m, out: Path, finished: bool, last_step: int) -> dict:
+    """The run's result; a finished run's final weights saved (`save_final`)."""
+    from sqlrl.training.export import final_weights
+
+    result: dict = {"steps": last_step, "finished": finished}
+    if finished:
+        export = save_final(cfg, m, out)
+        result["final"] = final_weights(out / "final")  # the base itself when No-update stored only hashes
+        result["final_identity"] = export.get("weights_hash")
+    return result
+
+
 def train(
     cfg: Config,
     out_dir: str | Path,
@@ -467,18 +479,11 @@ def train(
         bar.close()
     sinks.close()
     train_s = time.perf_counter() - t_train0 - curve.seconds
-    finished = last_step >= g.steps
-    result = {"steps": last_step, "finished": finished}
-    if finished:
-        export = save_final(cfg, m, out)
-        from sqlrl.training.export import final_weights
-
-        result["final"] = final_weights(out / "final")  # the base itself when No-update stored only hashes
-        result["final_identity"] = export.get("weights_hash")
+    result = _finish(cfg, m, out, last_step >= g.steps, last_step)
     total_s = r.prev_train_s + train_s
     run_info.update(
         {
-            "status": "finished" if finished else "stopped",
+            "status": "finished" if result["finished"] else "stopped",
             "memory_adjustments": r.earlier_adjustments + memory_adjustments,
             "generation_memory_adjustments": list(m.policy.memory_adjustments),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

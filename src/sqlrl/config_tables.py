@@ -1,0 +1,159 @@
+"""The [sft] and [curriculum] tables of a run file: `sqlrl sft`, the matrix's sft arms, `sqlrl curriculum`.
+
+Frozen dataclasses with a doc line per field, like `sqlrl.config`'s sections; `sft_from_dict` and
+`curriculum_from_dict` read and validate a table (one-line `ConfigError`: what, why, how to fix).
+
+What is covered: every field typed and checked as `sqlrl.config` checks its own sections.
+What is not: the run file's other sections (`sqlrl.config.load` drops these tables from them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlrl.config import COMMAND_TABLES, ConfigError, parse_section
+
+__all__ = ["CurriculumConfig", "SFTConfig", "StageConfig", "curriculum_from_dict", "sft_from_dict"]
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    steps: int = 20
+    """Optimizer steps (the training references are cycled, seeded). For the matrix's `sft` arm (the
+    SFT-only control) choose steps whose training time is at least the `grpo` arm's: the gate refuses the
+    RL-over-SFT claim otherwise (run.json train_seconds side by side). configs/spider-0.5b-gpu-sft.toml
+    sizes it from a measured 0.78 s per 32-example step on one H200 against GRPO's 153 s."""
+    batch_size: int = 4
+    """Examples (task, reference solution) per optimizer step."""
+    micro_batch: int = 4
+    """Examples per forward/backward pass (gradient accumulation covers the rest of a step)."""
+    lr: float = 1e-5
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 0
+    """Linear warm-up steps, then constant."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping (global L2 norm)."""
+    checkpoint_every: int = 0
+    """Steps between checkpoints (0 = run.checkpoint_every); SFT steps are short, so checkpoint less often."""
+    submit_turns: int = 0
+    """Also teach the multi-turn protocol: every training reference appears a second time after the
+    multi-turn prompt for this many turns, answered with SUBMIT and the solution (what the agent reads
+    as submit_solution). 0 = single-turn examples only. Without it a warm-started model answers a
+    multi-turn prompt in the single-turn format, which the agent reads as execute_sql, and never submits."""
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    name: str = ""
+    """Stage name; its run folder is OUT/NN-name (letters, digits, '-' and '_')."""
+    kind: Literal["sft", "grpo"] = "grpo"
+    """`sft`: supervised warm start on training references (`sqlrl sft`); `grpo`: `sqlrl train`."""
+    turns: int = 0
+    """agent.turns of this stage (0 = the file's [agent] turns); an sft stage is single-turn (1)."""
+    steps: int = 0
+    """Optimizer steps of this stage (0 = [sft].steps or [grpo].steps)."""
+    set: tuple[str, ...] = ()
+    """More `section.key=value` overrides for this stage only, e.g. ["grpo.lr=2e-6"]."""
+
+
+@dataclass(frozen=True)
+class CurriculumConfig:
+    stages: tuple[StageConfig, ...] = (
+        StageConfig(name="sft", kind="sft", turns=1),
+        StageConfig(name="grpo-single", kind="grpo", turns=1),
+        StageConfig(name="grpo-multi", kind="grpo", turns=3),
+    )
+    """Stages in order; each starts from the previous stage's final weights (the first from model.name)."""
+    eval_turns: tuple[int, ...] = (1, 3)
+    """Turn budgets at which the base model and every stage are evaluated on data.eval_split (greedy)."""
+    eval_base: bool = True
+    """Also evaluate the base model (the reference every stage is compared with)."""
+    smoke: bool = False
+    """Mark the run as a smoke run (a few CPU steps prove nothing; the summary says so)."""
+
+
+_STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+def sft_from_dict(raw: Any, source: str = "<dict>") -> SFTConfig:
+    """The [sft] table (missing keys take the defaults above), validated."""
+    s = parse_section(SFTConfig, raw if raw is not None else {}, "sft", source)
+
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise ConfigError(f"{source}: {msg}")
+
+    need(s.steps >= 1, f"sft.steps = {s.steps}: at least one step is needed")
+    need(s.batch_size >= 1, f"sft.batch_size = {s.batch_size} must be >= 1")
+    need(s.micro_batch >= 1, f"sft.micro_batch = {s.micro_batch} must be >= 1")
+    need(s.lr > 0, f"sft.lr = {s.lr}: the warm start needs a positive learning rate")
+    need(s.max_grad_norm > 0, "sft.max_grad_norm must be > 0")
+    need(s.warmup_steps >= 0, "sft.warmup_steps must be >= 0")
+    need(
+        s.checkpoint_every >= 0,
+        f"sft.checkpoint_every = {s.checkpoint_every} must be >= 0 (0 = run.checkpoint_every)",
+    )
+    need(
+        s.submit_turns == 0 or s.submit_turns >= 2,
+        f"sft.submit_turns = {s.submit_turns}: 0 (single-turn examples only) or the multi-turn budget, >= 2",
+    )
+    return s
+
+
+def curriculum_from_dict(raw: Any, source: str = "<dict>") -> CurriculumConfig:
+    """The [curriculum] table with its [[curriculum.stages]] array, validated (what, why, how to fix)."""
+    raw = dict(raw or {})
+    stages_raw = raw.pop("stages", None)
+    c = parse_section(CurriculumConfig, raw, "curriculum", source)
+    if stages_raw is not None:
+        if not isinstance(stages_raw, list) or not stages_raw:
+            raise ConfigError(
+                f"{source}: curriculum.stages must be a non-empty array of tables; write one "
+                '[[curriculum.stages]] block per stage with name = "...", kind = "sft" | "grpo"'
+            )
+        stages = tuple(
+            parse_section(StageConfig, st, f"curriculum.stages[{i}]", source)
+            for i, st in enumerate(stages_raw)
+        )
+        c = dataclasses.replace(c, stages=stages)
+    seen: set[str] = set()
+    for i, st in enumerate(c.stages):
+        where = f"{source}: curriculum.stages[{i}]"
+        if not _STAGE_NAME.match(st.name):
+            raise ConfigError(
+                f"{where}: name {st.name!r} is not a usable folder name; use letters, digits, '-' or '_' "
+                '(e.g. name = "grpo-single")'
+            )
+        if st.name in seen:
+            raise ConfigError(
+                f"{where}: stage name {st.name!r} is used twice; every stage needs its own folder"
+            )
+        seen.add(st.name)
+        if st.turns < 0 or st.steps < 0:
+            raise ConfigError(f"{where}: turns and steps must be >= 0 (0 = the file's default)")
+        if st.kind == "sft" and st.turns not in (0, 1):
+            raise ConfigError(
+                f"{where}: an sft stage trains on the single-turn answer format, so turns must be 1 "
+                f"(got {st.turns}); remove `turns` or set turns = 1"
+            )
+        for ov in st.set:
+            key = ov.split("=", 1)[0].strip()
+            if "=" not in ov or "." not in key:
+                raise ConfigError(f"{where}: set entry {ov!r} must look like section.key=value")
+            if key == "model.name":
+                raise ConfigError(
+                    f"{where}: set = [{ov!r}]: a stage always starts from the previous stage's final weights; "
+                    "change model.name at the top of the file to change the base model"
+                )
+            if key.split(".", 1)[0] in COMMAND_TABLES:
+                raise ConfigError(f"{where}: set entry {ov!r}: only run-file sections can be set per stage")
+    if not c.eval_turns or any(t < 1 for t in c.eval_turns):
+        raise ConfigError(
+            f"{source}: curriculum.eval_turns = {list(c.eval_turns)} must be a non-empty list of turns >= 1"
+        )
+    return c
