@@ -814,6 +814,7 @@ def test_cli_resume_with_a_corrupt_latest_checkpoint(tmp_path, monkeypatch, caps
         train, policy_factory=tiny_factory, evaluator_factory=Alternating, progress=False
     )
     monkeypatch.setattr(cli_train, "train", real)
+    monkeypatch.setattr(cli_train, "check_model", lambda name: None)  # "tiny" comes from policy_factory
     capsys.readouterr()
 
     assert main(["train", str(toml), "--resume", str(run)]) == 2

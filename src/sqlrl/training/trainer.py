@@ -334,7 +334,6 @@ def save_final(cfg: Config, m: PolicyModels, out: Path) -> dict:
     return export_final(m.train, m.tokenizer, out, prune=cfg.run.prune_checkpoints_at_end)
 
 
-@holds_run_lock("out_dir")
 def _finish(cfg: Config, m, out: Path, finished: bool, last_step: int) -> dict:
     """The run's result; a finished run's final weights saved (`save_final`)."""
     from sqlrl.training.export import final_weights
@@ -347,6 +346,7 @@ def _finish(cfg: Config, m, out: Path, finished: bool, last_step: int) -> dict:
     return result
 
 
+@holds_run_lock("out_dir")
 def train(
     cfg: Config,
     out_dir: str | Path,
