@@ -31,6 +31,9 @@ CHECKED_ONLY = {
     "tests/experiment/test_e2e_smollm.py runs with the tiny model",
     "bash scripts/test.sh": "is the command that runs this test",
     "sqlrl experiment configs/spider-0.5b-gpu.toml": "needs a GPU and the full Spider data",
+    "sqlrl experiment configs/spider-0.5b-gpu-sft.toml": "needs a GPU and the full Spider data",
+    "sqlrl sft configs/spider-0.5b-gpu-sft.toml": "needs a GPU and the full Spider data "
+    "(tests/training/test_sft_text2sql.py runs SFT with the tiny model)",
     "sqlrl report runs/exp": "needs the GPU experiment's folder (tests/evidence runs the report)",
     "sqlrl seeds runs/exp": "needs the GPU experiments' folders (tests/evidence/test_seeds.py)",
     "sqlrl eval --endpoint": "needs a served model (tests/evaluation covers the client on a fake server)",
