@@ -35,7 +35,7 @@ from typing import Any
 from sqlrl.reward.cut import fetch_cuts
 from sqlrl.reward.match import Reward, execution_match
 from sqlrl.reward.shape import gold_shape
-from sqlrl.sql.sandbox import SQLResult
+from sqlrl.sql.sandbox import SQLResult, execute_each
 
 __all__ = ["CustomReward", "RewardFn"]
 
@@ -69,34 +69,30 @@ class CustomReward:
     def score_many(self, items: list[tuple[str | None, Any]]) -> list[Reward]:
         """Rewards in the order of `items`; `fn` is called in that order too."""
         out: list[Reward | None] = [None] * len(items)
-        todo: list[tuple[int, Any, Any]] = []  # (position, task, gold) of the pairs `fn` scores
+        keys = [_check_task(task) for _, task in items]  # TypeError before any work
+        uniq = list(dict.fromkeys(keys))
+        gold_of = dict(zip(uniq, self._gold_results(uniq)))
+        scorable = {k: g for k, g in gold_of.items() if not isinstance(g, BaseException) and g.scorable}
+        cut_of = fetch_cuts(scorable, self._gold_results)
+        todo: list[tuple[int, Any, Any, Any]] = []  # (position, task, gold, cut) of the pairs `fn` scores
         run: list[int] = []  # positions whose SQL the sandbox executes
-        for i, (sql, task) in enumerate(items):
-            db_path, gold_sql = _check_task(task)
-            try:
-                gold = self.gold_cache.get(db_path, gold_sql)
-            except Exception as e:  # infrastructure: never a wrong answer
-                out[i] = self._exclude("infra_error", {"error": f"gold_cache: {type(e).__name__}: {e}"})
-                continue
-            if not gold.scorable:
+        for i, ((sql, task), key) in enumerate(zip(items, keys)):
+            gold, cut = gold_of[key], cut_of.get(key)
+            if isinstance(gold, BaseException):  # infrastructure: never a wrong answer
+                out[i] = self._exclude("infra_error", {"error": f"gold_cache: {type(gold).__name__}: {gold}"})
+            elif not gold.scorable:
                 out[i] = self._exclude("gold_unscorable", {"reason": gold.unscorable_reason})
-                continue
-            todo.append((i, task, gold))
-            if sql is not None and sql.strip().strip(";").strip():
-                run.append(i)
-        cuts = fetch_cuts({_check_task(task): gold for _, task, gold in todo}, self._gold_many)
-        for n, (i, task, gold) in enumerate(todo):
-            cut = cuts.get(_check_task(task))
-            if isinstance(cut, BaseException):
+            elif isinstance(cut, BaseException):
                 err = f"gold_cache (full ordered result): {type(cut).__name__}: {cut}"
                 out[i] = self._exclude("infra_error", {"error": err})
-            todo[n] = (i, task, (gold, cut))
-        todo = [x for x in todo if out[x[0]] is None]
-        run = [i for i in run if out[i] is None]
+            else:
+                todo.append((i, task, gold, cut))
+                if sql is not None and sql.strip().strip(";").strip():
+                    run.append(i)
         preds: dict[int, Any] = dict(
             zip(run, self._execute([(items[i][1].public.db_path, items[i][0]) for i in run]))
         )
-        for i, task, gold in todo:
+        for i, task, gold, cut in todo:
             pred = preds.get(i, _NO_SQL)
             if isinstance(pred, str):
                 out[i] = self._exclude("infra_error", {"error": pred})
@@ -105,41 +101,28 @@ class CustomReward:
                     "infra_error", {"sandbox_status": pred.status, "message": pred.message[:500]}
                 )
             else:
-                out[i] = self._reward(pred, gold, task)
+                out[i] = self._reward(pred, gold, cut, task)
         return out  # type: ignore[return-value]
 
     def _execute(self, items: list[tuple[str, str]]) -> list[Any]:
         """Sandbox results in order; an exception becomes its item's error text (infrastructure)."""
-        if not items:
-            return []
-        many = getattr(self.sandbox, "execute_many", None)
-        if many is not None and len(items) > 1:
-            try:
-                res = list(many(items))
-                if len(res) == len(items):
-                    return res
-            except Exception:
-                pass  # one call per item, so one bad item cannot fail the batch
-        res = []
-        for db_path, sql in items:
-            try:
-                res.append(self.sandbox.execute(db_path, sql))
-            except Exception as e:
-                res.append(f"sandbox: {type(e).__name__}: {e}")
-        return res
+        return execute_each(self.sandbox, items, lambda e: f"sandbox: {type(e).__name__}: {e}")
 
     def _exclude(self, status: str, parts: dict) -> Reward:
         self.excluded[status] += 1
         return Reward(None, status, {"kind": "custom", **parts})
 
-    def _gold_many(self, items: list[tuple[str, str]]) -> list[Any]:
-        many = getattr(self.gold_cache, "get_many", None)
-        if many is not None:
-            return many(items, progress=False)
-        return [self.gold_cache.get(db_path, sql) for db_path, sql in items]
+    def _gold_results(self, items: list[tuple[str, str]]) -> list[Any]:
+        """The gold cache's result for each (database, SQL), or the exception its look-up raised."""
+        out: list[Any] = []
+        for db_path, sql in items:
+            try:
+                out.append(self.gold_cache.get(db_path, sql))
+            except Exception as e:  # infrastructure: that item's pairs are excluded, never scored
+                out.append(e)
+        return out
 
-    def _reward(self, pred: SQLResult, gold_cut: tuple[Any, Any], task: Any) -> Reward:
-        gold, cut = gold_cut
+    def _reward(self, pred: SQLResult, gold: Any, cut: Any, task: Any) -> Reward:
         self.calls += 1
         value = self.fn(pred, gold, task)  # the user's exception propagates
         if not isinstance(value, numbers.Real):

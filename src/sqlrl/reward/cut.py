@@ -12,7 +12,7 @@ full result with that key, each predicted row its own row of that pool.
 What is covered:
 - keys that are output columns, keys that are not (appended to the projection), `LIMIT n, m`, OFFSET;
 - the gold must agree with its own full result under the rule, or there is no cut;
-- `fetch_cuts`: one batched gold-cache call per scoring call; an exception is infrastructure.
+- `fetch_cuts`: one batched gold-cache fetch per scoring call; an exception is infrastructure.
 
 What is not:
 - no cut (ties at the cut are then not relaxed: a possible false negative, never a false positive)
@@ -23,20 +23,18 @@ What is not:
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 from sqlrl.reward.cells import counts
+from sqlrl.reward.refs import IdentityMemo
 from sqlrl.reward.shape import gold_shape
 
 __all__ = ["Cut", "CutQuery", "build_cut", "cut_query", "fetch_cuts"]
 
-_CACHE_MAX = 4096
-_CACHE: dict[tuple[int, int, str], tuple[Any, Any, Cut | None]] = {}
-_CACHE_LOCK = threading.Lock()
+_CUTS = IdentityMemo(4096)  # (gold result, full result, gold SQL) -> Cut | None
 
 
 @dataclass(frozen=True)
@@ -174,23 +172,15 @@ def build_cut(gold_rows: list, full_rows: list, n_cols: int, query: CutQuery, ke
 
 
 def fetch_cuts(
-    golds: dict[tuple[str, str], Any], get_many: Callable[[list[tuple[str, str]]], list]
+    golds: dict[tuple[str, str], Any], fetch: Callable[[list[tuple[str, str]]], list]
 ) -> dict[tuple[str, str], Cut | None | BaseException]:
     """{(database, gold SQL): Cut, None (no cut), or the exception raised fetching its full result} for
-    the scorable gold results given, with one `get_many([(database, full SQL)])` call."""
+    the scorable gold results given. `fetch([(database, full SQL)])` gives the gold cache's result for
+    each item, or the exception its look-up raised (it does not raise)."""
     want = {k: q for k in golds if (q := cut_query(k[1])) is not None}
     if not want:
         return {}
-    items = [(db, q.sql) for (db, _), q in want.items()]
-    try:
-        fulls: list[Any] = list(get_many(items))
-    except Exception:  # one item at a time, so a failure only affects its own gold
-        fulls = []
-        for item in items:
-            try:
-                fulls.append(get_many([item])[0])
-            except Exception as e:  # infrastructure: that gold's pairs are excluded, never scored
-                fulls.append(e)
+    fulls = fetch([(db, q.sql) for (db, _), q in want.items()])
     out: dict[tuple[str, str], Cut | None | BaseException] = {}
     for (k, q), full in zip(want.items(), fulls):
         gold = golds[k]
@@ -204,17 +194,10 @@ def fetch_cuts(
 
 
 def _cached_cut(gold: Any, full: Any, q: CutQuery, gold_sql: str) -> Cut | None:
-    """`build_cut` once per (gold result, full result, SQL) while both objects live in the cache."""
-    key = (id(gold), id(full), gold_sql)
-    with _CACHE_LOCK:
-        hit = _CACHE.get(key)
-        if hit is not None and hit[0] is gold and hit[1] is full:
-            return hit[2]
-    n_cols = len(gold.columns) if gold.columns is not None else len(gold.rows[0])
-    cut = build_cut(gold.rows, full.rows, n_cols, q, gold_shape(gold_sql).key_columns)
-    with _CACHE_LOCK:
-        if len(_CACHE) >= _CACHE_MAX:
-            for old in list(_CACHE)[: _CACHE_MAX // 2]:
-                del _CACHE[old]
-        _CACHE[key] = (gold, full, cut)
-    return cut
+    """`build_cut` once per (gold result, full result, SQL) while both objects live in the memo."""
+
+    def build() -> Cut | None:
+        n_cols = len(gold.columns) if gold.columns is not None else len(gold.rows[0])
+        return build_cut(gold.rows, full.rows, n_cols, q, gold_shape(gold_sql).key_columns)
+
+    return _CUTS.get((gold, full), gold_sql, build)

@@ -38,6 +38,7 @@ from sqlrl.reward.refs import cells, ref_key
 from sqlrl.reward.reproducible import is_deterministic_sql, reproducible
 from sqlrl.reward.scoring import EXEC_ERROR_STATUSES, PERMUTATION_NOTE, fail_parts, match_parts
 from sqlrl.reward.shape import GoldShape, gold_shape, remove_distinct
+from sqlrl.sql.sandbox import execute_each
 from sqlrl.tasks.data import PublicTask
 
 __all__ = ["Evaluator"]
@@ -204,27 +205,10 @@ class Evaluator:
     def _execute_batch(self, items: list[tuple[str, str]]) -> list[Any]:
         """Run predictions (and prediction variants) through the sandbox, in parallel when it has
         `execute_many`; an exception becomes that item's `_InfraFailure` (scored as infra_error)."""
-        if not items:
-            return []
         self._count(executions=len(items))
-        t = self.timeout_s
-        many = getattr(self.sandbox, "execute_many", None)
-        if many is not None and len(items) > 1:
-            try:
-                out = list(many(items if t is None else [(db, sql, t) for db, sql in items]))
-                if len(out) == len(items):
-                    return out
-            except Exception:
-                pass  # fall back to one call per item, so one bad item cannot fail the batch
-        results: list[Any] = []
-        for db_path, sql in items:
-            try:
-                results.append(
-                    self.sandbox.execute(db_path, sql) if t is None else self.sandbox.execute(db_path, sql, t)
-                )
-            except Exception as e:
-                results.append(_InfraFailure(f"sandbox: {type(e).__name__}: {e}"))
-        return results
+        return execute_each(
+            self.sandbox, items, lambda e: _InfraFailure(f"sandbox: {type(e).__name__}: {e}"), self.timeout_s
+        )
 
     def _execute_pending(self, pending: list[_Pair], want_ts: bool) -> tuple[list[Any], list[Any]]:
         """Parent-side path: the predictions in one batch, then the DISTINCT-free variants of those
@@ -332,8 +316,7 @@ class Evaluator:
         fetched (infrastructure) gets `infra_error` in `out` and is dropped."""
         if not pending:
             return pending
-        get = self._gold_many if hasattr(self.gold_cache, "get_many") else self._gold_each
-        cuts = fetch_cuts({(p.db_path, p.gold_sql): p.gold for p in pending}, get)
+        cuts = fetch_cuts({(p.db_path, p.gold_sql): p.gold for p in pending}, self._gold_results)
         kept = []
         for p in pending:
             cut = cuts.get((p.db_path, p.gold_sql))
@@ -344,9 +327,6 @@ class Evaluator:
             p.cut = cut
             kept.append(p)
         return kept
-
-    def _gold_each(self, items: list[tuple[str, str]]) -> list[Any]:
-        return [self.gold_cache.get(db_path, sql) for db_path, sql in items]
 
     def _score_in_workers(
         self, pending: list[_Pair], out: list, base: dict, want_ts: bool, reusable: dict
@@ -369,7 +349,7 @@ class Evaluator:
                     and cells(p.gold) <= _WORKER_GOLD_MAX_CELLS
                 )
             )
-            variants = dict(zip(wanted, self._gold_variants(wanted)))
+            variants = dict(zip(wanted, self._gold_results(wanted)))
         items: list[tuple] = []
         refs: dict[int, tuple[int, Any]] = {}
         sent: list[_Pair] = []
@@ -517,8 +497,9 @@ class Evaluator:
             return self.gold_cache.get_many(items, progress=False, resolved=resolved)
         return self.gold_cache.get_many(items, progress=False)
 
-    def _gold_variants(self, wanted: list[tuple[str, str]]) -> list[Any]:
-        """Gold-cache results (or the exception) for the DISTINCT-free gold variants, batched."""
+    def _gold_results(self, wanted: list[tuple[str, str]]) -> list[Any]:
+        """Gold-cache results (or the exception) for (database, SQL) items, batched: the golds'
+        DISTINCT-free variants and full ordered results."""
         if not wanted:
             return []
         if hasattr(self.gold_cache, "get_many"):
@@ -545,7 +526,7 @@ class Evaluator:
             if g_sql != p.gold_sql:
                 need.append(n)
                 wanted.append((p.db_path, g_sql))
-        g_vars: dict[int, Any] = dict(zip(need, self._gold_variants(wanted)))
+        g_vars: dict[int, Any] = dict(zip(need, self._gold_results(wanted)))
         for n, (p, res, vres, shape, parts, same) in enumerate(executed):
             g_res: Any = p.gold
             if n in g_vars:

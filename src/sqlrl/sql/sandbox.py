@@ -257,3 +257,30 @@ class Sandbox:
     def _check_open(self) -> None:
         if self._pool.closed:
             raise RuntimeError("Sandbox is closed")
+
+
+def execute_each(sandbox: Any, items: list, failed: Any, timeout_s: float | None = None) -> list:
+    """The results of (db_path, sql) `items` in order, from any sandbox-like object: one `execute_many`
+    call when it has one and answers for every item (2+ items), else one `execute` per item, so one bad
+    item cannot fail the others; an exception from an item's `execute` becomes `failed(exception)`.
+    `timeout_s` (None: the sandbox's own) is passed with every item."""
+    if not items:
+        return []
+    many = getattr(sandbox, "execute_many", None)
+    if many is not None and len(items) > 1:
+        try:
+            out = list(many(items if timeout_s is None else [(db, sql, timeout_s) for db, sql in items]))
+            if len(out) == len(items):
+                return out
+        except Exception:
+            pass  # one call per item below
+    results: list = []
+    for db_path, sql in items:
+        try:
+            if timeout_s is None:
+                results.append(sandbox.execute(db_path, sql))
+            else:
+                results.append(sandbox.execute(db_path, sql, timeout_s))
+        except Exception as e:
+            results.append(failed(e))
+    return results
