@@ -263,6 +263,20 @@ def load_partial(out: Path, key: dict) -> dict[str, Trajectory]:
     return {d["task_id"]: trajectory_from_dict(d) for d in read_jsonl(tp)} if tp.exists() else {}
 
 
+def split_tasks(
+    data: str, split: str, *, limit: int = 0, seed: int = 0, split_seed: int = 0, val_fraction: float = 0.1
+) -> tuple:
+    """(the folder's `SpiderData`, the tasks `sqlrl eval` scores: the split, or a seeded subset of
+    `limit`); ValueError when the split has none."""
+    from sqlrl.tasks.data import SpiderData
+
+    ds = SpiderData(resolve_data_root(data))
+    tasks = select_tasks(ds.load(split, seed=split_seed, val_fraction=val_fraction), limit, seed)
+    if not tasks:
+        raise ValueError(f"split {split!r} of {ds.root} has no tasks")
+    return ds, tasks
+
+
 @holds_run_lock("out")
 def run_eval(
     *,
@@ -289,14 +303,11 @@ def run_eval(
     writes the same predictions as an uninterrupted run. `progress`: as `progress.open_part`."""
     from sqlrl.artifacts import append_jsonl_many
     from sqlrl.evaluation.progress import open_part
-    from sqlrl.tasks.data import SpiderData
 
     out = Path(out)
-    root = resolve_data_root(data)
-    ds = SpiderData(root)
-    tasks = select_tasks(ds.load(split, seed=split_seed, val_fraction=val_fraction), limit, seed)
-    if not tasks:
-        raise ValueError(f"split {split!r} of {root} has no tasks")
+    ds, tasks = split_tasks(
+        data, split, limit=limit, seed=seed, split_seed=split_seed, val_fraction=val_fraction
+    )
     if policy is None:
         policy = load_policy(model, device=device, dtype=dtype, engine=engine)
     fingerprint = ds.fingerprint(split, seed=split_seed, val_fraction=val_fraction)
@@ -345,7 +356,7 @@ def run_eval(
         "git": git_commit(),
         "machine": machine_info(),
         "model": key["model"],
-        "data": str(root),
+        "data": str(ds.root),
         "split": split,
         "split_seed": split_seed,
         "val_fraction": val_fraction,

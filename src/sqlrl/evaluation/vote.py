@@ -73,6 +73,7 @@ def self_consistency(
     from sqlrl.agent.envs import make_env
     from sqlrl.agent.loop import Sampling
     from sqlrl.reward.evaluator import Evaluator
+    from sqlrl.sql.sandbox import execute_each
     from sqlrl.tasks.goldcache import audit_golds
 
     if k < 2:
@@ -94,22 +95,19 @@ def self_consistency(
     by_task: dict[str, list] = {}
     for tr in trajs:
         by_task.setdefault(tr.task_id, []).append(tr)
-    todo = [(i, t, tr) for i, t in enumerate(scorable) for tr in by_task[t.public.task_id] if tr.final_sql]
-    executed = _execute_all(sandbox, [(t.public.db_path, tr.final_sql) for _, t, tr in todo])
-    res_of = {id(tr): r for (_, _, tr), r in zip(todo, executed)}
+    samples = [(t, tr) for t in scorable for tr in by_task[t.public.task_id]]
+    todo = [(t, tr) for t, tr in samples if tr.final_sql]
+    executed = execute_each(sandbox, [(t.public.db_path, tr.final_sql) for t, tr in todo], lambda e: None)
+    res_of = {id(tr): r for (_, tr), r in zip(todo, executed)}
     chosen: dict[str, tuple[Any, int]] = {}
     for t in scorable:
-        samples = by_task[t.public.task_id]
-        idx, votes = choose([s.final_sql for s in samples], [res_of.get(id(s)) for s in samples])
-        chosen[t.public.task_id] = (samples[idx], votes)
-    ev = Evaluator(sandbox, gold_cache)
-    picked = ev.score_many([(chosen[t.public.task_id][0].final_sql, t) for t in scorable])
-    pairs = [(tr.final_sql, t) for t in scorable for tr in by_task[t.public.task_id]]
-    any_match: dict[str, bool] = {t.public.task_id: False for t in scorable}
-    for (_, task), r in zip(pairs, ev.score_many(pairs)):
-        any_match[task.public.task_id] |= r.status == "match"
+        group = by_task[t.public.task_id]
+        idx, votes = choose([s.final_sql for s in group], [res_of.get(id(s)) for s in group])
+        chosen[t.public.task_id] = (group[idx], votes)
+    # every sample scored once: the chosen one's reward and pass@k both come from these
+    scored = Evaluator(sandbox, gold_cache).score_many([(tr.final_sql, t) for t, tr in samples])
+    reward_of = {id(tr): r for (_, tr), r in zip(samples, scored)}
     results, n, correct, oracle = [], 0, 0, 0
-    reward_of = {t.public.task_id: r for t, r in zip(scorable, picked)}
     for t in tasks:
         tid = t.public.task_id
         reason = audit.per_task.get(tid)
@@ -119,12 +117,13 @@ def self_consistency(
             )
             continue
         tr, votes = chosen[tid]
-        r = reward_of[tid]
+        r = reward_of[id(tr)]
         ok = None if r.value is None else r.status == "match"
+        any_match = any(reward_of[id(s)].status == "match" for s in by_task[tid])
         if ok is not None:
             n += 1
             correct += ok
-            oracle += any_match[tid]
+            oracle += any_match
         results.append(
             {
                 "task_id": tid,
@@ -134,7 +133,7 @@ def self_consistency(
                 "votes": votes,
                 "status": r.status,
                 "correct": ok,
-                "pass_at_k": any_match[tid] if ok is not None else None,
+                "pass_at_k": any_match if ok is not None else None,
             }
         )
     summary = {
@@ -144,27 +143,10 @@ def self_consistency(
         "n": n,
         "execution_match": correct / n if n else None,
         "pass_at_k": oracle / n if n else None,
-        "excluded": len(tasks) - len(scorable) + sum(r.value is None for r in picked),
+        "excluded": len(tasks) - n,
         "elapsed_s": round(time.perf_counter() - t0, 3),
     }
     return VoteOutput(results, summary)
-
-
-def _execute_all(sandbox: Any, items: list[tuple[str, str]]) -> list[Any]:
-    """Sandbox results in order; an exception becomes None for its item (it does not vote)."""
-    many = getattr(sandbox, "execute_many", None)
-    if many is not None and items:
-        try:
-            return list(many(items))
-        except Exception:  # one at a time, so one failure only costs its own vote
-            pass
-    out: list[Any] = []
-    for db_path, sql in items:
-        try:
-            out.append(sandbox.execute(db_path, sql))
-        except Exception:
-            out.append(None)
-    return out
 
 
 def run_self_consistency(
@@ -188,10 +170,11 @@ def run_self_consistency(
 
     from sqlrl.agent.envs import make_env
     from sqlrl.artifacts import write_json_atomic, write_jsonl
-    from sqlrl.tasks.data import SpiderData, resolve_data_root, select_tasks
+    from sqlrl.evaluation.runner import split_tasks
 
-    ds = SpiderData(resolve_data_root(data))
-    tasks = select_tasks(ds.load(split, seed=split_seed, val_fraction=val_fraction), limit, seed)
+    _, tasks = split_tasks(
+        data, split, limit=limit, seed=seed, split_seed=split_seed, val_fraction=val_fraction
+    )
     with make_env(
         workers=sandbox_workers, timeout_s=budgets.sql_timeout_s, gold_dir=Path(out) / ".goldcache"
     ) as env:
