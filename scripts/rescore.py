@@ -40,7 +40,8 @@ def uses_embedded(path: Path) -> bool:
         for name in ("config.json", "experiment.json"):
             f = d / name
             if f.is_file():
-                return '"path": "embedded"' in f.read_text() or "sqlrl/data/embedded" in f.read_text()
+                text = f.read_text()
+                return '"path": "embedded"' in text or "sqlrl/data/embedded" in text
     return False
 
 
