@@ -66,9 +66,9 @@ class Counting(Sandbox):
         super().__init__(*a, **kw)
         self.scored = 0
 
-    def execute_scored(self, items, refs, scorer, options=None):
+    def execute_scored(self, items, refs, scorer, options=None, **kw):
         self.scored += len(items)
-        return super().execute_scored(items, refs, scorer, options)
+        return super().execute_scored(items, refs, scorer, options, **kw)
 
 
 # (gold, prediction): ORDER BY, LIMIT ties, column permutation, floats, NULLs, DISTINCT, exec errors,

@@ -14,10 +14,10 @@ What is covered:
 - `score_many` gives exactly what `score` gives on each pair; a deterministic pair repeated within
   one call is scored once when every execution behind it is reproducible (same rewards either way);
 - `Reward.exec_ms`: the sandbox's milliseconds on the pair's SQL in that call (a diagnostic);
-- `timeout_s`: a per-statement limit on the predictions (and their variants) in place of the
-  sandbox's; a prediction still running at it is `timeout`, value 0. GRPO training passes
-  `grpo.score_timeout_s` (default 1 s), evaluation the sandbox's own (`agent.sql_timeout_s`). The gold
-  is never subject to it: its result comes from the gold cache, so only slow predictions pay.
+- `timeout_s`: a per-statement limit on the predictions (and variants; never the cached gold) in
+  place of the sandbox's; a prediction still running at it is `timeout`, 0. GRPO training passes
+  `grpo.score_timeout_s` (1 s), scored in two passes in the workers (`score_in_two_passes`, verdicts
+  of one pass); evaluation uses the sandbox's own limit in one pass.
 
 What is not:
 - the gold SQL is never executed here, nor on a connection the policy touched: gold results come
@@ -36,7 +36,13 @@ from sqlrl.reward.cut import Cut, fetch_cuts
 from sqlrl.reward.match import Reward, execution_match, test_suite_result_eq
 from sqlrl.reward.refs import cells, ref_key
 from sqlrl.reward.reproducible import is_deterministic_sql, reproducible
-from sqlrl.reward.scoring import EXEC_ERROR_STATUSES, PERMUTATION_NOTE, fail_parts, match_parts
+from sqlrl.reward.scoring import (
+    EXEC_ERROR_STATUSES,
+    PERMUTATION_NOTE,
+    fail_parts,
+    match_parts,
+    score_in_two_passes,
+)
 from sqlrl.reward.shape import GoldShape, gold_shape, remove_distinct
 from sqlrl.sql.sandbox import execute_each
 from sqlrl.tasks.data import PublicTask
@@ -376,7 +382,7 @@ class Evaluator:
             if self.timeout_s is None:
                 got = run(items, refs, _SCORER, opts)
             else:
-                got = run(items, refs, _SCORER, opts, timeout_s=self.timeout_s)
+                got = score_in_two_passes(run, items, refs, _SCORER, opts, self.timeout_s)
             if len(got) != len(items):
                 raise RuntimeError("execute_scored: wrong number of results")
         except Exception:  # noqa: BLE001 - the parent-side path has its own per-pair failure handling

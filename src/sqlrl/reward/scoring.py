@@ -18,6 +18,7 @@ What is not:
 
 from __future__ import annotations
 
+import marshal
 from typing import Any
 
 from sqlrl.reward.cut import Cut
@@ -25,12 +26,56 @@ from sqlrl.reward.match import MatchResult, execution_match, test_suite_result_e
 from sqlrl.reward.reproducible import reproducible
 from sqlrl.reward.shape import GoldShape, remove_distinct
 
-__all__ = ["EXEC_ERROR_STATUSES", "PERMUTATION_NOTE", "fail_parts", "match_parts", "score_in_worker"]
+__all__ = [
+    "EXEC_ERROR_STATUSES",
+    "PERMUTATION_NOTE",
+    "PROBE_FRACTION",
+    "fail_parts",
+    "match_parts",
+    "score_in_two_passes",
+    "score_in_worker",
+]
 
 EXEC_ERROR_STATUSES = frozenset(
     {"syntax_error", "forbidden", "multiple_statements", "runtime_error", "too_many_rows", "too_large"}
 )
 PERMUTATION_NOTE = "column-permutation search bound reached; declared mismatch (may be a false negative)"
+PROBE_FRACTION = 0.2  # first pass's statement limit, as a fraction of the real one
+
+
+def _timed_out(res: Any) -> bool:
+    """The scorer's answer for an item that ran into the statement limit. (The watchdog's own `timeout`
+    comes only past the hard limit, which is above the full limit too: such an item is not rerun.)"""
+    return type(res) is tuple and len(res) == 6 and res[1] == "timeout"
+
+
+def score_in_two_passes(
+    execute_scored: Any, items: list[tuple], refs: dict, scorer: str, options: Any, timeout_s: float
+) -> list[Any]:
+    """`Sandbox.execute_scored` in two passes, so that slow predictions never queue behind each other
+    on one worker: every item first runs under a statement limit of `PROBE_FRACTION` x `timeout_s`;
+    the items that hit it run again under `timeout_s`, each in a chunk of its own (side by side, one
+    per free worker), identical items once. A verdict is the one a single pass under `timeout_s`
+    gives (the prediction finishes within it, or is `timeout`); a slow prediction costs its first
+    pass's limit on top. A step's scoring then takes about the fast items' time plus the probe limit
+    per slow item on the busiest worker plus `timeout_s` per `workers` distinct slow items."""
+    probe = timeout_s * PROBE_FRACTION
+    if probe >= timeout_s:
+        return execute_scored(items, refs, scorer, options, timeout_s=timeout_s)
+    got = list(execute_scored(items, refs, scorer, options, timeout_s=probe))
+    slow: dict[bytes, list[int]] = {}
+    for k, res in enumerate(got):
+        if _timed_out(res):
+            slow.setdefault(marshal.dumps(items[k]), []).append(k)
+    if slow:
+        firsts = [ks[0] for ks in slow.values()]
+        again = execute_scored(
+            [items[k] for k in firsts], refs, scorer, options, timeout_s=timeout_s, spread=True
+        )
+        for ks, res in zip(slow.values(), again, strict=True):
+            for k in ks:
+                got[k] = res
+    return got
 
 
 def fail_parts(base: dict, want_ts: bool) -> dict[str, Any]:
