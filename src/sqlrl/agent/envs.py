@@ -10,7 +10,8 @@ A training environment (`make_env(cfg, out)`, what the GRPO trainer uses) adds w
   (what run.json and split.json record about them),
 - `rollout(batch, policy, budgets, sampling, n_samples)`: trajectories, task-major, from *public* tasks,
 - `score(trajs)`: writes `traj.reward` after the trajectories ended and returns the per-trajectory
-  accuracy values used for logging (execution match, or "solved" for debugging tasks).
+  accuracy values used for logging (execution match, or "solved" for debugging tasks); optionally
+  `prefetch(batch)`, run beside the batch's generation (Text2SQL: the golds into the gold cache).
 `Text2SQLTraining` (`data.kind = "text2sql"`: Spider-layout folders, gold audit, execution-match or
 validity reward) and `DebugTraining` (`data.kind = "debug"`: reward = fraction of hidden tests passed).
 
@@ -86,6 +87,12 @@ class Text2SQLTraining:
 
     def rollout(self, batch: list, policy, budgets, sampling, n_samples: int) -> list:
         return self.env.rollout([t.public for t in batch], policy, budgets, sampling, n_samples=n_samples)
+
+    def prefetch(self, batch: list) -> None:
+        """Warm the gold cache for these tasks (`Evaluator.prefetch`): the trainer runs it beside the
+        batch's generation, so that scoring pays for the predictions only."""
+        if self.evaluator is not None and hasattr(self.evaluator, "prefetch"):
+            self.evaluator.prefetch(batch)
 
     def score(self, trajs: list) -> list[float]:
         """Rewards into `traj.reward`; returns the execution-match values of the scored trajectories. The

@@ -205,6 +205,17 @@ class Evaluator:
             )
         return db_path, gold_sql
 
+    def prefetch(self, tasks: list) -> None:
+        """Fetch into the gold cache the gold results of `tasks` (PrivateTasks) and the full ordered
+        results behind their LIMIT cuts, so that scoring them later pays for predictions only (the
+        trainer runs this beside generation). Nothing is scored; what fails here, scoring meets again
+        and reports per pair."""
+        self._resolved = None
+        wanted = list(dict.fromkeys(self._check_task(t) for t in tasks))
+        cap = getattr(self.sandbox, "max_rows", None)
+        golds = zip(wanted, self._gold_results(wanted))
+        fetch_cuts({k: g for k, g in golds if _gold_scorable(g, cap)[0]}, self._gold_results)
+
     def score(self, final_sql: str | None, task: Any) -> Reward:
         return self.score_many([(final_sql, task)])[0]
 
