@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,9 +40,11 @@ from sqlrl.reward.reproducible import is_deterministic_sql, reproducible
 from sqlrl.reward.scoring import (
     EXEC_ERROR_STATUSES,
     PERMUTATION_NOTE,
+    elapsed_ms,
     fail_parts,
     match_parts,
     score_in_two_passes,
+    worker_reward,
 )
 from sqlrl.reward.shape import GoldShape, gold_shape, remove_distinct
 from sqlrl.sql.sandbox import execute_each
@@ -97,12 +100,6 @@ def _takes_resolved(gold_cache: Any) -> bool:
 def _copy_reward(r: Reward) -> Reward:
     parts = {k: list(v) if isinstance(v, list) else v for k, v in r.parts.items()}
     return Reward(r.value, r.status, parts, r.exec_ms)
-
-
-def _elapsed(*results: Any) -> float | None:
-    """Summed `elapsed_ms` of the sandbox results among `results` (None where none has one)."""
-    ms = [float(e) for r in results if (e := getattr(r, "elapsed_ms", None)) is not None]
-    return round(sum(ms), 3) if ms else None
 
 
 @dataclass
@@ -306,23 +303,27 @@ class Evaluator:
                 pending.append(_Pair(i, db_path, gold_sql, gold, final_sql, key))
 
         reusable: dict[tuple, Reward] = {}  # key -> reward whose every execution was reproducible
+        spare: dict[tuple, list[Reward]] = {}  # key -> rewards of runs made for its repeats
         pending = self._with_cuts(pending, out, base)
         if pending:
-            rest = self._score_in_workers(pending, out, base, want_ts, reusable)
+            repeats = Counter(key for _, key in dups)
+            rest = self._score_in_workers(pending, out, base, want_ts, reusable, repeats, spare)
             if rest:
                 preds, variants = self._execute_pending(rest, want_ts)
                 self._finish_pending(rest, preds, variants, out, base, want_ts, reusable)
         # repeats of a pair scored in this call: a copy of its reward when every execution behind it
         # was reproducible, otherwise scored again on their own, in one more call
-        redo = []
+        redo, hits = [], 0
         for i, key in dups:
             r = reusable.get(key)
             if r is not None:
-                out[i] = _copy_reward(r)
+                out[i], hits = _copy_reward(r), hits + 1
+            elif spare.get(key):
+                out[i] = spare[key].pop(0)
             else:
                 redo.append(i)
-        if len(redo) < len(dups):
-            self._count(duplicate_hits=len(dups) - len(redo))
+        if hits:
+            self._count(duplicate_hits=hits)
         if redo:  # all in one call, side by side (not one repeat per call, one after the other)
             for i, r in zip(redo, self._score_many([items[i] for i in redo], False)):
                 out[i] = r
@@ -346,7 +347,14 @@ class Evaluator:
         return kept
 
     def _score_in_workers(
-        self, pending: list[_Pair], out: list, base: dict, want_ts: bool, reusable: dict
+        self,
+        pending: list[_Pair],
+        out: list,
+        base: dict,
+        want_ts: bool,
+        reusable: dict,
+        repeats: dict,
+        spare: dict,
     ) -> list[_Pair]:
         """Score the pending pairs inside the sandbox workers (`Sandbox.execute_scored` with
         `score_in_worker`): one round trip per chunk, the prediction, its DISTINCT-free variant and
@@ -390,35 +398,27 @@ class Evaluator:
             return rest
         try:
             opts = {"kind": self.kind, "ts": want_ts}
+            more: dict[int, list] = {}
             if self.timeout_s is None:
                 got = run(items, refs, _SCORER, opts)
             else:
-                got = score_in_two_passes(run, items, refs, _SCORER, opts, self.timeout_s)
+                reps = [repeats.get(p.key, 0) for p in sent]
+                got, more = score_in_two_passes(run, items, refs, _SCORER, opts, self.timeout_s, reps)
             if len(got) != len(items):
                 raise RuntimeError("execute_scored: wrong number of results")
         except Exception:  # noqa: BLE001 - the parent-side path has its own per-pair failure handling
             return pending
         executions = 0
-        for p, g in zip(sent, got):
-            if type(g) is tuple and len(g) == 6:
-                value, status, parts, memo_ok, n, ms = g
-                executions += n
-                r = Reward(value, status, parts, ms)
-                out[p.i] = r
-                if memo_ok and p.key is not None:
-                    reusable[p.key] = r
-                continue
-            executions += 1
-            if type(g) is tuple:  # ("__error__", text): the scorer raised (a bug, or memory)
-                out[p.i] = Reward(None, "infra_error", {**base, "error": f"sandbox scorer: {g[-1]}"})
-                continue
-            st = getattr(g, "status", None)  # the watchdog's SQLResult: timeout or worker_crash
-            msg = str(getattr(g, "message", "") or "")[:500]
-            if st == "timeout":
-                fail = fail_parts(base, want_ts)
-                out[p.i] = Reward(0.0, "timeout", {**fail, "sandbox_status": st, "message": msg}, _elapsed(g))
-            else:
-                out[p.i] = Reward(None, "infra_error", {**base, "sandbox_status": st, "message": msg})
+        for k, (p, g) in enumerate(zip(sent, got)):
+            r, memo_ok, n = worker_reward(g, base, want_ts)
+            executions += n
+            out[p.i] = r
+            if memo_ok and p.key is not None:
+                reusable[p.key] = r
+            for g2 in more.get(k, ()):  # runs of its repeats (side by side with its second pass)
+                r2, _, n2 = worker_reward(g2, base, want_ts)
+                executions += n2
+                spare.setdefault(p.key, []).append(r2)
         self._count(executions=executions)
         return rest
 
@@ -441,7 +441,7 @@ class Evaluator:
             st = getattr(res, "status", None)
             msg = str(getattr(res, "message", "") or "")[:500]
             fail = fail_parts(base, want_ts)
-            ms = _elapsed(res, vres)
+            ms = elapsed_ms(res, vres)
             if st != "ok":
                 if st == "empty_sql":
                     out[i] = Reward(0.0, "no_sql", {**fail, "sandbox_status": st}, ms)

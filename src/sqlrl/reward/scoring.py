@@ -22,7 +22,7 @@ import marshal
 from typing import Any
 
 from sqlrl.reward.cut import Cut
-from sqlrl.reward.match import MatchResult, execution_match, test_suite_result_eq
+from sqlrl.reward.match import MatchResult, Reward, execution_match, test_suite_result_eq
 from sqlrl.reward.reproducible import reproducible
 from sqlrl.reward.shape import GoldShape, remove_distinct
 
@@ -30,10 +30,12 @@ __all__ = [
     "EXEC_ERROR_STATUSES",
     "PERMUTATION_NOTE",
     "PROBE_FRACTION",
+    "elapsed_ms",
     "fail_parts",
     "match_parts",
     "score_in_two_passes",
     "score_in_worker",
+    "worker_reward",
 ]
 
 EXEC_ERROR_STATUSES = frozenset(
@@ -50,32 +52,53 @@ def _timed_out(res: Any) -> bool:
 
 
 def score_in_two_passes(
-    execute_scored: Any, items: list[tuple], refs: dict, scorer: str, options: Any, timeout_s: float
-) -> list[Any]:
+    execute_scored: Any,
+    items: list[tuple],
+    refs: dict,
+    scorer: str,
+    options: Any,
+    timeout_s: float,
+    repeats: list[int] | None = None,
+) -> tuple[list[Any], dict[int, list[Any]]]:
     """`Sandbox.execute_scored` in two passes, so that slow predictions never queue behind each other
     on one worker: every item first runs under a statement limit of `PROBE_FRACTION` x `timeout_s`;
     the items that hit it run again under `timeout_s`, each in a chunk of its own (side by side, one
-    per free worker), identical items once. A verdict is the one a single pass under `timeout_s`
-    gives (the prediction finishes within it, or is `timeout`); a slow prediction costs its first
-    pass's limit on top. A step's scoring then takes about the fast items' time plus the probe limit
-    per slow item on the busiest worker plus `timeout_s` per `workers` distinct slow items."""
+    per free worker), identical items once, plus `repeats[k]` more runs of item k (repeats of a
+    prediction whose verdict a timeout makes unreproducible each get a run of their own, at the same
+    time instead of in a later call). Returns (one answer per item, its statement count including
+    the first pass's; {k: the repeats' answers}).
+    A verdict is the one a single pass under `timeout_s` gives (the prediction finishes within it, or
+    is `timeout`); a slow prediction costs its first pass's limit on top. A step's scoring takes about
+    the fast items' time, plus the first limit per slow item on the busiest worker, plus `timeout_s`
+    per `workers` runs of slow items."""
     probe = timeout_s * PROBE_FRACTION
     if probe >= timeout_s:
-        return execute_scored(items, refs, scorer, options, timeout_s=timeout_s)
+        return execute_scored(items, refs, scorer, options, timeout_s=timeout_s), {}
     got = list(execute_scored(items, refs, scorer, options, timeout_s=probe))
     slow: dict[bytes, list[int]] = {}
     for k, res in enumerate(got):
         if _timed_out(res):
             slow.setdefault(marshal.dumps(items[k]), []).append(k)
-    if slow:
-        firsts = [ks[0] for ks in slow.values()]
-        again = execute_scored(
-            [items[k] for k in firsts], refs, scorer, options, timeout_s=timeout_s, spread=True
-        )
-        for ks, res in zip(slow.values(), again, strict=True):
-            for k in ks:
-                got[k] = res
-    return got
+    extra: dict[int, list[Any]] = {}
+    if not slow:
+        return got, extra
+    runs = []  # (item for its answer, or (item, None) for one of its repeats' runs)
+    for ks in slow.values():
+        runs.append((ks, None))
+        runs += [(ks, k) for k in ks for _ in range(repeats[k] if repeats else 0)]
+    again = execute_scored(
+        [items[ks[0]] for ks, _ in runs], refs, scorer, options, timeout_s=timeout_s, spread=True
+    )
+    for (ks, k), res in zip(runs, again, strict=True):
+        if k is None:
+            for j in ks:  # its answer, counting the statements its first pass ran too
+                first = got[j]
+                got[j] = (
+                    (*res[:4], res[4] + first[4], res[5]) if type(res) is tuple and len(res) == 6 else res
+                )
+        else:
+            extra.setdefault(k, []).append(res)
+    return got, extra
 
 
 def fail_parts(base: dict, want_ts: bool) -> dict[str, Any]:
@@ -197,3 +220,25 @@ def _score_pair(run: Any, sql: str, refs: list, extra: Any, options: dict) -> tu
     if t.reason == "permutation_bound":
         parts["test_suite_reason"] = "permutation_bound"
     return (*reward, memo_ok, n)
+
+
+def elapsed_ms(*results: Any) -> float | None:
+    """Summed `elapsed_ms` of the sandbox results among `results` (None where none has one)."""
+    ms = [float(e) for r in results if (e := getattr(r, "elapsed_ms", None)) is not None]
+    return round(sum(ms), 3) if ms else None
+
+
+def worker_reward(g: Any, base: dict, want_ts: bool) -> tuple[Reward, bool, int]:
+    """(Reward, reproducible?, statements executed) of one answer of `score_in_worker`'s workers: its
+    tuple, ("__error__", text) when the scorer raised, or the watchdog's `SQLResult`."""
+    if type(g) is tuple and len(g) == 6:
+        value, status, parts, memo_ok, n, ms = g
+        return Reward(value, status, parts, ms), memo_ok, n
+    if type(g) is tuple:  # the scorer raised (a bug, or memory)
+        return Reward(None, "infra_error", {**base, "error": f"sandbox scorer: {g[-1]}"}), False, 1
+    st = getattr(g, "status", None)  # timeout or worker_crash
+    msg = str(getattr(g, "message", "") or "")[:500]
+    if st == "timeout":
+        parts = {**fail_parts(base, want_ts), "sandbox_status": st, "message": msg}
+        return Reward(0.0, "timeout", parts, elapsed_ms(g)), False, 1
+    return Reward(None, "infra_error", {**base, "sandbox_status": st, "message": msg}), False, 1
