@@ -191,3 +191,13 @@ def test_no_self_consistency_says_how_to_get_it(exp) -> None:
     paths = write_report(e, n_boot=200)
     html = _section(Path(paths["html"]).read_text(encoding="utf-8"), "self-consistency")
     assert "sqlrl eval --self-consistency K" in html
+
+
+def test_cli_report_data_option(exp, capsys) -> None:
+    from sqlrl.cli.report import cli_main
+
+    e, data = exp
+    assert cli_main([str(e), "--data", str(e / "nowhere"), "--n-boot", "200"]) == 2
+    assert "--data" in capsys.readouterr().err and not (e / "report.html").exists()
+    cli_main([str(e), "--data", str(data), "--n-boot", "200"])
+    assert "33.3% (1/3)" in _section((e / "report.html").read_text(encoding="utf-8"), "hardness")

@@ -34,6 +34,12 @@ def cli_main(argv: list[str] | None = None) -> int:
         help="Spider folder whose golds give accuracy by hardness (default: the one each eval run.json records)",
     )
     args = ap.parse_args(argv)
+    if args.data is not None and not Path(args.data).is_dir():
+        print(
+            f"sqlrl report: --data {args.data}: no such folder; pass the Spider folder the arms were evaluated on",
+            file=sys.stderr,
+        )
+        return 2
     try:
         if args.check:
             verdict = evidence_gate(args.exp_dir)
