@@ -201,3 +201,15 @@ def test_cli_report_data_option(exp, capsys) -> None:
     assert "--data" in capsys.readouterr().err and not (e / "report.html").exists()
     cli_main([str(e), "--data", str(data), "--n-boot", "200"])
     assert "33.3% (1/3)" in _section((e / "report.html").read_text(encoding="utf-8"), "hardness")
+
+
+def test_no_arm_with_hardness_says_why_once(exp) -> None:
+    e, _ = exp
+    paths = write_report(e, n_boot=200)
+    html = _section(Path(paths["html"]).read_text(encoding="utf-8"), "hardness")
+    assert "<table" not in html
+    assert html.count("no hardness") == 1
+    assert (
+        "base, grpo, no_update, validity: no hardness (the eval run.json records no data folder; pass --data)"
+        in html
+    )

@@ -59,13 +59,18 @@ def _vs_cell(d: dict | None) -> str:
 
 
 def _hardness_notes(analysis: dict) -> list[str]:
-    out = []
+    """Why arms have no hardness or one from summary.json; arms with the same reason share a line."""
+    by: dict[str, list[str]] = {}
     for a, h in analysis["breakdown"]["hardness"].items():
         if "unavailable" in h:
-            out.append(f"{a}: no hardness ({h['unavailable']})")
+            by.setdefault(f"no hardness ({h['unavailable']})", []).append(a)
         elif h.get("source") == "summary.json":
-            out.append(f"{a}: from its summary.json (no CI): {h.get('note', '')}")
-    return out
+            by.setdefault(f"from its summary.json (no CI): {h.get('note', '')}", []).append(a)
+    return [f"{', '.join(arms)}: {why}" for why, arms in by.items()]
+
+
+def _any_hardness(analysis: dict) -> bool:
+    return any("classes" in h for h in analysis["breakdown"]["hardness"].values())
 
 
 def hardness_html(analysis: dict) -> list[str]:
@@ -86,10 +91,13 @@ def hardness_html(analysis: dict) -> list[str]:
                 + (f"<br><span class=muted>{esc(excl)} excluded</span>" if excl else "")
             )
         rows.append(cells)
-    out = [
-        '<section id="hardness"><h2>Accuracy by Spider hardness</h2>'
-        + html_table(["hardness", *[arm_label(a, colors) for a in arms]], rows, set(range(1, len(arms) + 1)))
-    ]
+    out = ['<section id="hardness"><h2>Accuracy by Spider hardness</h2>']
+    if not _any_hardness(analysis):
+        out += [f'<div class="warn">{esc(n)}</div>' for n in _hardness_notes(analysis)]
+        return out + [f'<p class="note">{esc(HARDNESS_NOTE)}</p></section>']
+    out.append(
+        html_table(["hardness", *[arm_label(a, colors) for a in arms]], rows, set(range(1, len(arms) + 1)))
+    )
     chart = [
         (f"{cls} · {a['name']}", r["accuracy"], r["ci_low"], r["ci_high"], colors[a["name"]])
         for cls in classes
@@ -149,7 +157,8 @@ def curve_html(analysis: dict) -> list[str]:
     have = {a: c["points"] for a, c in curves.items() if c.get("points")}
     out = ['<section id="learning-curve"><h2>Learning curve (validation accuracy during training)</h2>']
     if have:
-        styles = {a: i for i, a in enumerate(have)}
+        order = [*analysis["curves"], *[a for a in curves if a not in analysis["curves"]]]
+        styles = {a: order.index(a) for a in have}  # as in the training curves
         legend = "".join(svg_legend_entry(a, colors[a], styles[a]) for a in have)
         charts = [
             svg_line_chart(
@@ -222,6 +231,9 @@ def breakdown_markdown(analysis: dict) -> list[str]:
     b = analysis["breakdown"]
     arms = analysis["arms"]
     out = ["", "## Accuracy by Spider hardness", "", HARDNESS_NOTE, ""]
+    if not _any_hardness(analysis):
+        out += [f"- {md_cell(n)}" for n in _hardness_notes(analysis)]
+        return out + _curve_and_sc_markdown(analysis)
     rows = []
     for cls in _classes(analysis):
         cells = [cls]
@@ -239,7 +251,12 @@ def breakdown_markdown(analysis: dict) -> list[str]:
             ["hardness", *heads], [[c] + [_vs_cell(vs[a].get(c)) for a in vs] for c in _classes(analysis)]
         )
     out += [""] + [f"- {md_cell(n)}" for n in _hardness_notes(analysis)]
-    curves = b["curves"]
+    return out + _curve_and_sc_markdown(analysis)
+
+
+def _curve_and_sc_markdown(analysis: dict) -> list[str]:
+    out: list[str] = []
+    curves = analysis["breakdown"]["curves"]
     if curves:
         out += ["", "## Learning curve (validation accuracy during training)", "", CURVE_NOTE, ""]
         have = {a: c for a, c in curves.items() if c.get("points")}
