@@ -213,3 +213,11 @@ def test_no_arm_with_hardness_says_why_once(exp) -> None:
         "base, grpo, no_update, validity: no hardness (the eval run.json records no data folder; pass --data)"
         in html
     )
+
+
+def test_curve_of_an_arm_without_train_run(exp) -> None:
+    e, _ = exp
+    (e / "arms/validity/train/run.json").unlink()
+    curves = analyze(e, n_boot=200)["breakdown"]["curves"]
+    assert curves["validity"] == {"reason": "no curve: no train run (no train/run.json)"}
+    assert curves["grpo"] == {"reason": "no curve: run.eval_every = 0"}

@@ -144,6 +144,8 @@ def _arm_curve(exp: Experiment, arm: str) -> dict:
     points = exp.curve(arm)
     if points:
         return {"points": sorted((p for p in points if isinstance(p, dict)), key=lambda p: p.get("step", 0))}
+    if not exp.has_train(arm):
+        return {"reason": "no curve: no train run (no train/run.json)"}
     cfg = exp.train_config(arm)
     every = ((cfg or {}).get("run") or {}).get("eval_every", 0) if isinstance(cfg, dict) else None
     if cfg is None:
