@@ -6,7 +6,8 @@ task only; after the trajectory has ended the evaluator receives it together wit
 and writes the reward into a separate field.
 
 Writes to the run folder: `run.json` (provenance), `trajectories.jsonl`, `results.jsonl`,
-`summary.json` (see docs/DESIGN.md "Run folders"). Guaranteed: every task of the split appears in
+`summary.json` (see docs/DESIGN.md "Run folders"; `by_hardness`: accuracy per official Spider hardness
+of the gold, `sqlrl.tasks.hardness`). Guaranteed: every task of the split appears in
 `results.jsonl` exactly once, scored or excluded with its reason. Not guaranteed: identical numbers
 across machines in bf16 (see `sqlrl.agent.loop`).
 """
@@ -27,6 +28,7 @@ from sqlrl.agent.loop import Budgets, Sampling, Trajectory
 from sqlrl.artifacts import git_commit, holds_run_lock, machine_info, write_json_atomic, write_jsonl
 from sqlrl.generation.device import pick_device
 from sqlrl.tasks.data import resolve_data_root, select_tasks
+from sqlrl.tasks.hardness import accuracy_by_hardness
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +135,7 @@ def evaluate_tasks(
             }
         )
     summary = summarize(results, trajectories, kind=kind)
+    summary["by_hardness"] = accuracy_by_hardness(results, {t.public.task_id: t.gold_sql for t in tasks})
     summary["elapsed_s"] = round(time.perf_counter() - t_start, 3)
     summary["budgets"] = budgets.to_dict()
     summary["gold_audit"] = audit.to_dict() if hasattr(audit, "to_dict") else None
