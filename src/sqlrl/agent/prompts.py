@@ -64,23 +64,29 @@ def truncate_schema(schema: str, max_chars: int) -> str:
     return "".join(kept).rstrip() + f"\n-- [schema truncated: {len(parts) - len(kept)} more statements]"
 
 
-def user_message(question: str, schema: str, evidence: str, max_schema_chars: int) -> str:
-    text = f"Database schema:\n{truncate_schema(schema.strip(), max_schema_chars)}\n\n"
+def user_message(question: str, schema: str, evidence: str, max_schema_chars: int | None) -> str:
+    """The first user message; `schema` is truncated with `truncate_schema` unless `max_schema_chars` is
+    None (the schema text is then already what the prompt shows)."""
+    shown = schema.strip() if max_schema_chars is None else truncate_schema(schema.strip(), max_schema_chars)
+    text = f"Database schema:\n{shown}\n\n"
     if evidence:
         text += f"Evidence: {evidence.strip()}\n\n"
     text += f"Question: {question.strip()}"
     return text
 
 
-def build_messages(task, *, turns: int, max_schema_chars: int) -> list[dict]:
-    """The chat messages of the first prompt for a public task."""
+def build_messages(
+    task, *, turns: int, max_schema_chars: int, schema_sample_values: int = 0, schema_order: str = "file"
+) -> list[dict]:
+    """The chat messages of the first prompt for a public task. `schema_sample_values` and `schema_order`
+    are `agent.schema_sample_values` / `agent.schema_order` (`sqlrl.agent.schemaview`); off by default."""
+    from sqlrl.agent.schemaview import schema_for_prompt
+
     system = SYSTEM_SINGLE if turns == 1 else SYSTEM_MULTI.format(turns=turns)
+    schema = schema_for_prompt(task, max_schema_chars, schema_sample_values, schema_order)
     return [
         {"role": "system", "content": system},
-        {
-            "role": "user",
-            "content": user_message(task.question, task.schema, task.evidence, max_schema_chars),
-        },
+        {"role": "user", "content": user_message(task.question, schema, task.evidence, None)},
     ]
 
 
