@@ -28,7 +28,14 @@ import re
 
 from sqlrl.tasks.schemainfo import SchemaInfo, SchemaUnit, schema_info
 
-__all__ = ["STOPWORDS", "rank_units", "question_ordered_schema", "schema_for_prompt", "words"]
+__all__ = [
+    "STOPWORDS",
+    "question_ordered_schema",
+    "rank_units",
+    "schema_for_prompt",
+    "truncate_schema",
+    "words",
+]
 
 STOPWORDS = frozenset(
     "a an the of in on at for to from by with and or not no is are was were be been being do does did "
@@ -87,6 +94,31 @@ def rank_units(
     return [units[i] for i in sorted(range(len(units)), key=key)]
 
 
+def truncate_schema(schema: str, max_chars: int) -> str:
+    """Keep whole CREATE statements in order while they fit in `max_chars`, then say how many were cut.
+
+    Statements are separated by lines that start with `CREATE ` (case-insensitive). If even the first
+    statement does not fit, it is cut at `max_chars` characters. The truncation line itself is not
+    counted against the budget.
+    """
+    if len(schema) <= max_chars:
+        return schema
+    parts = re.split(r"(?im)^(?=create\s)", schema)
+    parts = [p for p in parts if p.strip()]
+    kept: list[str] = []
+    used = 0
+    for p in parts:
+        if used + len(p) > max_chars:
+            break
+        kept.append(p)
+        used += len(p)
+    if not kept:
+        return (
+            schema[:max_chars] + f"\n-- [schema truncated: {len(parts)} statements cut at {max_chars} chars]"
+        )
+    return "".join(kept).rstrip() + f"\n-- [schema truncated: {len(parts) - len(kept)} more statements]"
+
+
 def _marker(left: int, n: int) -> str:
     return f"-- [schema truncated: {left} of {n} tables left out]"
 
@@ -115,8 +147,6 @@ def question_ordered_schema(question: str, info: SchemaInfo, max_chars: int, wit
 
 def schema_for_prompt(task, max_chars: int, sample_values: int = 0, order: str = "file") -> str:
     """The schema text a prompt shows for a public task (module docstring)."""
-    from sqlrl.agent.prompts import truncate_schema
-
     if order not in ("file", "question"):
         raise ValueError(f"schema order {order!r} is not known; use 'file' or 'question'")
     schema = task.schema.strip()
