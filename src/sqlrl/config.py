@@ -79,6 +79,10 @@ class DataConfig:
     by-database split and never to the evaluation split; the count is in split.json (`SpiderData.load`)."""
 
 
+# [agent] settings added after runs were recorded, with the value that behaves as before they existed
+RECORDED_IF_SET: dict[str, Any] = {"schema_sample_values": 0, "schema_order": "file"}
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     turns: int = 1
@@ -108,7 +112,13 @@ class AgentConfig:
     # These budgets are the agent's `Budgets` (agent.py): recorded in every trajectory, and two runs
     # are comparable only if they are equal.
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The budgets as recorded; a setting of `RECORDED_IF_SET` at its default is left out, so a run
+        that does not use it records the same budgets as runs made before it existed."""
+        out = dataclasses.asdict(self)
+        for key, default in RECORDED_IF_SET.items():
+            if out[key] == default:
+                del out[key]
+        return out
 
     @classmethod
     def from_config(cls, agent_cfg: AgentConfig) -> AgentConfig:
