@@ -319,6 +319,17 @@ def test_real_spider_layout():
     assert info["train"]["n_examples"] + info["validation"]["n_examples"] == 6904
 
 
+def test_real_spider_paraphrases_training_side_only():
+    if not (SPIDER / "train_spider.json").is_file():
+        pytest.skip(f"Spider data not found at {SPIDER}")
+    data = SpiderData(SPIDER)
+    train = data.load("train", paraphrases=True)
+    # README: every example carries question_syn; 1,935 of the 6,145 training ones equal their question
+    assert (len(train), paraphrase_count(train)) == (6145 + 4210, 4210)
+    assert {t.db_id for t in train} == set(data.db_ids("train"))
+    assert len(data.load("validation")) == 759
+
+
 # ------------------------------------------------------------------------------------------- CLI
 
 
