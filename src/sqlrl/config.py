@@ -73,6 +73,14 @@ class DataConfig:
     max_eval_tasks: int = 0
     """Evaluate on at most this many tasks (0 = the whole split), chosen by a shuffle seeded with
     split_seed (not run.seed, so that every training seed is evaluated on the same tasks)."""
+    train_paraphrases: bool = False
+    """Also train on Spider-Syn paraphrases: each training example whose `question_syn` differs from its
+    question becomes a second task (id `<id>-syn`, same gold and database), added after the
+    by-database split and never to the evaluation split; the count is in split.json (`SpiderData.load`)."""
+
+
+# [agent] settings added after runs were recorded, with the value that behaves as before they existed
+RECORDED_IF_SET: dict[str, Any] = {"schema_sample_values": 0, "schema_order": "file"}
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,13 @@ class AgentConfig:
     """How many `inspect` executions a multi-turn trajectory may run (final scoring not counted)."""
     max_schema_chars: int = 8000
     """Schema text budget; whole CREATE statements are kept in order while they fit, then a truncation line."""
+    schema_sample_values: int = 0
+    """Example values shown after each table's CREATE: up to this many distinct non-NULL values per
+    column, the most frequent first, read from the task's database (0 = none; `sqlrl.tasks.schemainfo`)."""
+    schema_order: Literal["file", "question"] = "file"
+    """Which statements a schema over max_schema_chars keeps: `file`, the first in file order; `question`,
+    tables ranked by overlap of the question's words with their names (and values), with their
+    foreign-key partners next (`sqlrl.agent.schemaview`). A schema that fits is shown whole either way."""
     max_context_tokens: int = 4096
     """Total token budget of a trajectory (prompt + completions + observations)."""
     observation_rows: int = 10
@@ -97,7 +112,13 @@ class AgentConfig:
     # These budgets are the agent's `Budgets` (agent.py): recorded in every trajectory, and two runs
     # are comparable only if they are equal.
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The budgets as recorded; a setting of `RECORDED_IF_SET` at its default is left out, so a run
+        that does not use it records the same budgets as runs made before it existed."""
+        out = dataclasses.asdict(self)
+        for key, default in RECORDED_IF_SET.items():
+            if out[key] == default:
+                del out[key]
+        return out
 
     @classmethod
     def from_config(cls, agent_cfg: AgentConfig) -> AgentConfig:
@@ -456,6 +477,14 @@ def validate(cfg: Config, source: str = "<config>") -> None:
     )
     need(a.max_context_tokens > a.max_new_tokens, "agent.max_context_tokens must exceed agent.max_new_tokens")
     need(a.max_schema_chars >= 200, "agent.max_schema_chars must be >= 200")
+    need(
+        0 <= a.schema_sample_values <= 20,
+        f"agent.schema_sample_values = {a.schema_sample_values} must be in [0, 20] (0 = no example values)",
+    )
+    need(
+        not d.train_paraphrases or d.kind == "text2sql",
+        "data.train_paraphrases needs data.kind = 'text2sql' (Spider-Syn questions); set it to false",
+    )
     need(0 < d.val_fraction < 1, f"data.val_fraction = {d.val_fraction} must be in (0, 1)")
     need(cfg.model.lora_rank >= 0, "model.lora_rank must be >= 0")
     for lg in cfg.run.loggers:

@@ -39,7 +39,10 @@ class Text2SQLTraining:
         self.cfg = cfg
         self.root = resolve_data_root(d.path)
         self.ds = SpiderData(self.root)
-        all_train = self.ds.load(d.train_split, seed=d.split_seed, val_fraction=d.val_fraction)
+        all_train = self.ds.load(
+            d.train_split, seed=d.split_seed, val_fraction=d.val_fraction, paraphrases=d.train_paraphrases
+        )
+        self.all_train = all_train
         self.gold_cache = GoldCache(out / ".goldcache")
         audit = audit_golds(all_train, self.gold_cache)
         scorable = [t for t in all_train if audit.per_task.get(t.public.task_id) is None]
@@ -50,6 +53,8 @@ class Text2SQLTraining:
         self.env = self.sandbox = self.evaluator = None
 
     def split_info(self) -> dict:
+        from sqlrl.tasks.data import paraphrase_count
+
         d = self.cfg.data
         return {
             **(
@@ -59,9 +64,20 @@ class Text2SQLTraining:
             ),
             "train_split": d.train_split,
             "train_fingerprint": self.ds.fingerprint(
-                d.train_split, seed=d.split_seed, val_fraction=d.val_fraction
+                d.train_split, seed=d.split_seed, val_fraction=d.val_fraction, paraphrases=d.train_paraphrases
             ),
             "train_tasks": len(self.tasks),
+            **(
+                {
+                    # Spider-Syn tasks loaded (before the gold audit) and among the training tasks
+                    "train_paraphrases": {
+                        "added": paraphrase_count(self.all_train),
+                        "in_train_tasks": paraphrase_count(self.tasks),
+                    }
+                }
+                if d.train_paraphrases
+                else {}
+            ),
         }
 
     def __enter__(self) -> Text2SQLTraining:

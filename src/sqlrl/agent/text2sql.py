@@ -68,7 +68,13 @@ class Text2SQLEnv(Environment):
 
     def initial(self, task, sample: int, chat: ChatFormat, model: dict, budgets) -> tuple[Trajectory, list]:
         ensure_public(task)  # run-time check right before anything is shown to the policy
-        messages = build_messages(task, turns=budgets.turns, max_schema_chars=budgets.max_schema_chars)
+        messages = build_messages(
+            task,
+            turns=budgets.turns,
+            max_schema_chars=budgets.max_schema_chars,
+            schema_sample_values=budgets.schema_sample_values,
+            schema_order=budgets.schema_order,
+        )
         tr = Trajectory.from_prompt(
             chat,
             messages,

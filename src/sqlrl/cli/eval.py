@@ -26,6 +26,13 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", default="auto", choices=["auto", "static", "fast", "hf"])
 
 
+def _sample_values(text: str) -> int:
+    n = int(text)
+    if not 0 <= n <= 20:
+        raise argparse.ArgumentTypeError(f"{n} is not in [0, 20] (example values per column; 0 = none)")
+    return n
+
+
 def add_budget_args(p: argparse.ArgumentParser) -> None:
     d = Budgets()
     p.add_argument("--turns", type=int, default=d.turns, help="1 = single-turn; >= 2 = multi-turn")
@@ -33,6 +40,18 @@ def add_budget_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-sql-executions", type=int, default=d.max_sql_executions)
     p.add_argument("--max-schema-chars", type=int, default=d.max_schema_chars)
     p.add_argument("--max-context-tokens", type=int, default=d.max_context_tokens)
+    p.add_argument(
+        "--schema-sample-values",
+        type=_sample_values,
+        default=d.schema_sample_values,
+        help="example values per column after each table's CREATE (agent.schema_sample_values; 0 = none)",
+    )
+    p.add_argument(
+        "--schema-order",
+        choices=["file", "question"],
+        default=d.schema_order,
+        help="which tables a schema over --max-schema-chars keeps (agent.schema_order)",
+    )
 
 
 def budgets_from_args(a) -> Budgets:
@@ -42,6 +61,8 @@ def budgets_from_args(a) -> Budgets:
         max_sql_executions=a.max_sql_executions,
         max_schema_chars=a.max_schema_chars,
         max_context_tokens=a.max_context_tokens,
+        schema_sample_values=a.schema_sample_values,
+        schema_order=a.schema_order,
     )
 
 

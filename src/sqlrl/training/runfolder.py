@@ -53,6 +53,9 @@ ADDED_KEYS = {
     ("sft", "checkpoint_every"): 0,
     ("run", "eval_every"): 0,
     ("run", "eval_tasks"): 0,
+    ("agent", "schema_sample_values"): 0,
+    ("agent", "schema_order"): "file",
+    ("data", "train_paraphrases"): False,
 }
 
 
