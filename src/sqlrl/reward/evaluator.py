@@ -16,8 +16,8 @@ What is covered:
 - `Reward.exec_ms`: the sandbox's milliseconds on the pair's SQL in that call (a diagnostic);
 - `timeout_s`: a per-statement limit on the predictions (and variants; never the cached gold) in
   place of the sandbox's; a prediction still running at it is `timeout`, 0. GRPO training passes
-  `grpo.score_timeout_s` (1 s), scored in two passes in the workers (`score_in_two_passes`, verdicts
-  of one pass); evaluation uses the sandbox's own limit in one pass.
+  `grpo.score_timeout_s` (1 s), evaluation the sandbox's own limit. Under `timeout_s` the repeats of
+  a prediction cut at it within one call get copies of that `timeout` (see `Evaluator`).
 
 What is not:
 - the gold SQL is never executed here, nor on a connection the policy touched: gold results come
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +42,6 @@ from sqlrl.reward.scoring import (
     elapsed_ms,
     fail_parts,
     match_parts,
-    score_in_two_passes,
     worker_reward,
 )
 from sqlrl.reward.shape import GoldShape, gold_shape, remove_distinct
@@ -132,9 +130,11 @@ class Evaluator:
     when every execution behind it is reproducible (`_memoizable`: ok, syntax_error, forbidden,
     multiple_statements, too_many_rows, runtime errors other than I/O/memory/locks; never timeout,
     too_large, worker_crash or an exception); otherwise the repeats are scored on their own, all of
-    them in one more sandbox call (so n repeats of a timed-out prediction cost one more time limit
-    on n free workers, not n time limits one after the other). Non-deterministic SQL (random(), the
-    clock, ...) is scored every time. Nothing is kept between calls.
+    them in one more sandbox call. One exception, under a training deadline (`timeout_s` given): the
+    repeats of a prediction cut at it get copies of its `timeout`. They would run the same statement
+    to the same deadline, so scoring them again costs one more deadline per step and can differ only
+    by timing noise, which would give identical GRPO samples different rewards. Non-deterministic SQL
+    (random(), the clock, ...) is scored every time. Nothing is kept between calls.
 
     Threads may share one Evaluator (veRL's reward workers, Agent Lightning's runners): a call's state
     lives in the calling thread and the counters (`memo_stats`) are updated under a lock. `Sandbox`
@@ -268,7 +268,7 @@ class Evaluator:
                 fetched = [got[c] for c in checked]
             except Exception:
                 fetched = None
-        first: set[tuple] = set()  # keys of the deterministic pairs pending in this call
+        first: dict[tuple, int] = {}  # key -> position of each deterministic pair pending in this call
         dups: list[tuple[int, tuple]] = []  # (position, key) of repeats of a pending pair
         # _gold_scorable per gold object: `fetched` holds them all, so an id stays theirs in this call
         verdicts: dict[int, tuple[bool, str | None]] = {}
@@ -299,27 +299,26 @@ class Evaluator:
                     if key in first:
                         dups.append((i, key))
                         continue
-                    first.add(key)
+                    first[key] = i
                 pending.append(_Pair(i, db_path, gold_sql, gold, final_sql, key))
 
         reusable: dict[tuple, Reward] = {}  # key -> reward whose every execution was reproducible
-        spare: dict[tuple, list[Reward]] = {}  # key -> rewards of runs made for its repeats
         pending = self._with_cuts(pending, out, base)
         if pending:
-            repeats = Counter(key for _, key in dups)
-            rest = self._score_in_workers(pending, out, base, want_ts, reusable, repeats, spare)
+            rest = self._score_in_workers(pending, out, base, want_ts, reusable)
             if rest:
                 preds, variants = self._execute_pending(rest, want_ts)
                 self._finish_pending(rest, preds, variants, out, base, want_ts, reusable)
         # repeats of a pair scored in this call: a copy of its reward when every execution behind it
-        # was reproducible, otherwise scored again on their own, in one more call
+        # was reproducible (or, under a training deadline, a timeout), otherwise scored again on
+        # their own, in one more call
         redo, hits = [], 0
         for i, key in dups:
             r = reusable.get(key)
             if r is not None:
                 out[i], hits = _copy_reward(r), hits + 1
-            elif spare.get(key):
-                out[i] = spare[key].pop(0)
+            elif self.timeout_s is not None and getattr(out[first[key]], "status", None) == "timeout":
+                out[i], hits = _copy_reward(out[first[key]]), hits + 1
             else:
                 redo.append(i)
         if hits:
@@ -353,8 +352,6 @@ class Evaluator:
         base: dict,
         want_ts: bool,
         reusable: dict,
-        repeats: dict,
-        spare: dict,
     ) -> list[_Pair]:
         """Score the pending pairs inside the sandbox workers (`Sandbox.execute_scored` with
         `score_in_worker`): one round trip per chunk, the prediction, its DISTINCT-free variant and
@@ -398,27 +395,21 @@ class Evaluator:
             return rest
         try:
             opts = {"kind": self.kind, "ts": want_ts}
-            more: dict[int, list] = {}
             if self.timeout_s is None:
                 got = run(items, refs, _SCORER, opts)
             else:
-                reps = [repeats.get(p.key, 0) for p in sent]
-                got, more = score_in_two_passes(run, items, refs, _SCORER, opts, self.timeout_s, reps)
+                got = run(items, refs, _SCORER, opts, timeout_s=self.timeout_s)
             if len(got) != len(items):
                 raise RuntimeError("execute_scored: wrong number of results")
         except Exception:  # noqa: BLE001 - the parent-side path has its own per-pair failure handling
             return pending
         executions = 0
-        for k, (p, g) in enumerate(zip(sent, got)):
+        for p, g in zip(sent, got):
             r, memo_ok, n = worker_reward(g, base, want_ts)
             executions += n
             out[p.i] = r
             if memo_ok and p.key is not None:
                 reusable[p.key] = r
-            for g2 in more.get(k, ()):  # runs of its repeats (side by side with its second pass)
-                r2, _, n2 = worker_reward(g2, base, want_ts)
-                executions += n2
-                spare.setdefault(p.key, []).append(r2)
         self._count(executions=executions)
         return rest
 

@@ -18,7 +18,6 @@ What is not:
 
 from __future__ import annotations
 
-import marshal
 from typing import Any
 
 from sqlrl.reward.cut import Cut
@@ -29,11 +28,9 @@ from sqlrl.reward.shape import GoldShape, remove_distinct
 __all__ = [
     "EXEC_ERROR_STATUSES",
     "PERMUTATION_NOTE",
-    "PROBE_FRACTION",
     "elapsed_ms",
     "fail_parts",
     "match_parts",
-    "score_in_two_passes",
     "score_in_worker",
     "worker_reward",
 ]
@@ -42,63 +39,6 @@ EXEC_ERROR_STATUSES = frozenset(
     {"syntax_error", "forbidden", "multiple_statements", "runtime_error", "too_many_rows", "too_large"}
 )
 PERMUTATION_NOTE = "column-permutation search bound reached; declared mismatch (may be a false negative)"
-PROBE_FRACTION = 0.2  # first pass's statement limit, as a fraction of the real one
-
-
-def _timed_out(res: Any) -> bool:
-    """The scorer's answer for an item that ran into the statement limit. (The watchdog's own `timeout`
-    comes only past the hard limit, which is above the full limit too: such an item is not rerun.)"""
-    return type(res) is tuple and len(res) == 6 and res[1] == "timeout"
-
-
-def score_in_two_passes(
-    execute_scored: Any,
-    items: list[tuple],
-    refs: dict,
-    scorer: str,
-    options: Any,
-    timeout_s: float,
-    repeats: list[int] | None = None,
-) -> tuple[list[Any], dict[int, list[Any]]]:
-    """`Sandbox.execute_scored` in two passes, so that slow predictions never queue behind each other
-    on one worker: every item first runs under a statement limit of `PROBE_FRACTION` x `timeout_s`;
-    the items that hit it run again under `timeout_s`, each in a chunk of its own (side by side, one
-    per free worker), identical items once, plus `repeats[k]` more runs of item k (repeats of a
-    prediction whose verdict a timeout makes unreproducible each get a run of their own, at the same
-    time instead of in a later call). Returns (one answer per item, its statement count including
-    the first pass's; {k: the repeats' answers}).
-    A verdict is the one a single pass under `timeout_s` gives (the prediction finishes within it, or
-    is `timeout`); a slow prediction costs its first pass's limit on top. A step's scoring takes about
-    the fast items' time, plus the first limit per slow item on the busiest worker, plus `timeout_s`
-    per `workers` runs of slow items."""
-    probe = timeout_s * PROBE_FRACTION
-    if probe >= timeout_s:
-        return execute_scored(items, refs, scorer, options, timeout_s=timeout_s), {}
-    got = list(execute_scored(items, refs, scorer, options, timeout_s=probe))
-    slow: dict[bytes, list[int]] = {}
-    for k, res in enumerate(got):
-        if _timed_out(res):
-            slow.setdefault(marshal.dumps(items[k]), []).append(k)
-    extra: dict[int, list[Any]] = {}
-    if not slow:
-        return got, extra
-    runs = []  # (item for its answer, or (item, None) for one of its repeats' runs)
-    for ks in slow.values():
-        runs.append((ks, None))
-        runs += [(ks, k) for k in ks for _ in range(repeats[k] if repeats else 0)]
-    again = execute_scored(
-        [items[ks[0]] for ks, _ in runs], refs, scorer, options, timeout_s=timeout_s, spread=True
-    )
-    for (ks, k), res in zip(runs, again, strict=True):
-        if k is None:
-            for j in ks:  # its answer, counting the statements its first pass ran too
-                first = got[j]
-                got[j] = (
-                    (*res[:4], res[4] + first[4], res[5]) if type(res) is tuple and len(res) == 6 else res
-                )
-        else:
-            extra.setdefault(k, []).append(res)
-    return got, extra
 
 
 def fail_parts(base: dict, want_ts: bool) -> dict[str, Any]:
