@@ -118,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
             print(line(arm, r), flush=True)
     one = [s for r in out["arms"].values() for s in r["one"]["per_step_s"]]
     two = [s for r in out["arms"].values() for s in r["two"]["per_step_s"]]
-    out["all"] = {"one": summary(one), "two": summary(two)}
+    out["all"] = {"one": summary(one), "two": summary(two)}  # steps numbered over the arms, in order
     out["all"]["verdicts_agree"] = all(r["verdicts_agree"] for r in out["arms"].values())
-    print(line("all arms", out["all"] | {"steps": len(one)}))
+    print(line("all arms (steps numbered across the arms)", out["all"] | {"steps": len(one)}))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0
