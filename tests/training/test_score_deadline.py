@@ -132,3 +132,31 @@ def test_the_batch_golds_are_fetched_beside_generation_and_scoring_waits_for_the
     assert ids == [trajs[0].task_id]
     assert sample.t_score >= 0.2  # the wait for the golds is scoring time
     assert misses >= 1 and all(tr.reward["status"] in ("match", "mismatch") for tr in trajs + trajs2)
+
+
+def test_a_failing_generation_leaves_no_prefetch_running():
+    """Generation raises while the golds are being fetched: the round waits for the fetch before the
+    exception leaves it, so no thread of the round still reads the gold cache when the caller closes
+    the environment."""
+    import threading
+
+    import pytest
+
+    started, release, done = threading.Event(), threading.Event(), []
+
+    class Env:
+        def prefetch(self, batch):
+            started.set()
+            release.wait(1.0)  # nothing sets it: the fetch ends 1 s after it began
+            done.append(len(batch))
+
+        def rollout(self, *args):
+            started.wait(5.0)
+            raise RuntimeError("generation failed")
+
+    c = cfg()
+    src = RolloutSource(Env(), ["t0"], TaskSampler(1, 0), None, None, c.grpo, 0, None)
+    with pytest.raises(RuntimeError, match="generation failed"):
+        src.round(StepSample(), 1, 0)
+    assert done == [1]
+    assert not [t for t in threading.enumerate() if t.name == "sqlrl-gold-prefetch"]

@@ -141,13 +141,18 @@ class RolloutSource:
         warm = _start(getattr(self.env, "prefetch", None), batch_tasks)
         t_r = time.perf_counter()
         sampling_seed = self.seed * 1_000_003 + step + r * 10_000_019
-        got = self.env.rollout(
-            batch_tasks,
-            self.policy,
-            self.budgets,
-            Sampling(temperature=g.temperature, top_p=g.top_p, seed=sampling_seed),
-            g.group_size,
-        )
+        try:
+            got = self.env.rollout(
+                batch_tasks,
+                self.policy,
+                self.budgets,
+                Sampling(temperature=g.temperature, top_p=g.top_p, seed=sampling_seed),
+                g.group_size,
+            )
+        except Exception:  # no fetch outlives the round (the caller may close the environment)
+            if warm is not None:
+                warm.join()
+            raise
         sample.t_roll += time.perf_counter() - t_r
         t_s = time.perf_counter()
         if warm is not None:
