@@ -130,7 +130,6 @@ def test_the_batch_golds_are_fetched_beside_generation_and_scoring_waits_for_the
         ("score", 2),
     )
     assert ids == [trajs[0].task_id]
-    assert sample.t_score >= 0.2  # the wait for the golds is scoring time
     assert misses >= 1 and all(tr.reward["status"] in ("match", "mismatch") for tr in trajs + trajs2)
 
 
