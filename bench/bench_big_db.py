@@ -14,13 +14,16 @@ On the database of `bench/make_big_db.py` (>= 5M rows, >= 500 MB), times:
    (`reward.cut.cut_query`: up to CUT_TIE_ROWS rows past the window) beside the whole ordered
    result (no LIMIT: what that fetch costs unbounded, capped only by the row/byte caps);
 4. the by-database split of a Spider-layout folder holding this database and a small one
-   (`SpiderData.load('train' / 'validation')`, `split_info`: sha256, schema text, checks).
+   (`SpiderData.load('train' / 'validation')`, `split_info`: sha256, schema text, checks);
+5. the sandbox's caps and deadlines at its defaults (5 s, hard 11 s, 100,000 rows) on runaway
+   statements: status and wall time of each (`--sections caps` runs this one alone).
 
 Every figure is one process, warm page cache after the first read (`--drop` is not attempted). Prints
 seconds and ratios; the sandbox ratio is sandbox / raw on the same statements.
 
     python bench/make_big_db.py --out /tmp/sqlrl_big/big/big.sqlite
     python bench/bench_big_db.py --db /tmp/sqlrl_big/big/big.sqlite [--repeats 3] [--full-values]
+        [--sections check,schema,golds,split,caps]
 """
 
 from __future__ import annotations
@@ -235,6 +238,31 @@ def bench_split(db: str, small: str) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+CAPS = [
+    ("runaway cross join", "SELECT count(*) FROM orders, order_items"),
+    ("sort 3M text rows, whole result", "SELECT comment FROM order_items ORDER BY comment"),
+    ("sort 3M text rows, LIMIT 5", "SELECT comment FROM order_items ORDER BY comment DESC LIMIT 5"),
+    ("every row of 3M", "SELECT * FROM order_items"),
+    (
+        "GROUP BY text, 3M rows",
+        "SELECT comment, count(*) FROM order_items GROUP BY comment ORDER BY 2 DESC LIMIT 3",
+    ),
+]
+
+
+def bench_caps(db: str) -> None:
+    print("\n## sandbox caps and deadlines at their defaults (1 worker)")
+    with Sandbox(workers=1) as sb:
+        sb.execute(db, "SELECT 1")
+        print(f"timeout_s {sb.timeout_s}, hard_timeout_s {sb.hard_timeout_s}, max_rows {sb.max_rows}")
+        for name, sql in CAPS:
+            t0 = time.perf_counter()
+            r = sb.execute(db, sql)
+            wall = time.perf_counter() - t0
+            print(f"{name:34} {r.status:14} rows {r.row_count:>7} wall {wall:6.2f} s  {r.message[:80]}")
+        print(f"workers killed by the watchdog {sb.kills}, crashed {sb.crashes}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", default="/tmp/sqlrl_big/big/big.sqlite")
@@ -243,7 +271,9 @@ def main() -> None:
     )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--full-values", action="store_true", help="also count example values over whole tables")
+    ap.add_argument("--sections", default="check,schema,golds,split,caps")
     a = ap.parse_args()
+    sections = set(a.sections.split(","))
     con = _ro(a.db)
     sizes = {
         t: con.execute(f"SELECT MAX(rowid) FROM {t}").fetchone()[0]
@@ -257,7 +287,7 @@ def main() -> None:
     )
     print(f"cpus {os.cpu_count()}, load average at start {os.getloadavg()}")
     small = a.small
-    if not small:
+    if not small and "split" in sections:
         import importlib.util
 
         spec = importlib.util.spec_from_file_location(
@@ -267,10 +297,16 @@ def main() -> None:
         spec.loader.exec_module(mod)  # type: ignore[union-attr]
         small = os.path.join(tempfile.mkdtemp(prefix="sqlrl_big_small_"), "small.sqlite")
         mod.build(small, scale=0.001)
-    bench_check(a.db, a.repeats)
-    bench_schema(a.db, a.full_values)
-    bench_golds(a.db, a.repeats)
-    bench_split(a.db, small)
+    if "check" in sections:
+        bench_check(a.db, a.repeats)
+    if "schema" in sections:
+        bench_schema(a.db, a.full_values)
+    if "golds" in sections:
+        bench_golds(a.db, a.repeats)
+    if "split" in sections:
+        bench_split(a.db, small)
+    if "caps" in sections:
+        bench_caps(a.db)
     print(f"\nload average at end {os.getloadavg()}")
 
 
