@@ -297,16 +297,20 @@ def main() -> None:
         spec.loader.exec_module(mod)  # type: ignore[union-attr]
         small = os.path.join(tempfile.mkdtemp(prefix="sqlrl_big_small_"), "small.sqlite")
         mod.build(small, scale=0.001)
-    if "check" in sections:
-        bench_check(a.db, a.repeats)
-    if "schema" in sections:
-        bench_schema(a.db, a.full_values)
-    if "golds" in sections:
-        bench_golds(a.db, a.repeats)
-    if "split" in sections:
-        bench_split(a.db, small)
-    if "caps" in sections:
-        bench_caps(a.db)
+    try:
+        if "check" in sections:
+            bench_check(a.db, a.repeats)
+        if "schema" in sections:
+            bench_schema(a.db, a.full_values)
+        if "golds" in sections:
+            bench_golds(a.db, a.repeats)
+        if "split" in sections:
+            bench_split(a.db, small)
+        if "caps" in sections:
+            bench_caps(a.db)
+    finally:
+        if small and not a.small:
+            shutil.rmtree(os.path.dirname(small), ignore_errors=True)
     print(f"\nload average at end {os.getloadavg()}")
 
 
