@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from sqlrl.tasks import schemainfo
 from sqlrl.tasks.data import DataError, schema_text
 from sqlrl.tasks.schemainfo import render_example, schema_info
 
@@ -106,3 +107,55 @@ def test_errors(tmp_path):
         schema_info(bad, 1)
     with pytest.raises(ValueError, match=">= 0"):
         schema_info(bad, -1)
+
+
+def _table_db(path: Path, values: list[str]) -> str:
+    """One table t(id, s) with an index on s, `values` in rowid order."""
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, s TEXT)")
+    con.execute("CREATE INDEX t_s ON t(s)")
+    con.executemany("INSERT INTO t (s) VALUES (?)", [(v,) for v in values])
+    con.commit()
+    con.close()
+    return str(path)
+
+
+def test_example_values_are_counted_over_the_first_sample_rows(tmp_path, monkeypatch):
+    monkeypatch.setattr(schemainfo, "SAMPLE_ROWS", 100, raising=False)
+    # rowids 1-60 'zeta', 61-1000 'alpha': over the whole table 'alpha' leads (940 vs 60); over the first
+    # 100 rowids 'zeta' leads (60 vs 40). The index on s must not decide which rows are read (its first
+    # 100 entries are all 'alpha').
+    db = _table_db(tmp_path / "skew.sqlite", ["zeta"] * 60 + ["alpha"] * 940)
+    text = schema_info(db, 2).units[0].text
+    assert (
+        "/* example values of t (up to 2 per column, most frequent first among its first 100 rows):" in text
+    )
+    assert "  s: 'zeta', 'alpha'" in text
+    exact = _table_db(tmp_path / "exact.sqlite", ["zeta"] * 60 + ["alpha"] * 40)  # exactly 100 rows
+    assert "(up to 2 per column, most frequent first):" in schema_info(exact, 2).units[0].text
+
+
+def _vm_steps(db: str, n: int) -> int:
+    """SQLite VM progress callbacks (one per 100 instructions) while the example values of t are read."""
+    steps = [0]
+
+    def tick() -> int:
+        steps[0] += 1
+        return 0
+
+    con = sqlite3.connect(db)
+    con.set_progress_handler(tick, 100)
+    try:
+        schemainfo._values_comment(con, "t", ["id", "s"], n)
+    finally:
+        con.close()
+    return steps[0]
+
+
+def test_example_values_read_a_bounded_number_of_rows(tmp_path, monkeypatch):
+    monkeypatch.setattr(schemainfo, "SAMPLE_ROWS", 100, raising=False)
+    small = _table_db(tmp_path / "small.sqlite", [f"v{i % 7}" for i in range(200)])
+    big = _table_db(tmp_path / "big.sqlite", [f"v{i % 7}" for i in range(20_000)])
+    # 100 times the rows, the same work: each column's values are counted over the first 100 rows only
+    # (a full GROUP BY would take about 100 times the VM steps)
+    assert _vm_steps(big, 3) <= 1.2 * _vm_steps(small, 3)

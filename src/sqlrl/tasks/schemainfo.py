@@ -9,12 +9,14 @@ foreign-key partners and the example values shown. `file_order_text` joins every
 
 Example values (`sample_values = N > 0`): after each table's CREATE statement, a comment with, per
 column, up to N distinct non-NULL values: the N most frequent, ties by SQLite's ascending value order
-(`GROUP BY col ORDER BY COUNT(*) DESC, col`). Most frequent, because the values a question filters on
-are the categorical ones (a status, a country, 'F'/'M'); for a key column every count is 1 and the
-smallest values show. Strings longer than 30 characters are cut to 27 and `...`, newlines become
-spaces, quotes are doubled (SQL literal form); blobs show as `X'..'` with at most 8 bytes. The values
-come from the database file the policy may query anyway, never from a gold query. Cost: one GROUP BY
-per column over the whole table, once per database and process (0.8 s for all 138 Spider databases).
+(`GROUP BY col ORDER BY COUNT(*) DESC, col`), counted over the table's first `SAMPLE_ROWS` (10,000)
+rows in storage order (rowid, or primary key for WITHOUT ROWID; `NOT INDEXED`); a table with more rows
+says so in its comment. Most frequent: the values a question filters on are the categorical ones (a
+status, 'F'/'M'); for a key column every count is 1 and the smallest values show. Strings longer than
+30 characters are cut to 27 and `...`, newlines become spaces, quotes are doubled (SQL literal form);
+blobs show as `X'..'` with at most 8 bytes. The values come from the database file the policy may
+query anyway, never from a gold query. Cost: at most SAMPLE_ROWS rows read per column, whatever the
+table's size, once per database and process (`bench/bench_big_db.py`).
 
 What is not covered: a column whose values all fail to decode is shown as SQLite returns it (UTF-8
 errors replaced); virtual tables whose module is not loaded show why their values are unavailable.
@@ -34,6 +36,7 @@ from sqlrl.tasks.data import DataError
 __all__ = ["SchemaInfo", "SchemaUnit", "render_example", "schema_info"]
 
 VALUE_CHARS = 30
+SAMPLE_ROWS = 10_000  # rows per table the example values are counted over
 
 
 @dataclass(frozen=True)
@@ -79,17 +82,21 @@ def _values_comment(con: sqlite3.Connection, table: str, columns: list[str], n: 
         if con.execute(f"SELECT 1 FROM {q} LIMIT 1").fetchone() is None:
             return f"/* {table} has no rows */", []
         lines, shown = [], []
+        m = int(SAMPLE_ROWS)
+        more = con.execute(f"SELECT 1 FROM {q} LIMIT 1 OFFSET {m}").fetchone() is not None
         for col in columns:
             c = _quote(col)
             rows = con.execute(
-                f"SELECT {c} FROM {q} WHERE {c} IS NOT NULL GROUP BY {c} ORDER BY COUNT(*) DESC, {c} LIMIT {int(n)}"
+                f"SELECT {c} FROM (SELECT {c} FROM {q} NOT INDEXED LIMIT {m}) WHERE {c} IS NOT NULL "
+                f"GROUP BY {c} ORDER BY COUNT(*) DESC, {c} LIMIT {int(n)}"
             ).fetchall()
             vals = [render_example(r[0]) for r in rows]
             shown += vals
             lines.append(f"  {col}: {', '.join(vals) if vals else '(only NULL)'}")
     except sqlite3.Error as e:  # e.g. a virtual table whose module is not loaded
         return f"/* example values of {table} unavailable: {e} */", []
-    head = f"/* example values of {table} (up to {n} per column, most frequent first):"
+    among = f" among its first {m} rows" if more else ""
+    head = f"/* example values of {table} (up to {n} per column, most frequent first{among}):"
     return "\n".join([head, *lines, "*/"]), shown
 
 
@@ -157,7 +164,7 @@ def _units(con: sqlite3.Connection, n: int) -> SchemaInfo:
     return SchemaInfo(units=units, file_order_text="\n\n".join(texts))
 
 
-_CACHE: dict[tuple[str, int, int, int], SchemaInfo] = {}
+_CACHE: dict[tuple[str, int, int, int, int], SchemaInfo] = {}
 _LOCK = threading.Lock()
 
 
@@ -169,7 +176,7 @@ def schema_info(db_path: str | os.PathLike, sample_values: int = 0) -> SchemaInf
     if not os.path.isfile(real):
         raise DataError(f"schema_info: no database file at {db_path}; check the task's db_path")
     st = os.stat(real)
-    key = (real, st.st_mtime_ns, st.st_size, int(sample_values))
+    key = (real, st.st_mtime_ns, st.st_size, int(sample_values), int(SAMPLE_ROWS))
     with _LOCK:
         hit = _CACHE.get(key)
     if hit is None:
