@@ -97,3 +97,11 @@ def test_evidence_can_be_turned_off_and_descriptions_on(bird, tmp_path):
 
 def test_spider_budgets_record_nothing_new():
     assert "show_evidence" not in Budgets().to_dict() and "column_descriptions" not in Budgets().to_dict()
+
+
+def test_eval_cli_refuses_descriptions_with_sample_values(capsys):
+    from sqlrl.cli.eval import cli_main
+
+    with pytest.raises(SystemExit) as e:
+        cli_main(["--out", "x", "--column-descriptions", "--schema-sample-values", "2"])
+    assert e.value.code == 2 and "--column-descriptions needs --schema-order file" in capsys.readouterr().err

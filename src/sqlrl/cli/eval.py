@@ -128,6 +128,10 @@ def cli_main(argv: list[str]) -> int:
         "--split: the tasks' split field); results per category (query / management / personalization)",
     )
     a = p.parse_args(argv)
+    if a.column_descriptions and (a.schema_sample_values or a.schema_order != "file"):
+        p.error(
+            "--column-descriptions needs --schema-order file and --schema-sample-values 0; drop one of them"
+        )
     if not a.endpoint:
         check_model(a.model)  # before the run folder exists; ModelError -> one line, exit 2 (cli.main)
     if a.kind == "debug":
