@@ -73,7 +73,9 @@ def test_every_field_has_a_doc_line():
         assert not missing, f"{cls.__name__} fields without a doc line: {missing}"
 
 
-@pytest.mark.parametrize("name", ["quickstart.toml", "spider-0.5b-gpu.toml", "spider-1.5b-gpu.toml"])
+@pytest.mark.parametrize(
+    "name", ["quickstart.toml", "spider-0.5b-gpu.toml", "spider-1.5b-gpu.toml", "bird-0.5b-gpu.toml"]
+)
 def test_shipped_configs_validate(name):
     cfg, exp = load_experiment(ROOT / "configs" / name)
     assert set(exp.arms) == {"base", "grpo", "no_update", "validity"}

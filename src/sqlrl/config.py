@@ -59,11 +59,14 @@ class DataConfig:
     kind: Literal["text2sql", "debug"] = "text2sql"
     """`text2sql`: Spider-layout questions; `debug`: stateful SQL-debugging tasks on pooled replicas (envs.py)."""
     path: str = "embedded"
-    """A folder in the official Spider layout, or `embedded` for the demo subset shipped in the package."""
+    """A folder in the official Spider layout, a BIRD folder as downloaded (`sqlrl.tasks.bird`: its root,
+    `dev/`, `train/` or mini-dev's folder), or `embedded` for the demo subset shipped in the package."""
     train_split: str = "train"
-    """Split to train on: `train` (by-database split of the training file) or a json stem in the folder."""
+    """Split to train on: `train` (by-database split of the training file) or a json stem in the folder;
+    on BIRD `train.json` is the whole BIRD train file, `train` its by-database part."""
     eval_split: str = "validation"
-    """Split to evaluate on: `validation` (held-out databases) or a json stem such as `dev`."""
+    """Split to evaluate on: `validation` (held-out databases) or a json stem such as `dev` (Spider's or
+    BIRD's dev) or `mini_dev_sqlite` (BIRD mini-dev)."""
     split_seed: int = 0
     """Seed of the by-database train/validation split."""
     val_fraction: float = 0.1
@@ -80,7 +83,12 @@ class DataConfig:
 
 
 # [agent] settings added after runs were recorded, with the value that behaves as before they existed
-RECORDED_IF_SET: dict[str, Any] = {"schema_sample_values": 0, "schema_order": "file"}
+RECORDED_IF_SET: dict[str, Any] = {
+    "schema_sample_values": 0,
+    "schema_order": "file",
+    "show_evidence": True,
+    "column_descriptions": False,
+}
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,12 @@ class AgentConfig:
     """Which statements a schema over max_schema_chars keeps: `file`, the first in file order; `question`,
     tables ranked by overlap of the question's words with their names (and values), with their
     foreign-key partners next (`sqlrl.agent.schemaview`). A schema that fits is shown whole either way."""
+    show_evidence: bool = True
+    """Show the task's evidence (BIRD's per-question hint; Spider has none) in an `Evidence:` line before
+    the question. BIRD reports accuracy both with and without it; the gold never reaches the prompt."""
+    column_descriptions: bool = False
+    """Add BIRD's column descriptions (`database_description/<table>.csv` beside the database) after each
+    table's CREATE, before truncation. Needs schema_order = "file" and schema_sample_values = 0."""
     max_context_tokens: int = 4096
     """Total token budget of a trajectory (prompt + completions + observations)."""
     observation_rows: int = 10
@@ -480,6 +494,11 @@ def validate(cfg: Config, source: str = "<config>") -> None:
     need(
         0 <= a.schema_sample_values <= 20,
         f"agent.schema_sample_values = {a.schema_sample_values} must be in [0, 20] (0 = no example values)",
+    )
+    need(
+        not a.column_descriptions or (a.schema_order == "file" and a.schema_sample_values == 0),
+        "agent.column_descriptions needs agent.schema_order = 'file' and agent.schema_sample_values = 0; "
+        "turn one of them off",
     )
     need(
         not d.train_paraphrases or d.kind == "text2sql",

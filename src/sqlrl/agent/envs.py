@@ -32,13 +32,14 @@ class Text2SQLTraining:
     kind = "text2sql"
 
     def __init__(self, cfg, out: Path, *, evaluator_factory=None):
-        from sqlrl.tasks.data import SpiderData, resolve_data_root, select_tasks
+        from sqlrl.tasks.bird import open_data
+        from sqlrl.tasks.data import resolve_data_root, select_tasks
         from sqlrl.tasks.goldcache import GoldCache, audit_golds
 
         d = cfg.data
         self.cfg = cfg
         self.root = resolve_data_root(d.path)
-        self.ds = SpiderData(self.root)
+        self.ds = open_data(self.root)
         all_train = self.ds.load(
             d.train_split, seed=d.split_seed, val_fraction=d.val_fraction, paraphrases=d.train_paraphrases
         )

@@ -20,10 +20,12 @@ produced. Generated text is never re-tokenized.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
 from sqlrl.agent.schemaview import schema_for_prompt, truncate_schema
+from sqlrl.tasks.bird import add_column_descriptions
 
 SYSTEM_SINGLE = (
     "You are an expert in SQLite. Given a database schema and a question, write one SQLite query "
@@ -53,15 +55,34 @@ def user_message(question: str, schema: str, evidence: str, max_schema_chars: in
 
 
 def build_messages(
-    task, *, turns: int, max_schema_chars: int, schema_sample_values: int = 0, schema_order: str = "file"
+    task,
+    *,
+    turns: int,
+    max_schema_chars: int,
+    schema_sample_values: int = 0,
+    schema_order: str = "file",
+    show_evidence: bool = True,
+    column_descriptions: bool = False,
 ) -> list[dict]:
     """The chat messages of the first prompt for a public task. `schema_sample_values` and `schema_order`
-    are `agent.schema_sample_values` / `agent.schema_order` (`sqlrl.agent.schemaview`); off by default."""
+    are `agent.schema_sample_values` / `agent.schema_order` (`sqlrl.agent.schemaview`); off by default.
+    `show_evidence` (`agent.show_evidence`): the task's evidence (BIRD's hint; empty for Spider) goes in
+    an `Evidence:` line before the question. `column_descriptions` (`agent.column_descriptions`): BIRD's
+    `database_description/*.csv` text after each CREATE TABLE (`sqlrl.tasks.bird.add_column_descriptions`),
+    before truncation; it needs `schema_order = "file"` and no sample values."""
     system = SYSTEM_SINGLE if turns == 1 else SYSTEM_MULTI.format(turns=turns)
+    if column_descriptions:
+        if schema_sample_values or schema_order != "file":
+            raise ValueError(
+                "column_descriptions needs schema_order = 'file' and schema_sample_values = 0; "
+                "turn one of them off"
+            )
+        task = dataclasses.replace(task, schema=add_column_descriptions(task.schema, task.db_path))
     schema = schema_for_prompt(task, max_schema_chars, schema_sample_values, schema_order)
+    evidence = task.evidence if show_evidence else ""
     return [
         {"role": "system", "content": system},
-        {"role": "user", "content": user_message(task.question, schema, task.evidence, None)},
+        {"role": "user", "content": user_message(task.question, schema, evidence, None)},
     ]
 
 

@@ -74,6 +74,8 @@ class Text2SQLEnv(Environment):
             max_schema_chars=budgets.max_schema_chars,
             schema_sample_values=budgets.schema_sample_values,
             schema_order=budgets.schema_order,
+            show_evidence=budgets.show_evidence,
+            column_descriptions=budgets.column_descriptions,
         )
         tr = Trajectory.from_prompt(
             chat,

@@ -52,6 +52,17 @@ def add_budget_args(p: argparse.ArgumentParser) -> None:
         default=d.schema_order,
         help="which tables a schema over --max-schema-chars keeps (agent.schema_order)",
     )
+    p.add_argument(
+        "--no-evidence",
+        dest="show_evidence",
+        action="store_false",
+        help="leave BIRD's evidence out of the prompt (agent.show_evidence = false)",
+    )
+    p.add_argument(
+        "--column-descriptions",
+        action="store_true",
+        help="add BIRD's database_description/*.csv text to the schema (agent.column_descriptions)",
+    )
 
 
 def budgets_from_args(a) -> Budgets:
@@ -63,6 +74,8 @@ def budgets_from_args(a) -> Budgets:
         max_context_tokens=a.max_context_tokens,
         schema_sample_values=a.schema_sample_values,
         schema_order=a.schema_order,
+        show_evidence=a.show_evidence,
+        column_descriptions=a.column_descriptions,
     )
 
 
@@ -115,6 +128,10 @@ def cli_main(argv: list[str]) -> int:
         "--split: the tasks' split field); results per category (query / management / personalization)",
     )
     a = p.parse_args(argv)
+    if a.column_descriptions and (a.schema_sample_values or a.schema_order != "file"):
+        p.error(
+            "--column-descriptions needs --schema-order file and --schema-sample-values 0; drop one of them"
+        )
     if not a.endpoint:
         check_model(a.model)  # before the run folder exists; ModelError -> one line, exit 2 (cli.main)
     if a.kind == "debug":

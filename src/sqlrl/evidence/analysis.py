@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlrl.evidence.breakdown import breakdown
+from sqlrl.evidence.difficulty import difficulty_breakdown
 from sqlrl.evidence.gate import evidence_gate
 from sqlrl.evidence.rundir import Experiment
 
@@ -354,7 +355,10 @@ def analyze(
         "base": base.name if base else None,
         "base_of": base_of,
         "params": {"n_boot": n_boot, "seed": seed, "ci": ci},
-        "breakdown": breakdown(exp, base_of, data=data, n_boot=n_boot, seed=seed, ci=ci),
+        "breakdown": {
+            **breakdown(exp, base_of, data=data, n_boot=n_boot, seed=seed, ci=ci),
+            "difficulty": difficulty_breakdown(exp, base_of, n_boot=n_boot, seed=seed, ci=ci),
+        },
         "_exp": exp,
     }
 

@@ -32,6 +32,7 @@ from sqlrl.evidence.charts import (
     svg_line_chart,
     svg_status_bars,
 )
+from sqlrl.evidence.difficulty import difficulty_html
 from sqlrl.evidence.fmt import (
     DEVICE_MINUTES_NOTE,
     acc_ci,
@@ -551,6 +552,7 @@ def render_html(analysis: dict, links: dict[str, dict[str, str]]) -> str:
     out += _repair_section(analysis)
     out += _turn_use_section(analysis)
     out += hardness_html(analysis)
+    out += difficulty_html(analysis)
     out += curve_html(analysis)
     out += self_consistency_html(analysis)
     out += _curves_section(analysis)

@@ -34,6 +34,7 @@ from sqlrl.evidence.analysis import (
     sft_comparisons,
     turn_use_rows,
 )
+from sqlrl.evidence.difficulty import difficulty_markdown
 from sqlrl.evidence.fmt import (
     DEVICE_MINUTES_NOTE,
     acc_ci,
@@ -137,6 +138,7 @@ def render_markdown(analysis: dict, links: dict[str, dict[str, str]]) -> str:
             )
     tu = turn_use_rows(analysis)
     out += breakdown_markdown(analysis)
+    out += difficulty_markdown(analysis)
     if tu:
         out += [
             "",

@@ -448,7 +448,7 @@ class Evaluator:
             gold = p.gold
             shape = gold_shape(p.gold_sql)
             m = execution_match(gold.columns, gold.rows, res.columns, res.rows, shape, p.cut)
-            parts = match_parts(base, m, shape, len(gold.rows), len(res.rows))
+            parts = match_parts(base, m, shape, gold.rows, res.rows)
             if m.reason == "permutation_bound":
                 parts["note"] = PERMUTATION_NOTE
             value = 1.0 if (m.match or self.kind == "validity") else 0.0

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlrl.reward.bird import bird_set_match
 from sqlrl.reward.cut import Cut
 from sqlrl.reward.match import MatchResult, Reward, execution_match, test_suite_result_eq
 from sqlrl.reward.reproducible import reproducible
@@ -43,19 +44,24 @@ PERMUTATION_NOTE = "column-permutation search bound reached; declared mismatch (
 
 def fail_parts(base: dict, want_ts: bool) -> dict[str, Any]:
     """The named parts of a prediction that did not execute (both scoring paths)."""
-    fail = {**base, "executable": 0.0, "match": 0.0}
+    fail = {**base, "executable": 0.0, "match": 0.0, "bird_match": 0.0}
     if want_ts:
         fail["test_suite_match"] = 0.0
     return fail
 
 
-def match_parts(base: dict, m: MatchResult, shape: GoldShape, n_gold: int, n_pred: int) -> dict[str, Any]:
+def match_parts(
+    base: dict, m: MatchResult, shape: GoldShape, gold_rows: list, pred_rows: list
+) -> dict[str, Any]:
     """The named parts of an executed prediction's Reward (one definition for the parent-side and the
-    in-worker scoring paths, which must give identical Rewards)."""
+    in-worker scoring paths, which must give identical Rewards); `bird_match` is BIRD's metric
+    (`sqlrl.reward.bird.bird_set_match`)."""
+    n_gold, n_pred = len(gold_rows), len(pred_rows)
     return {
         **base,
         "executable": 1.0,
         "match": 1.0 if m.match else 0.0,
+        "bird_match": 1.0 if bird_set_match(gold_rows, pred_rows) else 0.0,
         "order_matters": shape.order_matters,
         "compare_mode": m.mode,
         "detail": m.reason,
@@ -117,7 +123,7 @@ def _score_pair(run: Any, sql: str, refs: list, extra: Any, options: dict) -> tu
         shape = _SHAPES[shape_t] = GoldShape(*shape_t)
     p_cols, p_rows = res[1], res[2]
     m = execution_match(g_cols, g_rows, p_cols, p_rows, shape, Cut(*cut_t) if cut_t is not None else None)
-    parts = match_parts({"kind": kind}, m, shape, len(g_rows), len(p_rows))
+    parts = match_parts({"kind": kind}, m, shape, g_rows, p_rows)
     if m.reason == "permutation_bound":
         parts["note"] = PERMUTATION_NOTE
     value = 1.0 if (m.match or kind == "validity") else 0.0

@@ -1,4 +1,4 @@
-"""Reading Spider-layout folders: tasks, the by-database split, fingerprints, schema text.
+"""Spider-layout folders (BIRD's: `sqlrl.tasks.bird`): tasks, by-database split, fingerprints, schema.
 
 Standard library only. Layout (the official Spider 1.0 one, so a full download works unchanged):
 `ROOT/<split>.json` (list of {"db_id", "question", "query", ...}), `ROOT/tables.json` (must exist;
@@ -85,6 +85,7 @@ class PrivateTask:
 
     public: PublicTask
     gold_sql: str
+    difficulty: str = ""  # BIRD's label (simple / moderate / challenging); empty for Spider
 
     @property
     def task_id(self) -> str:
@@ -274,6 +275,8 @@ class _Example:
     question: str
     query: str
     question_syn: str | None = None  # Spider-Syn paraphrase, when the file has one
+    evidence: str = ""  # BIRD's evidence (public); empty for Spider
+    difficulty: str = ""  # BIRD's difficulty label; empty for Spider
 
 
 def _same_question(a: str, b: str) -> bool:
@@ -303,6 +306,9 @@ class SpiderData:
                 f"{self.root} has no tables.json, so it is not a Spider-layout folder; point --data at the "
                 "folder that holds tables.json, <split>.json and database/"
             )
+        self._init_caches()
+
+    def _init_caches(self) -> None:
         self._examples: dict[str, list[_Example]] = {}
         self._schemas: dict[str, str] = {}
         self._db_paths: dict[str, Path] = {}
@@ -479,10 +485,10 @@ class SpiderData:
                     db_id=e.db_id,
                     question=question,
                     schema=self._schema(e.db_id),
-                    evidence="",
+                    evidence=e.evidence,
                     db_path=str(self.db_path(e.db_id)),
                 )
-                tasks.append(PrivateTask(public=pub, gold_sql=e.query))
+                tasks.append(PrivateTask(public=pub, gold_sql=e.query, difficulty=e.difficulty))
         if paraphrases:
             n_syn = paraphrase_count(tasks)
             log.info(
@@ -500,12 +506,16 @@ class SpiderData:
         self, split: str, *, seed: int = 0, val_fraction: float = 0.1, paraphrases: bool = False
     ) -> str:
         """sha256 hex over the split's examples (db_id, question, query, in order; with `paraphrases`
-        also each `question_syn`) and the sha256 of every database file they use (sorted by db id)."""
+        also each `question_syn`; a non-empty evidence or difficulty too) and the sha256 of every
+        database file they use (sorted by db id)."""
         _, exs = self._examples_for(split, seed, val_fraction)
         h = hashlib.sha256()
         h.update(_FINGERPRINT_VERSION.encode() + b"\n")
         for e in exs:
             row = [e.db_id, e.question, e.query] + ([e.question_syn] if paraphrases else [])
+            row += (
+                [{"evidence": e.evidence, "difficulty": e.difficulty}] if e.evidence or e.difficulty else []
+            )
             h.update(json.dumps(row, ensure_ascii=False).encode("utf-8") + b"\n")
         h.update(b"databases\n")
         for db_id in sorted({e.db_id for e in exs}):

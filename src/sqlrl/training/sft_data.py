@@ -91,6 +91,8 @@ def build_text2sql_examples(tasks, tokenizer, budgets) -> tuple[list[dict], dict
             max_schema_chars=budgets.max_schema_chars,
             schema_sample_values=budgets.schema_sample_values,
             schema_order=budgets.schema_order,
+            show_evidence=budgets.show_evidence,
+            column_descriptions=budgets.column_descriptions,
         )
         target = text2sql_target_text(t.gold_sql)
         prompt_ids = chat.prompt_ids(messages)

@@ -43,6 +43,8 @@ def task_to_row(
     reward_kind: str = "execution",
     schema_sample_values: int = 0,
     schema_order: str = "file",
+    show_evidence: bool = True,
+    column_descriptions: bool = False,
 ) -> dict:
     """One veRL dataset row for a task. Accepts a PrivateTask but writes only its public part; the gold
     is referenced (folder, split and its settings, task id), never copied."""
@@ -67,6 +69,8 @@ def task_to_row(
             max_schema_chars=max_schema_chars,
             schema_sample_values=schema_sample_values,
             schema_order=schema_order,
+            show_evidence=show_evidence,
+            column_descriptions=column_descriptions,
         ),
         "reward_model": {"style": "rule", "ground_truth": json.dumps(ref, sort_keys=True)},
         "extra_info": {"index": index, "split": split, "sqlrl_task": public_dict(public)},
@@ -93,12 +97,13 @@ def write_dataset(cfg, out_dir: str | os.PathLike, *, quiet: bool = False) -> di
     import pandas as pd
 
     from sqlrl.artifacts import write_json_atomic
-    from sqlrl.tasks.data import SpiderData, embedded_root, select_tasks
+    from sqlrl.tasks.bird import open_data
+    from sqlrl.tasks.data import embedded_root, select_tasks
     from sqlrl.tasks.goldcache import GoldCache, audit_golds
 
     d, a = cfg.data, cfg.agent
     root = str(embedded_root()) if d.path == "embedded" else str(Path(d.path).expanduser().resolve())
-    data = SpiderData(root)
+    data = open_data(root)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths: dict[str, str] = {}
@@ -141,6 +146,8 @@ def write_dataset(cfg, out_dir: str | os.PathLike, *, quiet: bool = False) -> di
                     reward_kind=cfg.grpo.reward,
                     schema_sample_values=a.schema_sample_values,
                     schema_order=a.schema_order,
+                    show_evidence=a.show_evidence,
+                    column_descriptions=a.column_descriptions,
                 )
                 for i, t in enumerate(kept)
             ]
