@@ -215,3 +215,8 @@ def test_schema_and_paraphrase_options_default_off_and_resume_from_older_runs(tm
     assert config_changes(saved, mine) == ([], [])
     blocking = config_changes(saved, json.loads(json.dumps(on.resolve())))[0]
     assert blocking == ["data.train_paraphrases", "agent.schema_sample_values", "agent.schema_order"]
+
+
+def test_checkpoint_every_zero_is_a_config_error_not_a_crash():
+    with pytest.raises(C.ConfigError, match=r"run.checkpoint_every = 0 must be >= 1 .*grpo.steps"):
+        C.from_dict({"run": {"checkpoint_every": 0}})

@@ -482,6 +482,10 @@ def validate(cfg: Config, source: str = "<config>") -> None:
     need(g.score_timeout_s >= 0, "grpo.score_timeout_s must be >= 0 seconds (0 = agent.sql_timeout_s)")
     need(a.turns >= 1, "agent.turns must be >= 1")
     r = cfg.run
+    need(
+        r.checkpoint_every >= 1,
+        f"run.checkpoint_every = {r.checkpoint_every} must be >= 1 (to checkpoint only at the end, set it to grpo.steps)",
+    )
     ok = r.eval_every >= 0 and r.eval_tasks >= 0 and (r.eval_every == 0 or d.kind == "text2sql")
     need(ok, "run.eval_every / eval_tasks must be >= 0 (0 = off / whole split); the curve is text2sql-only")
     need(a.max_new_tokens >= 8, "agent.max_new_tokens must be >= 8")
