@@ -7,12 +7,11 @@ budgets and the same number of steps, prompts and rollouts:
 - `no_update`: the same loop with learning rate 0 (weights must stay bit-identical);
 - `validity`: GRPO with the validity-only reward (1 when the SQL executes).
 Opt-in (`experiment.arms`): `sft`, the SFT-only control (`training/sft.py` on the training golds, budget
-in [sft]), and `grpo_sft`, GRPO as `grpo` but from SFT weights: the `sft` arm's final, or with
-`sft.init_steps > 0` its own SFT stage's (`arms.py`), so the sft control can cover its whole training time.
-With `turns = [1, 3]` the matrix is run once per turn budget (arm names get a `_t3` suffix).
+in [sft]), and `grpo_sft`, GRPO as `grpo` from SFT weights: the `sft` arm's, or with `sft.init_steps > 0`
+its own SFT stage's, so the sft control can cover its whole training time. With `turns = [1, 3]` the matrix is run once per turn budget (arm names get a `_t3` suffix).
 
-Every arm is a normal run folder (train and/or eval) under `arms/<arm>/`; `experiment.json` links
-them. Then the weight audit (base vs GRPO vs No-update, reloaded identity), the leakage audit (gold
+Every arm is a normal run folder (train and/or eval) under `arms/<arm>/` (`arms.py`), linked by
+`experiment.json`. Then the weight audit (base vs GRPO vs No-update, reloaded identity), the leakage audit (gold
 mutation, on a slice of the evaluation tasks, per turn budget) and the report with the evidence gate.
 
 `--seeds 0,1,2` runs the whole matrix once per training seed (`run.seed`; the split stays
