@@ -175,3 +175,14 @@ def test_sft_reading_needs_p_below_001_and_the_ci_on_one_side() -> None:
     assert reading(0.001, -0.10, -0.02) == "SFT better than RL (p < 0.01)"
     assert reading(0.02, 0.01, 0.10) == "no difference at p < 0.01"
     assert reading(0.001, -0.01, 0.10) == "no difference at p < 0.01"
+
+
+def test_committed_sft_then_grpo_probe_is_refused_by_time() -> None:
+    # results/2026-12-02-spider-0.5b-sft-grpo100: sft 264.14 s; grpo_sft 308.41 s of GRPO from its weights
+    v = evidence_gate(REPO / "results" / "2026-12-02-spider-0.5b-sft-grpo100")
+    assert v.sft_control.problems == [
+        "arm 'sft' trained 4.40 min, less than 'grpo_sft' in total (9.54 min = SFT part 4.40 min in "
+        "arms/sft/train + GRPO part 5.14 min): not an equal-time control; grpo_sft started from the 'sft' "
+        "arm's own weights, so no sft.steps can match it: set sft.init_steps > 0 (grpo_sft then runs its "
+        "own SFT stage) and size sft.steps to the total"
+    ]
