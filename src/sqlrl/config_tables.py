@@ -45,6 +45,10 @@ class SFTConfig:
     multi-turn prompt for this many turns, answered with SUBMIT and the solution (what the agent reads
     as submit_solution). 0 = single-turn examples only. Without it a warm-started model answers a
     multi-turn prompt in the single-turn format, which the agent reads as execute_sql, and never submits."""
+    init_steps: int = 0
+    """The matrix's `grpo_sft` arm: 0 = GRPO starts from the `sft` arm's final weights; > 0 = it first runs
+    its own SFT stage (these settings, steps = init_steps, the same seed) in arms/grpo_sft/sft_init, then
+    GRPO from that stage's weights, so `sft` is a pure control whose steps can cover grpo_sft's total."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,10 @@ def sft_from_dict(raw: Any, source: str = "<dict>") -> SFTConfig:
             raise ConfigError(f"{source}: {msg}")
 
     need(s.steps >= 1, f"sft.steps = {s.steps}: at least one step is needed")
+    need(
+        s.init_steps >= 0,
+        f"sft.init_steps = {s.init_steps} must be >= 0 (0 = grpo_sft starts from the sft arm's weights)",
+    )
     need(s.batch_size >= 1, f"sft.batch_size = {s.batch_size} must be >= 1")
     need(s.micro_batch >= 1, f"sft.micro_batch = {s.micro_batch} must be >= 1")
     need(s.lr > 0, f"sft.lr = {s.lr}: the warm start needs a positive learning rate")

@@ -39,12 +39,82 @@ def test_committed_result_without_sft_still_claims_and_gains_the_line() -> None:
 
 
 def test_sft_arm_with_at_least_grpo_time_allows_the_rl_over_sft_claim(tmp_path: Path) -> None:
-    v = evidence_gate(make_experiment(tmp_path / "e", synthetic=False, arms=(*CORE, "sft", "grpo_sft")))
+    v = evidence_gate(make_experiment(tmp_path / "e", synthetic=False, arms=(*CORE, "sft")))
     assert v.claim_allowed and v.rl_over_sft_allowed
     assert v.sft_control.detail == (
         "sft control present for every RL arm; sft 6.00 min >= grpo 6.00 min of training"
     )
     assert v.rl_over_sft_line.startswith("RL over SFT: may be claimed (")
+
+
+def test_grpo_sft_from_the_sft_arm_counts_both_parts_and_can_never_match(tmp_path: Path) -> None:
+    # grpo_sft started from the sft arm's final weights: 6.00 min of SFT + 6.00 min of GRPO = 12.00 min
+    # of training against the control's 6.00 min; raising sft.steps raises both sides
+    v = evidence_gate(make_experiment(tmp_path / "e", synthetic=False, arms=(*CORE, "sft", "grpo_sft")))
+    assert v.claim_allowed and not v.rl_over_sft_allowed
+    assert v.sft_control.problems == [
+        "arm 'sft' trained 6.00 min, less than 'grpo_sft' in total (12.00 min = SFT part 6.00 min in "
+        "arms/sft/train + GRPO part 6.00 min): not an equal-time control; grpo_sft started from the 'sft' "
+        "arm's own weights, so no sft.steps can match it: set sft.init_steps > 0 (grpo_sft then runs its "
+        "own SFT stage) and size sft.steps to the total"
+    ]
+    assert v.rl_over_sft_line.startswith("RL over SFT: no claim: arm 'sft' trained 6.00 min, less than")
+
+
+def _own_stage(p: Path, seconds: float | None, *, declare: str = "experiment") -> None:
+    """Give grpo_sft its own SFT stage (arms/grpo_sft/sft_init, 5 steps, `seconds` of training) and the
+    sft arm's run.json its 12 steps; the stage is declared in experiment.json or in the train run.json."""
+    if seconds is not None:
+        write_json_atomic(
+            p / "arms/grpo_sft/sft_init/run.json",
+            {"kind": "sft", "status": "finished", "steps": 5, "train_seconds": seconds},
+        )
+    if declare == "experiment":
+        e = read_json(p / "experiment.json")
+        e["arms"]["grpo_sft"]["init_run"] = "arms/grpo_sft/sft_init"
+        write_json_atomic(p / "experiment.json", e)
+    else:
+        run = read_json(p / "arms/grpo_sft/train/run.json")
+        run["init_sft"] = {"run": "arms/grpo_sft/sft_init", "train_seconds": seconds}
+        write_json_atomic(p / "arms/grpo_sft/train/run.json", run)
+    run = read_json(p / "arms/sft/train/run.json")
+    write_json_atomic(p / "arms/sft/train/run.json", {**run, "steps": 12})
+
+
+def _sft_seconds(p: Path, seconds: float) -> None:
+    run = read_json(p / "arms/sft/train/run.json")
+    write_json_atomic(p / "arms/sft/train/run.json", {**run, "train_seconds": seconds})
+
+
+def test_grpo_sft_with_its_own_stage_needs_a_control_as_long_as_both_parts(tmp_path: Path) -> None:
+    p = make_experiment(tmp_path / "e", synthetic=False, arms=(*CORE, "sft", "grpo_sft"))
+    _own_stage(p, 150.0)  # stage 2.50 min + GRPO 6.00 min = 8.50 min; the control: 12 steps of 30 s
+    v = evidence_gate(p)
+    assert not v.rl_over_sft_allowed and v.sft_control.problems == [
+        "arm 'sft' trained 6.00 min, less than 'grpo_sft' in total (8.50 min = SFT part 2.50 min in "
+        "arms/grpo_sft/sft_init + GRPO part 6.00 min): not an equal-time control; raise sft.steps to at "
+        "least 17 (30.00 s a step in 'sft')"
+    ]
+    _sft_seconds(p, 509.0)  # one second short of 510
+    assert evidence_gate(p).sft_control.problems[0].startswith("arm 'sft' trained 8.48 min, less than")
+    _sft_seconds(p, 510.0)  # exactly the total
+    v = evidence_gate(p)
+    assert v.rl_over_sft_allowed and v.sft_control.detail == (
+        "sft control present for every RL arm; sft 8.50 min >= grpo 6.00 min, sft 8.50 min >= grpo_sft "
+        "8.50 min (SFT part 2.50 + GRPO part 6.00) of training"
+    )
+
+
+def test_grpo_sft_stage_recorded_in_its_run_json_or_missing(tmp_path: Path) -> None:
+    p = make_experiment(tmp_path / "e", synthetic=False, arms=(*CORE, "sft", "grpo_sft"))
+    _own_stage(p, 150.0, declare="run")
+    _sft_seconds(p, 600.0)
+    assert evidence_gate(p).rl_over_sft_allowed
+    (p / "arms/grpo_sft/sft_init/run.json").unlink()
+    assert evidence_gate(p).sft_control.problems == [
+        "arm 'grpo_sft': the training time of the SFT run it started from is not recorded "
+        "(arms/grpo_sft/sft_init/run.json train_seconds), so its total is unknown"
+    ]
 
 
 def test_sft_arm_trained_less_than_grpo_is_not_an_equal_time_control(tmp_path: Path) -> None:
@@ -87,8 +157,9 @@ def test_report_compares_every_rl_arm_with_sft(tmp_path: Path) -> None:
     write_report(p, n_boot=200)
     md = (p / "report.md").read_text(encoding="utf-8")
     assert "## RL vs supervised fine-tuning (SFT-only control)" in md
-    assert "| grpo vs sft |" in md and "| grpo_sft vs sft |" in md and "6.00 / 6.00" in md
-    assert read_json(p / "verdict.json")["rl_over_sft"]["allowed"] is True
+    assert "| grpo vs sft |" in md and "| grpo_sft vs sft |" in md
+    assert "| 6.00 / 6.00 |" in md and "| 12.00 (6.00 + 6.00) / 6.00 |" in md  # RL total = SFT + GRPO
+    assert read_json(p / "verdict.json")["rl_over_sft"]["allowed"] is False
     write_report(q := make_experiment(tmp_path / "f", synthetic=False, arms=CORE), n_boot=200)
     md = (q / "report.md").read_text(encoding="utf-8")
     assert f"**{SFT_MISSING}**" in md and "RL vs supervised" not in md
@@ -104,3 +175,14 @@ def test_sft_reading_needs_p_below_001_and_the_ci_on_one_side() -> None:
     assert reading(0.001, -0.10, -0.02) == "SFT better than RL (p < 0.01)"
     assert reading(0.02, 0.01, 0.10) == "no difference at p < 0.01"
     assert reading(0.001, -0.01, 0.10) == "no difference at p < 0.01"
+
+
+def test_committed_sft_then_grpo_probe_is_refused_by_time() -> None:
+    # results/2026-12-02-spider-0.5b-sft-grpo100: sft 264.14 s; grpo_sft 308.41 s of GRPO from its weights
+    v = evidence_gate(REPO / "results" / "2026-12-02-spider-0.5b-sft-grpo100")
+    assert v.sft_control.problems == [
+        "arm 'sft' trained 4.40 min, less than 'grpo_sft' in total (9.54 min = SFT part 4.40 min in "
+        "arms/sft/train + GRPO part 5.14 min): not an equal-time control; grpo_sft started from the 'sft' "
+        "arm's own weights, so no sft.steps can match it: set sft.init_steps > 0 (grpo_sft then runs its "
+        "own SFT stage) and size sft.steps to the total"
+    ]

@@ -13,8 +13,9 @@ eval run), `same_tasks`, `same_fingerprint`, `leakage_audit` (passed).
 
 "RL adds value over supervised fine-tuning" is a separate claim (`check_sft_control`, outside
 `claim_allowed`): the whole gate plus an `sft` arm (train + eval, sound steps) for the turns of every
-RL arm (kind `grpo*`), trained at least as long as the `grpo` arm (run.json train_seconds); without
-one it says "no SFT control: whether RL beats SFT is not answered".
+RL arm (kind `grpo*`), trained at least as long as each RL arm in total (run.json train_seconds; for
+grpo_sft its GRPO part plus the SFT run it started from, `rl_training`); without one it says "no SFT
+control: whether RL beats SFT is not answered".
 
 Covered: every defect of a readable experiment folder becomes a failed check with a named problem; a
 folder that is not an experiment folder raises `rundir.ExperimentError` (CLI exit 2); no torch import.
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlrl.evidence.rltime import rl_training, time_problem, train_seconds
 from sqlrl.evidence.rundir import RUN_FLAGS, Arm, Experiment
 
 CONTROL_KINDS = ("no_update", "validity")
@@ -458,20 +460,10 @@ def check_leakage(exp: Experiment) -> Check:
     return _check("leakage_audit", problems, "gold-mutation leakage audit passed")
 
 
-def _train_seconds(exp: Experiment, arm: Arm) -> float | None:
-    run = exp.train_run(arm.name) if arm.train_dir is not None else None
-    if not isinstance(run, dict):
-        return None
-    for key, scale in (("train_seconds", 1.0), ("gpu_minutes", 60.0)):
-        t = run.get(key)
-        if isinstance(t, int | float) and not isinstance(t, bool):
-            return float(t) * scale
-    return None
-
-
 def check_sft_control(exp: Experiment) -> Check:
     """The SFT-only control behind a claim that RL adds value over supervised fine-tuning (not in
-    `CHECKS`: it decides `Verdict.rl_over_sft_allowed`, not `claim_allowed`)."""
+    `CHECKS`: it decides `Verdict.rl_over_sft_allowed`, not `claim_allowed`). The control must train at
+    least as long as every RL arm's whole training: for grpo_sft its GRPO part plus its SFT start."""
     rl = [a for a in exp.arms.values() if a.kind.startswith("grpo")]
     sfts = exp.arms_of("sft")
     if not sfts:
@@ -496,21 +488,29 @@ def check_sft_control(exp: Experiment) -> Check:
                 f"arm '{arm.name}': weights did not change (train run.json weights_changed=false)"
             )
     times = []
-    for g in exp.arms_of("grpo"):
+    for g in rl:
+        parts = rl_training(exp, g)
         for s in exp.same_turns(g, "sft"):
-            ts, tg = _train_seconds(exp, s), _train_seconds(exp, g)
-            if ts is None or tg is None:
+            ts = train_seconds(exp, s)
+            if ts is None or parts["rl"] is None:
                 problems.append(
                     f"training time of '{s.name}' or '{g.name}' not recorded (train run.json train_seconds)"
                 )
-            elif ts < tg:
+            elif parts["total"] is None:
                 problems.append(
-                    f"arm '{s.name}' trained {ts / 60:.2f} min, less than '{g.name}' ({tg / 60:.2f} min): "
-                    "not an equal-time control; raise sft.steps"
+                    f"arm '{g.name}': the training time of the SFT run it started from is not recorded "
+                    f"({parts['sft_run'] or 'no SFT run found'}/run.json train_seconds), so its total is unknown"
                 )
+            elif (line := time_problem(exp, s, g, ts, parts)) is not None:
+                problems.append(line)
             else:
-                times.append(f"{s.name} {ts / 60:.2f} min >= {g.name} {tg / 60:.2f} min of training")
-    detail = "sft control present for every RL arm" + (f"; {', '.join(times)}" if times else "")
+                split = (
+                    f" (SFT part {parts['sft'] / 60:.2f} + GRPO part {parts['rl'] / 60:.2f})"
+                    if parts["sft"] is not None
+                    else ""
+                )
+                times.append(f"{s.name} {ts / 60:.2f} min >= {g.name} {parts['total'] / 60:.2f} min{split}")
+    detail = "sft control present for every RL arm" + (f"; {', '.join(times)} of training" if times else "")
     return _check("sft_control", problems, detail)
 
 

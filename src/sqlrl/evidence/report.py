@@ -48,6 +48,7 @@ from sqlrl.evidence.fmt import (
     short,
 )
 from sqlrl.evidence.page import render_html
+from sqlrl.evidence.rltime import rl_training, train_seconds
 from sqlrl.evidence.rundir import Experiment
 from sqlrl.evidence.sections import breakdown_markdown
 
@@ -170,33 +171,50 @@ def render_markdown(analysis: dict, links: dict[str, dict[str, str]]) -> str:
 
 
 def _sft_section(analysis: dict) -> list[str]:
-    """RL arms vs the SFT-only control, with training minutes side by side (empty without an sft arm)."""
+    """RL arms vs the SFT-only control, with training minutes side by side (empty without an sft arm):
+    an RL arm's minutes are its total, for grpo_sft the SFT run it started from plus its GRPO part."""
     rows = sft_comparisons(analysis)
     if not rows:
         return []
-    minutes = {
-        a["name"]: (a.get("train") or {}).get("gpu_minutes") for a in analysis["arms"] if a.get("train")
-    }
+    exp: Experiment = analysis["_exp"]
     out = [
         "",
         "## RL vs supervised fine-tuning (SFT-only control)",
         "",
         analysis["verdict"].rl_over_sft_line,
         "",
-        "| RL arm vs SFT | Δ (95% CI) | McNemar p | reading | train min (RL / SFT) |",
+        "| RL arm vs SFT | Δ (95% CI) | McNemar p | reading | train min: RL total (SFT part + GRPO part) / SFT |",
         "| --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         ok = r.get("available")
-        mins = " / ".join(
-            f"{minutes[x]:.2f}" if minutes.get(x) is not None else "-" for x in (r["b"], r["a"])
-        )
         out.append(
             f"| {md_cell(r['b'])} vs {md_cell(r['a'])} | {diff_ci(r) if ok else '-'} | "
-            f"{fmt_p(r['p_value']) if ok else '-'} | {md_cell(r['reading'])} | {mins} |"
+            f"{fmt_p(r['p_value']) if ok else '-'} | {md_cell(r['reading'])} | {_train_minutes(exp, r['b'], r['a'])} |"
         )
-    out += ["", "Train minutes of grpo_sft are its GRPO part; its SFT part is the sft arm's."]
+    out += [
+        "",
+        "An RL arm's train minutes are its whole training: grpo_sft's are the SFT run it started from "
+        "(the sft arm's own run, or its own stage with sft.init_steps > 0) plus its GRPO steps; the SFT "
+        "control needs at least as many (run.json train_seconds).",
+    ]
     return out
+
+
+def _train_minutes(exp: Experiment, rl_name: str, sft_name: str) -> str:
+    """ "RL / SFT" train minutes, the RL side as "total (SFT part + GRPO part)" for an arm with an SFT start."""
+
+    def m(x: float | None) -> str:
+        return f"{x / 60:.2f}" if x is not None else "-"
+
+    rl_arm, sft_arm = exp.arms.get(rl_name), exp.arms.get(sft_name)
+    sft_side = m(train_seconds(exp, sft_arm)) if sft_arm is not None else "-"
+    if rl_arm is None:
+        return f"- / {sft_side}"
+    parts = rl_training(exp, rl_arm)
+    if rl_arm.kind != "grpo_sft":
+        return f"{m(parts['total'])} / {sft_side}"
+    return f"{m(parts['total'])} ({m(parts['sft'])} + {m(parts['rl'])}) / {sft_side}"
 
 
 def _links(exp: Experiment, out_dir: Path) -> dict[str, dict[str, str]]:

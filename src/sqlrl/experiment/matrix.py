@@ -7,11 +7,11 @@ budgets and the same number of steps, prompts and rollouts:
 - `no_update`: the same loop with learning rate 0 (weights must stay bit-identical);
 - `validity`: GRPO with the validity-only reward (1 when the SQL executes).
 Opt-in (`experiment.arms`): `sft`, the SFT-only control (`training/sft.py` on the training golds, budget
-in [sft]), and `grpo_sft`, GRPO as `grpo` but starting from the `sft` arm's final weights.
-With `turns = [1, 3]` the matrix is run once per turn budget (arm names get a `_t3` suffix).
+in [sft]), and `grpo_sft`, GRPO as `grpo` from SFT weights: the `sft` arm's, or with `sft.init_steps > 0`
+its own SFT stage's, so the sft control can cover its whole training time. With `turns = [1, 3]` the matrix is run once per turn budget (arm names get a `_t3` suffix).
 
-Every arm is a normal run folder (train and/or eval) under `arms/<arm>/`; `experiment.json` links
-them. Then the weight audit (base vs GRPO vs No-update, reloaded identity), the leakage audit (gold
+Every arm is a normal run folder (train and/or eval) under `arms/<arm>/` (`arms.py`), linked by
+`experiment.json`. Then the weight audit (base vs GRPO vs No-update, reloaded identity), the leakage audit (gold
 mutation, on a slice of the evaluation tasks, per turn budget) and the report with the evidence gate.
 
 `--seeds 0,1,2` runs the whole matrix once per training seed (`run.seed`; the split stays
@@ -40,7 +40,7 @@ from pathlib import Path
 from sqlrl.artifacts import git_commit, holds_run_lock, machine_info, read_json, write_json_atomic
 from sqlrl.config import Config, ConfigError, from_dict
 from sqlrl.config_tables import SFTConfig, sft_from_dict
-from sqlrl.training.budget import Unfinished, check_time
+from sqlrl.experiment.arms import arm_config, run_arm
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class ExperimentConfig:
     """Name shown in the report."""
     arms: tuple[str, ...] = DEFAULT_ARMS
     """Arms to run, in order; base, grpo, no_update and validity are needed for a claim, and sft for a
-    claim that RL beats supervised fine-tuning. Also: grpo_sft (needs sft listed before it)."""
+    claim that RL beats supervised fine-tuning. Also: grpo_sft (needs sft before it unless sft.init_steps > 0)."""
     turns: tuple[int, ...] = (1,)
     """Turn budgets; the matrix runs once per value (1 = single-turn)."""
     leakage_tasks: int = 16
@@ -95,27 +95,18 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tup
             raise ConfigError(
                 f"{path}: experiment.arms has unknown arm {arm!r}; arms are {', '.join(ARM_KINDS)}"
             )
-    if "grpo_sft" in exp.arms and (
-        "sft" not in exp.arms or exp.arms.index("sft") > exp.arms.index("grpo_sft")
+    if (
+        "grpo_sft" in exp.arms
+        and sft.init_steps == 0
+        and ("sft" not in exp.arms or exp.arms.index("sft") > exp.arms.index("grpo_sft"))
     ):
         raise ConfigError(
-            f"{path}: experiment.arms has grpo_sft without sft before it; grpo_sft starts from the sft "
-            "arm's final weights: list sft before grpo_sft"
+            f"{path}: experiment.arms has grpo_sft without sft before it; with sft.init_steps = 0 grpo_sft "
+            "starts from the sft arm's final weights: list sft before grpo_sft, or set sft.init_steps > 0"
         )
     if any(t < 1 for t in exp.turns):
         raise ConfigError(f"{path}: experiment.turns must be >= 1")
     return cfg, exp
-
-
-def arm_config(cfg: Config, kind: str, turns: int) -> Config:
-    agent = {"turns": turns}
-    if kind == "no_update":
-        return cfg.replace(agent=agent, grpo={"control": "no-update", "lr": 0.0, "reward": "execution"})
-    if kind == "validity":
-        return cfg.replace(agent=agent, grpo={"control": "none", "reward": "validity"})
-    if kind == "sft":  # trained single-turn (the answer format), evaluated with `turns`
-        return cfg.replace(agent=agent)
-    return cfg.replace(agent=agent, grpo={"control": "none", "reward": "execution"})
 
 
 def _experiment_state(
@@ -212,116 +203,6 @@ class ArmProgress:
         return lambda total, initial: self.line.open(i, total, initial)
 
 
-def _run_arm(
-    cfg: Config,
-    out: Path,
-    name: str,
-    kind: str,
-    turns: int,
-    *,
-    root: Path,
-    n_eval_tasks: int,
-    command: list[str] | None,
-    deadline: float | None,
-    progress: ArmProgress | None = None,
-    sft: SFTConfig | None = None,
-) -> dict:
-    """Train (unless base) and evaluate one arm, skipping what is finished; returns its experiment.json entry."""
-    from sqlrl.agent.loop import Budgets
-    from sqlrl.evaluation.runner import load_policy, run_eval
-    from sqlrl.generation.device import free_memory
-
-    arm_dir = out / "arms" / name
-    acfg = arm_config(cfg, kind, turns)
-    budgets = Budgets.from_config(acfg.agent)
-    entry = {
-        "kind": kind,
-        "turns": turns,
-        "budgets": budgets.to_dict(),
-        "train_run": None,
-        "eval_run": f"arms/{name}/eval",
-    }
-    model_for_eval = cfg.model.name
-    if kind != "base":
-        train_dir = arm_dir / "train"
-        entry["train_run"] = f"arms/{name}/train"
-        run_json = train_dir / "run.json"
-        finished = run_json.exists() and read_json(run_json).get("status") == "finished"
-        if finished:
-            if progress is not None:
-                progress.skip("train")
-            log.info(f"[experiment] {name}: training finished before, kept")
-        else:
-            check_time(deadline, 60, f"training arm {name}")
-            resume = (train_dir / "config.json").exists()
-            log.info(f"[experiment] {name}: {'resuming training' if resume else 'training'} -> {train_dir}")
-            opener = progress.opener("train") if progress is not None else True
-            res, total = _train_arm(acfg, out, train_dir, kind, turns, resume, command, deadline, sft, opener)
-            free_memory()
-            if not res["finished"]:
-                raise Unfinished(f"arm {name} stopped at step {res['steps']} of {total}")
-        from sqlrl.training.export import final_weights
-
-        # the folder, or the base for a No-update arm that stored only its weights' hashes (audited)
-        model_for_eval = final_weights(train_dir / "final")
-    if (arm_dir / "eval" / "summary.json").exists():
-        if progress is not None:
-            progress.skip("eval")
-        log.info(f"[experiment] {name}: evaluation finished before, kept")
-    else:
-        check_time(deadline, 45, f"evaluating arm {name}")
-        log.info(f"[experiment] {name}: evaluating on {n_eval_tasks} tasks -> {arm_dir / 'eval'}")
-        policy = load_policy(
-            model_for_eval,
-            device=cfg.run.device,
-            dtype=cfg.model.dtype,
-            engine=cfg.run.gen_engine,
-            max_batch=cfg.run.gen_max_batch,
-        )
-        run_eval(
-            model=model_for_eval,
-            data=str(root),
-            split=cfg.data.eval_split,
-            out=arm_dir / "eval",
-            budgets=budgets,
-            limit=cfg.data.max_eval_tasks,
-            seed=cfg.data.split_seed,  # the eval subset: the same tasks for every training seed
-            split_seed=cfg.data.split_seed,
-            val_fraction=cfg.data.val_fraction,
-            policy=policy,
-            sandbox_workers=cfg.run.sandbox_workers,
-            command=command,
-            progress=progress.opener("eval") if progress is not None else True,
-        )
-        del policy
-        free_memory()
-    return entry
-
-
-def _train_arm(
-    acfg, out, train_dir, kind, turns, resume, command, deadline, sft, progress
-) -> tuple[dict, int]:
-    """Train one arm: GRPO, SFT (`sft`, single-turn) or GRPO from the sft arm's weights; (result, steps)."""
-    from sqlrl.training.sft import train_sft
-    from sqlrl.training.trainer import train
-
-    sft = sft or SFTConfig()
-    if kind == "sft":
-        scfg = acfg.replace(agent={"turns": 1})
-        res = train_sft(scfg, sft, train_dir, resume=resume, command=command, deadline=deadline)
-        return res, sft.steps
-    if kind == "grpo_sft":
-        init = out / "arms" / f"sft{'' if turns == 1 else f'_t{turns}'}" / "train" / "final"
-        if not (init / "identity.json").is_file():
-            raise ConfigError(
-                f"arm grpo_sft starts from the sft arm's final weights, but {init} holds none; list sft "
-                "before grpo_sft in experiment.arms and let it finish"
-            )
-        acfg = acfg.replace(model={"name": str(init.resolve())})
-    res = train(acfg, train_dir, resume=resume, command=command, deadline=deadline, progress=progress)
-    return res, acfg.grpo.steps
-
-
 def _leakage_for_turns(cfg: Config, exp: ExperimentConfig, out: Path, turns: int, eval_tasks: list) -> None:
     """The leakage audit of one turn budget with the base model, into leakage[_t<turns>].json (once)."""
     from sqlrl.agent.envs import make_env
@@ -413,7 +294,7 @@ def _run_matrix(
         for kind in exp.arms:
             name = f"{kind}{suffix}"
             progress.arm = name
-            state["arms"][name] = _run_arm(
+            state["arms"][name] = run_arm(
                 cfg,
                 out,
                 name,
@@ -538,8 +419,11 @@ def model_parameters(path: Path) -> int | None:
 def disk_needed(cfg: Config, exp: ExperimentConfig, params: int) -> tuple[int, str]:
     """(bytes, how) the experiment folder needs at its peak: float32 final weights of every trained arm
     but No-update (stored as hashes), plus the checkpoints (float32 weights + AdamW state) training keeps."""
-    stored = sum(1 for k in exp.arms if k in ("grpo", "validity")) * len(exp.turns)
-    trained = sum(1 for k in exp.arms if k != "base") * len(exp.turns)
+    own_stage = "grpo_sft" in exp.arms and exp.sft.init_steps > 0  # grpo_sft's SFT stage: one more run
+    stored = (sum(1 for k in exp.arms if k in ("grpo", "validity", "sft", "grpo_sft")) + own_stage) * len(
+        exp.turns
+    )
+    trained = (sum(1 for k in exp.arms if k != "base") + own_stage) * len(exp.turns)
     weights, ckpt = 4 * params, 12 * params
     g, r = cfg.grpo, cfg.run
     n_ckpt = sum(1 for s in range(1, g.steps) if s % r.checkpoint_every == 0)

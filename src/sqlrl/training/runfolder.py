@@ -51,6 +51,7 @@ ADDED_KEYS = {
     ("grpo", "task_sampling"): "epoch",
     ("sft", "submit_turns"): 0,
     ("sft", "checkpoint_every"): 0,
+    ("sft", "init_steps"): 0,
     ("run", "eval_every"): 0,
     ("run", "eval_tasks"): 0,
     ("agent", "schema_sample_values"): 0,

@@ -200,7 +200,10 @@ def answer_loss_sum(model, ids, attn, labels, autocast_dtype=None):
 
 
 def resolved(cfg: Config, sft: SFTConfig) -> dict:
-    return {**cfg.resolve(), "sft": dataclasses.asdict(sft)}
+    """The run's config as config.json holds it; sft.init_steps is the matrix's grpo_sft setting, not
+    this run's, so it is left out (changing it does not change an SFT run)."""
+    table = {k: v for k, v in dataclasses.asdict(sft).items() if k != "init_steps"}
+    return {**cfg.resolve(), "sft": table}
 
 
 def config_hash(cfg: Config, sft: SFTConfig) -> str:

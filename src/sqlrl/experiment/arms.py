@@ -1,0 +1,225 @@
+"""One arm of the experiment matrix (`matrix.py`): its config, its training and its evaluation.
+
+- `arm_config(cfg, kind, turns)`: the run config of an arm kind (controls set lr 0 or the reward);
+- `run_arm(...)`: train (unless base) and evaluate one arm into `arms/<arm>/{train,eval}`, keeping what
+  is finished and resuming an unfinished training run from its last checkpoint;
+- `grpo_sft` trains GRPO (the `grpo` arm's settings) from SFT weights. With `sft.init_steps = 0` they are
+  the `sft` arm's final weights; with `sft.init_steps > 0` the arm first runs its own SFT stage
+  (`sft_stage`: `training/sft.py` with the [sft] settings, steps = init_steps, the sft arm's seed and
+  single-turn data) in `arms/grpo_sft/sft_init`, resumed like any arm, so that the `sft` arm is a pure
+  control whose steps can cover grpo_sft's whole training time. Its train run.json records the SFT run
+  it started from (`init_sft`: folder, train_seconds, final identity) and its experiment.json entry
+  names it (`init_run`); the evidence gate adds that run's time to the GRPO part (`evidence/rltime.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+from sqlrl.artifacts import read_json, write_json_atomic
+from sqlrl.config import Config, ConfigError
+from sqlrl.config_tables import SFTConfig
+from sqlrl.training.budget import Unfinished, check_time
+
+log = logging.getLogger(__name__)
+
+
+def arm_config(cfg: Config, kind: str, turns: int) -> Config:
+    agent = {"turns": turns}
+    if kind == "no_update":
+        return cfg.replace(agent=agent, grpo={"control": "no-update", "lr": 0.0, "reward": "execution"})
+    if kind == "validity":
+        return cfg.replace(agent=agent, grpo={"control": "none", "reward": "validity"})
+    if kind == "sft":  # trained single-turn (the answer format), evaluated with `turns`
+        return cfg.replace(agent=agent)
+    return cfg.replace(agent=agent, grpo={"control": "none", "reward": "execution"})
+
+
+def sft_run_config(cfg: Config, turns: int) -> Config:
+    """The config of an SFT run of the matrix (the sft arm, grpo_sft's own stage): single-turn."""
+    return arm_config(cfg, "sft", turns).replace(agent={"turns": 1})
+
+
+def init_dir(out: Path, turns: int, sft: SFTConfig) -> Path:
+    """The SFT run folder grpo_sft (of `turns`) starts from: its own stage, or the sft arm's training."""
+    suffix = "" if turns == 1 else f"_t{turns}"
+    if sft.init_steps > 0:
+        return out / "arms" / f"grpo_sft{suffix}" / "sft_init"
+    return out / "arms" / f"sft{suffix}" / "train"
+
+
+def sft_stage(cfg: Config, sft: SFTConfig, stage_dir: Path, turns: int, name: str, command, deadline) -> None:
+    """Run, resume or keep grpo_sft's own SFT stage (`sft.init_steps` steps) in `stage_dir`."""
+    from sqlrl.generation.device import free_memory
+    from sqlrl.training.sft import train_sft
+
+    run_json = stage_dir / "run.json"
+    if run_json.exists() and read_json(run_json).get("status") == "finished":
+        log.info(f"[experiment] {name}: its SFT stage finished before, kept")
+        return
+    check_time(deadline, 60, f"the SFT stage of arm {name}")
+    resume = (stage_dir / "config.json").exists()
+    log.info(f"[experiment] {name}: {'resuming' if resume else 'running'} its SFT stage -> {stage_dir}")
+    stage = dataclasses.replace(sft, steps=sft.init_steps)
+    res = train_sft(
+        sft_run_config(cfg, turns), stage, stage_dir, resume=resume, command=command, deadline=deadline
+    )
+    free_memory()
+    if not res["finished"]:
+        raise Unfinished(f"arm {name}: its SFT stage stopped at step {res['steps']} of {sft.init_steps}")
+
+
+def _record_init(out: Path, train_dir: Path, init: Path) -> None:
+    """Write into grpo_sft's train run.json which SFT run it started from and that run's train time."""
+    run = read_json(train_dir / "run.json")
+    ident = init / "final" / "identity.json"
+    run["init_sft"] = {
+        "run": init.relative_to(out).as_posix(),
+        "train_seconds": read_json(init / "run.json").get("train_seconds"),
+        "final_identity": read_json(ident).get("weights_hash") if ident.is_file() else None,
+    }
+    write_json_atomic(train_dir / "run.json", run)
+
+
+def train_arm(
+    cfg: Config,
+    out: Path,
+    name: str,
+    kind: str,
+    turns: int,
+    *,
+    resume: bool,
+    command: list[str] | None,
+    deadline: float | None,
+    sft: SFTConfig,
+    progress,
+) -> tuple[dict, int]:
+    """Train one arm into `arms/<name>/train`: GRPO, SFT (`sft`, single-turn) or GRPO from SFT weights
+    (`grpo_sft`); returns (the trainer's result, the arm's steps)."""
+    from sqlrl.training.sft import train_sft
+    from sqlrl.training.trainer import train
+
+    train_dir = out / "arms" / name / "train"
+    acfg = arm_config(cfg, kind, turns)
+    if kind == "sft":
+        res = train_sft(
+            sft_run_config(cfg, turns), sft, train_dir, resume=resume, command=command, deadline=deadline
+        )
+        return res, sft.steps
+    init = None
+    if kind == "grpo_sft":
+        init = init_dir(out, turns, sft)
+        if sft.init_steps > 0:
+            sft_stage(cfg, sft, init, turns, name, command, deadline)
+        elif not (init / "final" / "identity.json").is_file():
+            raise ConfigError(
+                f"arm {name} starts from the sft arm's final weights, but {init / 'final'} holds none; list "
+                "sft before grpo_sft in experiment.arms and let it finish, or set sft.init_steps > 0"
+            )
+        acfg = acfg.replace(model={"name": str((init / "final").resolve())})
+    res = train(acfg, train_dir, resume=resume, command=command, deadline=deadline, progress=progress)
+    if init is not None:
+        _record_init(out, train_dir, init)
+    return res, acfg.grpo.steps
+
+
+def run_arm(
+    cfg: Config,
+    out: Path,
+    name: str,
+    kind: str,
+    turns: int,
+    *,
+    root: Path,
+    n_eval_tasks: int,
+    command: list[str] | None,
+    deadline: float | None,
+    progress=None,
+    sft: SFTConfig | None = None,
+) -> dict:
+    """Train (unless base) and evaluate one arm, skipping what is finished; returns its experiment.json
+    entry (`progress`: the matrix's `ArmProgress`)."""
+    from sqlrl.agent.loop import Budgets
+    from sqlrl.evaluation.runner import load_policy, run_eval
+    from sqlrl.generation.device import free_memory
+
+    sft = sft or SFTConfig()
+    arm_dir = out / "arms" / name
+    budgets = Budgets.from_config(arm_config(cfg, kind, turns).agent)
+    entry = {
+        "kind": kind,
+        "turns": turns,
+        "budgets": budgets.to_dict(),
+        "train_run": None,
+        "eval_run": f"arms/{name}/eval",
+    }
+    if kind == "grpo_sft":
+        entry["init_run"] = init_dir(out, turns, sft).relative_to(out).as_posix()
+    model_for_eval = cfg.model.name
+    if kind != "base":
+        train_dir = arm_dir / "train"
+        entry["train_run"] = f"arms/{name}/train"
+        run_json = train_dir / "run.json"
+        finished = run_json.exists() and read_json(run_json).get("status") == "finished"
+        if finished:
+            if progress is not None:
+                progress.skip("train")
+            log.info(f"[experiment] {name}: training finished before, kept")
+        else:
+            check_time(deadline, 60, f"training arm {name}")
+            resume = (train_dir / "config.json").exists()
+            log.info(f"[experiment] {name}: {'resuming training' if resume else 'training'} -> {train_dir}")
+            opener = progress.opener("train") if progress is not None else True
+            res, total = train_arm(
+                cfg,
+                out,
+                name,
+                kind,
+                turns,
+                resume=resume,
+                command=command,
+                deadline=deadline,
+                sft=sft,
+                progress=opener,
+            )
+            free_memory()
+            if not res["finished"]:
+                raise Unfinished(f"arm {name} stopped at step {res['steps']} of {total}")
+        from sqlrl.training.export import final_weights
+
+        # the folder, or the base for a No-update arm that stored only its weights' hashes (audited)
+        model_for_eval = final_weights(train_dir / "final")
+    if (arm_dir / "eval" / "summary.json").exists():
+        if progress is not None:
+            progress.skip("eval")
+        log.info(f"[experiment] {name}: evaluation finished before, kept")
+    else:
+        check_time(deadline, 45, f"evaluating arm {name}")
+        log.info(f"[experiment] {name}: evaluating on {n_eval_tasks} tasks -> {arm_dir / 'eval'}")
+        policy = load_policy(
+            model_for_eval,
+            device=cfg.run.device,
+            dtype=cfg.model.dtype,
+            engine=cfg.run.gen_engine,
+            max_batch=cfg.run.gen_max_batch,
+        )
+        run_eval(
+            model=model_for_eval,
+            data=str(root),
+            split=cfg.data.eval_split,
+            out=arm_dir / "eval",
+            budgets=budgets,
+            limit=cfg.data.max_eval_tasks,
+            seed=cfg.data.split_seed,  # the eval subset: the same tasks for every training seed
+            split_seed=cfg.data.split_seed,
+            val_fraction=cfg.data.val_fraction,
+            policy=policy,
+            sandbox_workers=cfg.run.sandbox_workers,
+            command=command,
+            progress=progress.opener("eval") if progress is not None else True,
+        )
+        del policy
+        free_memory()
+    return entry
