@@ -188,15 +188,47 @@ def progress_bar(progress: bool, total: int, initial: int, desc: str):
     return tqdm(total=total, initial=initial, desc=desc, unit="step")
 
 
-def export_final(model, tokenizer, out: Path, *, prune: bool, step: int | None = None) -> dict:
-    """Export the finished run's weights to `RUN/final` (LoRA merged); with `prune`, then delete its
-    checkpoint folders. Returns the export's identity."""
+def final_dtype(cfg) -> str:
+    """The dtype of a run's final weights: `run.final_dtype`, `auto` = the generation dtype."""
+    from sqlrl.generation.device import device_and_dtypes
+
+    return cfg.run.final_dtype if cfg.run.final_dtype != "auto" else device_and_dtypes(cfg)[1]
+
+
+def export_final(
+    model,
+    tokenizer,
+    out: Path,
+    *,
+    prune: bool | None = None,
+    step: int | None = None,
+    cfg=None,
+    base_identity=None,
+) -> dict:
+    """Export the finished run's weights to `RUN/final` (LoRA merged); with `cfg` and `base_identity`,
+    in `final_dtype(cfg)` and as a patch over `cfg.model.name` when smaller. With `prune` (default
+    `cfg.run.prune_checkpoints_at_end`), then delete its checkpoint folders. Returns the export's identity."""
     from sqlrl.training.export import export_hf
 
-    ident = export_hf(model, tokenizer, out / "final", merge_lora=True, step=step)
+    kw = {}
+    if cfg is not None:
+        kw = {"dtype": final_dtype(cfg), "base": cfg.model.name, "base_identity": base_identity}
+        prune = cfg.run.prune_checkpoints_at_end if prune is None else prune
+    ident = export_hf(model, tokenizer, out / "final", merge_lora=True, step=step, **kw)
     if prune:
         prune_checkpoints(out)
     return ident
+
+
+def final_record(ident: dict, base_identity: str | None) -> dict:
+    """{final_identity, weights_changed} of an export: changed = elements differ from the base in the
+    final's dtype (a patch says how many), else the weights hash differs from the base's."""
+    changed = ident.get("changed_elements")
+    same = ident.get("weights_hash") == base_identity
+    return {
+        "final_identity": ident.get("weights_hash"),
+        "weights_changed": changed > 0 if changed is not None else not same,
+    }
 
 
 def prune_checkpoints(out: Path) -> None:
