@@ -283,14 +283,10 @@ def test_debug_eval_by_category_with_a_scripted_policy(tmp_path, demo):
 
 def _factory(name: str):
     if Path(name).is_dir():
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from sqlrl.generation.models import load_model
 
-        from sqlrl.generation.models import weights_hash
-
-        model = AutoModelForCausalLM.from_pretrained(name)
-        tok = AutoTokenizer.from_pretrained(name)
-        tok.padding_side = "left"
-        return model, tok, name, weights_hash(model)
+        loaded = load_model(name)  # a previous stage's final: dense, or a patch over its own base
+        return loaded.model, loaded.tokenizer, name, loaded.identity
     return tiny_factory()
 
 

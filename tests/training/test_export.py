@@ -93,6 +93,8 @@ def test_dense_when_most_elements_change(base, tmp_path):
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
     assert next(reloaded.parameters()).dtype == torch.bfloat16
     assert weights_hash(reloaded) == ident["weights_hash"] == bf16_hash(trained)
+    assert export_cli.cli_main([str(tmp_path / "final"), "-o", str(tmp_path / "hf")]) == 0  # a final/ too
+    assert weights_hash(AutoModelForCausalLM.from_pretrained(tmp_path / "hf")) == ident["weights_hash"]
 
 
 def test_a_changed_base_is_refused_in_one_line(base, tmp_path):

@@ -27,7 +27,7 @@ def cli_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(
         prog="sqlrl export",
         description="Export a sqlrl checkpoint (a step_NNNNNN folder, or a run folder: its latest valid "
-        "checkpoint), or a run's final/ folder stored as a patch over its base, to Hugging Face format "
+        "checkpoint), or a run's final/ folder (also one stored as a patch over its base), to Hugging Face format "
         "with identity.json (weights hash).",
     )
     ap.add_argument("checkpoint", help="checkpoint folder (step_NNNNNN) or run folder")
@@ -38,10 +38,8 @@ def cli_main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     path = Path(args.checkpoint)
-    from sqlrl.generation.patch import is_patch_folder
-
-    if is_patch_folder(path):
-        return _export_patch(path, args.out)
+    if (path / "identity.json").is_file() and not (path / SIDECAR).is_file():
+        return _export_final(path, args.out)  # a run's final/: dense, a patch, or hashes of the base
     if args.base:
         from sqlrl.generation.models import check_model
 
@@ -80,14 +78,21 @@ def cli_main(argv: list[str]) -> int:
     return 0
 
 
-def _export_patch(path: Path, out: str) -> int:
-    """A final folder stored as a patch over its base -> a plain HF folder of the same weights hash."""
+def _export_final(path: Path, out: str) -> int:
+    """A run's final folder (dense, a patch over its base, or the hashes of an unchanged base) -> a plain
+    HF folder whose weights hash is the one the final folder records."""
     from sqlrl.artifacts import read_json
     from sqlrl.generation.models import load_model
+    from sqlrl.training.export import final_weights
 
     recorded = read_json(path / "identity.json")
     try:
-        loaded = load_model(str(path))  # base hash and rebuilt hash checked against identity.json
+        loaded = load_model(final_weights(path))  # a patch: base hash and rebuilt hash checked
+        if loaded.identity != recorded.get("weights_hash"):
+            raise ValueError(
+                f"{path} loads with weights hash {loaded.identity}, not the recorded "
+                f"{recorded.get('weights_hash')}; its files or its base changed"
+            )
         identity = export_hf(
             loaded.model,
             loaded.tokenizer,
@@ -96,12 +101,15 @@ def _export_patch(path: Path, out: str) -> int:
             step=recorded.get("step"),
             source_weights_hash=recorded["weights_hash"],
         )
-    except Exception as e:  # noqa: BLE001 -- missing or changed base, unreadable patch: report, exit 2
+    except Exception as e:  # noqa: BLE001 -- missing or changed base, unreadable files: report, exit 2
         print(f"sqlrl export: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
-    print(
-        f"exported {path} (a patch over {recorded.get('base')}) to {out}  weights_hash={identity['weights_hash']}"
+    how = (
+        f"a patch over {recorded.get('base')}"
+        if recorded.get("weights_stored") == "patch"
+        else "final weights"
     )
+    print(f"exported {path} ({how}) to {out}  weights_hash={identity['weights_hash']}")
     return 0
 
 
