@@ -172,3 +172,15 @@ def test_a_run_final_takes_the_generation_dtype_and_the_warm_start_loads_it(base
     assert (kept["dtype"], kept["weights_hash"]) == ("float32", weights_hash(trained))
     moved = int((trained.model.layers[1].self_attn.q_proj.weight != 0).sum())  # x * (1 + 2**-12) != x
     assert kept["weights_stored"] == "patch" and kept["changed_elements"] == 7 + moved
+
+
+def test_a_model_already_in_the_final_dtype_is_patched_over_the_cast_base(base, tmp_path):
+    """LoRA keeps its weights in the generation dtype: the float32 base is cast to it for the patch."""
+    base_dir, base_id = base
+    trained = trained_from(base_dir).to(torch.bfloat16)
+    ident = export_hf(
+        trained, None, tmp_path / "final", dtype="bfloat16", base=str(base_dir), base_identity=base_id
+    )
+    assert (ident["weights_stored"], ident["changed_elements"]) == ("patch", 7)
+    assert "master_weights_hash" not in ident and ident["weights_hash"] == weights_hash(trained)
+    assert load_model(str(tmp_path / "final")).identity == ident["weights_hash"]

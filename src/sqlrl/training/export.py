@@ -22,6 +22,7 @@ weights-hash check refuses loudly.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 import shutil
@@ -247,6 +248,11 @@ def _try_patch(model: Any, tmp: Path, tdtype: Any, base: str, base_identity: str
     from sqlrl.generation.patch import PATCH_FILE, diff_against_base, unique_tensors
 
     items = unique_tensors(model)
+    if tdtype is None:  # already in the final dtype (LoRA keeps the generation dtype): cast the base to it
+        dtypes = {t.dtype for _, t in items if t.is_floating_point()}
+        if len(dtypes) != 1:
+            return {"why_dense": f"floating tensors in {len(dtypes)} dtypes"}
+        tdtype = dtypes.pop()
     dense_bytes = sum(
         t.numel() * (t.element_size() if tdtype is None else _size(t, tdtype)) for _, t in items
     )
@@ -267,7 +273,8 @@ def _try_patch(model: Any, tmp: Path, tdtype: Any, base: str, base_identity: str
     model.config.save_pretrained(str(tmp))
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(str(tmp))
-    _set_config_dtype(tmp, tdtype if tdtype is not None else next(t.dtype for _, t in items))
+    if tdtype is not None:
+        _set_config_dtype(tmp, tdtype)
     return {
         "weights_hash": got,
         "weights_stored": "patch",
@@ -373,7 +380,8 @@ def _set_config_dtype(folder: Path, tdtype: Any) -> None:
     cfg["dtype"] = name
     if "torch_dtype" in cfg:
         cfg["torch_dtype"] = name
-    write_json_atomic(folder / "config.json", cfg)
+    # the folder is a temp folder renamed into place; keep save_pretrained's file mode
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 def keep_unchanged_bits(merged: Any, peft_model: Any) -> None:
