@@ -51,7 +51,9 @@ def trained_from(base_dir: Path):
 
 
 def bf16_hash(model):
-    return weights_hash({k: v.to(torch.bfloat16) for k, v in model.state_dict().items()})
+    from sqlrl.generation.patch import unique_tensors  # tied weights once, as weights_hash counts them
+
+    return weights_hash({k: v.to(torch.bfloat16) for k, v in unique_tensors(model)})
 
 
 def test_bf16_final_is_a_patch_of_the_changed_elements_and_reloads_with_its_hash(base, tmp_path):
@@ -184,3 +186,26 @@ def test_a_model_already_in_the_final_dtype_is_patched_over_the_cast_base(base, 
     assert (ident["weights_stored"], ident["changed_elements"]) == ("patch", 7)
     assert "master_weights_hash" not in ident and ident["weights_hash"] == weights_hash(trained)
     assert load_model(str(tmp_path / "final")).identity == ident["weights_hash"]
+
+
+def test_a_dense_bf16_final_of_a_tied_model_reloads_with_its_recorded_hash(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    base = tiny_model(tie=True)
+    base.save_pretrained(tmp_path / "base")
+    trained = tiny_model(tie=True)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(1.0)
+    ident = export_hf(
+        trained,
+        None,
+        tmp_path / "final",
+        dtype="bfloat16",
+        base=str(tmp_path / "base"),
+        base_identity=weights_hash(base),
+    )
+    assert ident["weights_stored"] == "dense"
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    assert reloaded.lm_head.weight.data_ptr() == reloaded.model.embed_tokens.weight.data_ptr()
+    assert weights_hash(reloaded) == ident["weights_hash"] == bf16_hash(trained)

@@ -231,11 +231,14 @@ def _save_weights(model: Any, tmp: Path, tdtype: Any, base: str | None, base_ide
         if patched.get("weights_stored") == "patch":
             return {**out, **patched}
         out.update(patched)
-    sd = None if tdtype is None else {n: t.detach().cpu().to(tdtype) for n, t in unique_tensors(model)}
-    model.save_pretrained(str(tmp), state_dict=sd)
-    if sd is not None:
-        _set_config_dtype(tmp, tdtype)
-    out["weights_hash"] = _weights_hash(sd if sd is not None else model)
+    if tdtype is None:
+        model.save_pretrained(str(tmp))
+        out["weights_hash"] = _weights_hash(model)
+        return out
+    sd = {n: t.detach().cpu().to(tdtype) for n, t in unique_tensors(model)}
+    out["weights_hash"] = _weights_hash(sd)  # before save_pretrained, which may edit the dict (tied keys)
+    model.save_pretrained(str(tmp), state_dict=dict(sd))
+    _set_config_dtype(tmp, tdtype)
     return out
 
 
