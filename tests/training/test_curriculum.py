@@ -484,3 +484,23 @@ def test_curriculum_cli_passes_resume_from_valid(tmp_path, monkeypatch):
     assert seen["resume_from_valid"] is True
     assert cli.cli_main([str(config), "--out", str(tmp_path / "c")]) == 2
     assert seen["resume_from_valid"] is False
+
+
+def test_a_stage_whose_final_equals_its_base_in_the_final_dtype_did_not_change(tmp_path):
+    """A bf16 patch final with no changed element is the base as evaluated, though its hash (bf16) differs
+    from the float32 base's: weights_changed is false."""
+    from sqlrl.training.curriculum import finished_stage
+
+    folder = tmp_path / "01-grpo"
+    (folder / "final").mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"run": {"k": 1}}))
+    (folder / "run.json").write_text(
+        json.dumps({"status": "finished", "steps": 2, "model": {"base_identity": "sha256:f32"}})
+    )
+    ident = {"weights_hash": "sha256:bf16", "weights_stored": "patch", "changed_elements": 0, "files": {}}
+    (folder / "final" / "identity.json").write_text(json.dumps(ident))
+    done = finished_stage(folder, {"run": {"k": 1}}, None)
+    assert (done["final_identity"], done["weights_changed"]) == ("sha256:bf16", False)
+    ident["changed_elements"] = 3
+    (folder / "final" / "identity.json").write_text(json.dumps(ident))
+    assert finished_stage(folder, {"run": {"k": 1}}, None)["weights_changed"] is True

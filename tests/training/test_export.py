@@ -209,3 +209,15 @@ def test_a_dense_bf16_final_of_a_tied_model_reloads_with_its_recorded_hash(tmp_p
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
     assert reloaded.lm_head.weight.data_ptr() == reloaded.model.embed_tokens.weight.data_ptr()
     assert weights_hash(reloaded) == ident["weights_hash"] == bf16_hash(trained)
+
+
+def test_final_dtype_is_a_record_only_setting_that_old_run_folders_lack():
+    from sqlrl.training.runfolder import config_changes
+
+    mine = json.loads(json.dumps(run_cfg("tiny").resolve()))  # as config.json holds it
+    saved = json.loads(json.dumps(mine))
+    del saved["run"]["final_dtype"]  # a run folder written before the setting existed: float32 finals
+    blocking, recorded = config_changes(saved, mine)
+    assert blocking == [] and recorded == ["run.final_dtype: None -> auto"]
+    with pytest.raises(C.ConfigError):
+        run_cfg("tiny", final_dtype="bfloat16")  # only the generation dtype or the float32 masters

@@ -41,6 +41,7 @@ RECORD_ONLY_KEYS = {
     ("run", "log_rollouts"),
     ("run", "eval_every"),  # the learning curve never reaches the update (sqlrl.training.curve)
     ("run", "eval_tasks"),
+    ("run", "final_dtype"),  # how RUN/final is stored; evaluations load the same generation-dtype model
 }
 RESUMABLE_CHANGES = MEMORY_ONLY_KEYS | RECORD_ONLY_KEYS
 # settings a saved config may lack, with the value that behaves as a config without them: a saved
@@ -53,6 +54,7 @@ ADDED_KEYS = {
     ("sft", "checkpoint_every"): 0,
     ("run", "eval_every"): 0,
     ("run", "eval_tasks"): 0,
+    ("run", "final_dtype"): "float32",
 }
 
 
