@@ -2,9 +2,10 @@
 # How the model and data reach the GPU machine, and the GPU runs, exactly as executed for results/.
 # The device machine has no network: the Qwen GGUF travels as 28 MiB parts (carried one per call into
 # a scratch folder outside the checkout), Spider as a .tgz, missing wheels (gguf, sqlglot) from .whl/.
-#   here:  bash ../shared/tools/parts.sh split qwen.gguf .stage/q50 24M   (part + the working tree must fit
-#          64 MiB: the tree is 37 MiB since the ninth session, so 24M parts, 20 of them; 28M (17) and 36M
-#          (14) before; the folder name is kept). The 1.5B: .stage/q15, 39 parts of 28M (re-split at 24M).
+#   here:  bash ../shared/tools/parts.sh split qwen.gguf .stage/q50 18M   (part + the working tree must fit
+#          64 MiB: the tree is about 43 MiB since the tenth session, so 18M parts, 27 of them; 24M (20),
+#          28M (17) and 36M (14) before; the folder name is kept). The 1.5B: .stage/q15, 39 parts of 28M
+#          (re-split at 18M). `preflight` says when the tree has outgrown the part size.
 #          git archive --format=tar.gz -o .stage/tree.tgz HEAD -- . ':!results'   (committed code only)
 #          tar czf .stage/spider.tgz -C ../shared/data spider
 #          bash scripts/gpu.sh preflight   (sizes per call, parts' sha256, tree.tgz = HEAD; before any call)

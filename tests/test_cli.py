@@ -122,3 +122,19 @@ def test_ctrl_c_says_how_to_resume(command, module, func, said, monkeypatch, cap
     assert err.startswith(f"sqlrl {command}: {said}")
     if command == "sql":
         assert err == "sqlrl sql: interrupted"
+
+
+def test_eval_budget_flags_carry_the_schema_options():
+    import argparse
+
+    from sqlrl.agent.loop import Budgets
+    from sqlrl.cli.eval import add_budget_args, budgets_from_args
+
+    p = argparse.ArgumentParser()
+    add_budget_args(p)
+    b = budgets_from_args(p.parse_args(["--schema-sample-values", "3", "--schema-order", "question"]))
+    assert (b.schema_sample_values, b.schema_order) == (3, "question")
+    assert budgets_from_args(p.parse_args([])) == Budgets()
+    with pytest.raises(SystemExit) as e:
+        p.parse_args(["--schema-sample-values", "21"])
+    assert e.value.code == 2

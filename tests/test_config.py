@@ -39,6 +39,12 @@ def test_defaults_and_resolved_json_roundtrip(tmp_path):
         ("[run]\nloggers = ['mlflow']\n", "unknown logger"),
         ("[grpo]\ndynamic_sampling_rounds = -1\n", "dynamic_sampling_rounds = -1 must be in [0, 64]"),
         ("[grpo\n", "not valid TOML"),
+        ("[agent]\nschema_sample_values = 21\n", "schema_sample_values = 21 must be in [0, 20]"),
+        ("[agent]\nschema_order = 'random'\n", "choose one of 'file', 'question'"),
+        (
+            "[data]\nkind = 'debug'\ntrain_paraphrases = true\n",
+            "train_paraphrases needs data.kind = 'text2sql'",
+        ),
     ],
 )
 def test_errors_say_what_and_how(tmp_path, text, msg):
@@ -67,7 +73,9 @@ def test_every_field_has_a_doc_line():
         assert not missing, f"{cls.__name__} fields without a doc line: {missing}"
 
 
-@pytest.mark.parametrize("name", ["quickstart.toml", "spider-0.5b-gpu.toml", "spider-1.5b-gpu.toml"])
+@pytest.mark.parametrize(
+    "name", ["quickstart.toml", "spider-0.5b-gpu.toml", "spider-1.5b-gpu.toml", "bird-0.5b-gpu.toml"]
+)
 def test_shipped_configs_validate(name):
     cfg, exp = load_experiment(ROOT / "configs" / name)
     assert set(exp.arms) == {"base", "grpo", "no_update", "validity"}
@@ -174,3 +182,41 @@ def test_cli_invalid_utf8_file_is_one_line_exit_2(tmp_path, capsys, command):
 def test_cli_non_finite_override_is_one_line_exit_2(tmp_path, capsys, command):
     rc, err = _cli([command, str(write(tmp_path, "")), "--set", "grpo.lr=inf"], capsys)
     assert rc == 2 and "grpo.lr = inf is not a finite number" in err and len(err.splitlines()) == 1
+
+
+def test_schema_and_paraphrase_options_default_off_and_resume_from_older_runs(tmp_path):
+    import json
+
+    from sqlrl.training.runfolder import config_changes
+
+    cfg = C.load(write(tmp_path, ""))
+    assert (cfg.agent.schema_sample_values, cfg.agent.schema_order, cfg.data.train_paraphrases) == (
+        0,
+        "file",
+        False,
+    )
+    on = C.load(
+        write(tmp_path, ""),
+        ["agent.schema_sample_values=3", "agent.schema_order='question'", "data.train_paraphrases=true"],
+    )
+    assert (on.agent.schema_sample_values, on.agent.schema_order, on.data.train_paraphrases) == (
+        3,
+        "question",
+        True,
+    )
+    # a run saved before these settings existed resumes (it behaves as the defaults), one that used them does not
+    mine = json.loads(json.dumps(cfg.resolve()))
+    saved = json.loads(json.dumps(cfg.resolve()))
+    del (
+        saved["agent"]["schema_sample_values"],
+        saved["agent"]["schema_order"],
+        saved["data"]["train_paraphrases"],
+    )
+    assert config_changes(saved, mine) == ([], [])
+    blocking = config_changes(saved, json.loads(json.dumps(on.resolve())))[0]
+    assert blocking == ["data.train_paraphrases", "agent.schema_sample_values", "agent.schema_order"]
+
+
+def test_checkpoint_every_zero_is_a_config_error_not_a_crash():
+    with pytest.raises(C.ConfigError, match=r"run.checkpoint_every = 0 must be >= 1 .*grpo.steps"):
+        C.from_dict({"run": {"checkpoint_every": 0}})

@@ -219,3 +219,25 @@ def test_chromium_sh_installs_system_wide_only_when_asked(tmp_path, uid, opt_in,
     assert r.returncode == 0, r.stderr
     assert (log.read_text().splitlines() if log.exists() else []) == apt_calls
     assert says in r.stderr and (says or r.stderr == "")
+
+
+def test_hardness_script_prints_the_distribution(tmp_path):
+    golds = ["SELECT count(*) FROM t", "SELECT a FROM t WHERE b > (SELECT avg(b) FROM t) ORDER BY a"]
+    (tmp_path / "train_spider.json").write_text(
+        json.dumps([{"db_id": "d", "question": "q", "query": g} for g in golds])
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "hardness.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (
+        "train_spider.json: 2 golds: easy 1 (50.0%), medium 0 (0.0%), hard 0 (0.0%), extra 1 (50.0%)"
+    )
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "hardness.py"), str(tmp_path / "no")], env=env
+    )
+    assert bad.returncode == 2

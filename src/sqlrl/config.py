@@ -59,11 +59,14 @@ class DataConfig:
     kind: Literal["text2sql", "debug"] = "text2sql"
     """`text2sql`: Spider-layout questions; `debug`: stateful SQL-debugging tasks on pooled replicas (envs.py)."""
     path: str = "embedded"
-    """A folder in the official Spider layout, or `embedded` for the demo subset shipped in the package."""
+    """A folder in the official Spider layout, a BIRD folder as downloaded (`sqlrl.tasks.bird`: its root,
+    `dev/`, `train/` or mini-dev's folder), or `embedded` for the demo subset shipped in the package."""
     train_split: str = "train"
-    """Split to train on: `train` (by-database split of the training file) or a json stem in the folder."""
+    """Split to train on: `train` (by-database split of the training file) or a json stem in the folder;
+    on BIRD `train.json` is the whole BIRD train file, `train` its by-database part."""
     eval_split: str = "validation"
-    """Split to evaluate on: `validation` (held-out databases) or a json stem such as `dev`."""
+    """Split to evaluate on: `validation` (held-out databases) or a json stem such as `dev` (Spider's or
+    BIRD's dev) or `mini_dev_sqlite` (BIRD mini-dev)."""
     split_seed: int = 0
     """Seed of the by-database train/validation split."""
     val_fraction: float = 0.1
@@ -73,6 +76,19 @@ class DataConfig:
     max_eval_tasks: int = 0
     """Evaluate on at most this many tasks (0 = the whole split), chosen by a shuffle seeded with
     split_seed (not run.seed, so that every training seed is evaluated on the same tasks)."""
+    train_paraphrases: bool = False
+    """Also train on Spider-Syn paraphrases: each training example whose `question_syn` differs from its
+    question becomes a second task (id `<id>-syn`, same gold and database), added after the
+    by-database split and never to the evaluation split; the count is in split.json (`SpiderData.load`)."""
+
+
+# [agent] settings added after runs were recorded, with the value that behaves as before they existed
+RECORDED_IF_SET: dict[str, Any] = {
+    "schema_sample_values": 0,
+    "schema_order": "file",
+    "show_evidence": True,
+    "column_descriptions": False,
+}
 
 
 @dataclass(frozen=True)
@@ -85,6 +101,19 @@ class AgentConfig:
     """How many `inspect` executions a multi-turn trajectory may run (final scoring not counted)."""
     max_schema_chars: int = 8000
     """Schema text budget; whole CREATE statements are kept in order while they fit, then a truncation line."""
+    schema_sample_values: int = 0
+    """Example values shown after each table's CREATE: up to this many distinct non-NULL values per
+    column, the most frequent first, read from the task's database (0 = none; `sqlrl.tasks.schemainfo`)."""
+    schema_order: Literal["file", "question"] = "file"
+    """Which statements a schema over max_schema_chars keeps: `file`, the first in file order; `question`,
+    tables ranked by overlap of the question's words with their names (and values), with their
+    foreign-key partners next (`sqlrl.agent.schemaview`). A schema that fits is shown whole either way."""
+    show_evidence: bool = True
+    """Show the task's evidence (BIRD's per-question hint; Spider has none) in an `Evidence:` line before
+    the question. BIRD reports accuracy both with and without it; the gold never reaches the prompt."""
+    column_descriptions: bool = False
+    """Add BIRD's column descriptions (`database_description/<table>.csv` beside the database) after each
+    table's CREATE, before truncation. Needs schema_order = "file" and schema_sample_values = 0."""
     max_context_tokens: int = 4096
     """Total token budget of a trajectory (prompt + completions + observations)."""
     observation_rows: int = 10
@@ -97,7 +126,13 @@ class AgentConfig:
     # These budgets are the agent's `Budgets` (agent.py): recorded in every trajectory, and two runs
     # are comparable only if they are equal.
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The budgets as recorded; a setting of `RECORDED_IF_SET` at its default is left out, so a run
+        that does not use it records the same budgets as runs made before it existed."""
+        out = dataclasses.asdict(self)
+        for key, default in RECORDED_IF_SET.items():
+            if out[key] == default:
+                del out[key]
+        return out
 
     @classmethod
     def from_config(cls, agent_cfg: AgentConfig) -> AgentConfig:
@@ -449,6 +484,10 @@ def validate(cfg: Config, source: str = "<config>") -> None:
     need(g.score_timeout_s >= 0, "grpo.score_timeout_s must be >= 0 seconds (0 = agent.sql_timeout_s)")
     need(a.turns >= 1, "agent.turns must be >= 1")
     r = cfg.run
+    need(
+        r.checkpoint_every >= 1,
+        f"run.checkpoint_every = {r.checkpoint_every} must be >= 1 (to checkpoint only at the end, set it to grpo.steps)",
+    )
     ok = r.eval_every >= 0 and r.eval_tasks >= 0 and (r.eval_every == 0 or d.kind == "text2sql")
     need(ok, "run.eval_every / eval_tasks must be >= 0 (0 = off / whole split); the curve is text2sql-only")
     need(a.max_new_tokens >= 8, "agent.max_new_tokens must be >= 8")
@@ -458,6 +497,19 @@ def validate(cfg: Config, source: str = "<config>") -> None:
     )
     need(a.max_context_tokens > a.max_new_tokens, "agent.max_context_tokens must exceed agent.max_new_tokens")
     need(a.max_schema_chars >= 200, "agent.max_schema_chars must be >= 200")
+    need(
+        0 <= a.schema_sample_values <= 20,
+        f"agent.schema_sample_values = {a.schema_sample_values} must be in [0, 20] (0 = no example values)",
+    )
+    need(
+        not a.column_descriptions or (a.schema_order == "file" and a.schema_sample_values == 0),
+        "agent.column_descriptions needs agent.schema_order = 'file' and agent.schema_sample_values = 0; "
+        "turn one of them off",
+    )
+    need(
+        not d.train_paraphrases or d.kind == "text2sql",
+        "data.train_paraphrases needs data.kind = 'text2sql' (Spider-Syn questions); set it to false",
+    )
     need(0 < d.val_fraction < 1, f"data.val_fraction = {d.val_fraction} must be in (0, 1)")
     need(cfg.model.lora_rank >= 0, "model.lora_rank must be >= 0")
     for lg in cfg.run.loggers:

@@ -188,3 +188,14 @@ def test_prompt_never_contains_gold(shop_tasks, sandbox):
 def test_parser(text, multi, kind, sql):
     a = Parser.parse(text, multi_turn=multi)
     assert (a.kind, a.sql) == (kind, sql)
+
+
+def test_rollout_prompt_shows_example_values_and_records_the_setting(shop_tasks, sandbox):
+    policy = ScriptedPolicy(lambda text, turn: "```sql\nSELECT 1\n```")
+    public = [shop_tasks[0].public]
+    [plain] = run_agent(public, policy, sandbox, Budgets())
+    [tr] = run_agent(public, policy, sandbox, Budgets(schema_sample_values=1))
+    assert "example values" not in plain.prompt_text and "schema_sample_values" not in plain.budgets
+    # customer: every id and name occurs once (smallest shown), London twice
+    assert "  id: 1\n  name: 'Ada'\n  city: 'London'\n*/" in tr.prompt_text
+    assert tr.budgets["schema_sample_values"] == 1 and "schema_order" not in tr.budgets  # at its default

@@ -91,3 +91,31 @@ def test_make_env_debug_builds_and_closes_its_pool(tmp_path):
         assert env.capacity(tasks[0].public.db_id) == 3
     with make_env(kind="debug", pool=env.pool) as borrowed:
         assert borrowed.pool is env.pool
+
+
+def test_text2sql_training_adds_paraphrases_and_records_their_count(tmp_path):
+    import json
+
+    from sqlrl.agent.envs import make_env
+    from sqlrl.tasks.data import SpiderData, embedded_root
+
+    raw = json.loads((embedded_root() / "train_spider.json").read_text())
+    train_dbs = set(SpiderData("embedded").db_ids("train"))
+    want = sum(
+        1
+        for e in raw
+        if e["db_id"] in train_dbs
+        and " ".join(e.get("question_syn", e["question"]).split()).lower()
+        != " ".join(e["question"].split()).lower()
+    )
+    assert want > 0
+    base = {"run": {"sandbox_workers": 1, "loggers": []}}
+    plain = make_env(C.from_dict({"data": {"path": "embedded"}, **base}), tmp_path / "a")
+    syn = make_env(
+        C.from_dict({"data": {"path": "embedded", "train_paraphrases": True}, **base}), tmp_path / "b"
+    )
+    info = syn.split_info()
+    assert info["train_paraphrases"]["added"] == want
+    assert info["train_paraphrases"]["in_train_tasks"] == len(syn.tasks) - len(plain.tasks)
+    assert "train_paraphrases" not in plain.split_info()
+    assert info["validation"] == plain.split_info()["validation"]  # the held-out side does not move

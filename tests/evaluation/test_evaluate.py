@@ -60,6 +60,9 @@ def test_eval_scores_after_the_trajectory_and_summarizes(shop_tasks, sandbox, tm
     assert s["excluded"] == {"gold_empty": 1}
     assert s["status_counts"] == {"match": 1, "mismatch": 1, "exec_error": 1, "gold_unscorable": 1}
     assert s["per_db"]["shop"] == {"n": 3, "correct": 1, "accuracy": pytest.approx(1 / 3)}
+    # every gold is easy (one aggregate or one WHERE): 3 scored, 1 right, the unscorable one excluded
+    assert s["by_hardness"]["easy"] == {"n": 3, "correct": 1, "accuracy": pytest.approx(1 / 3), "excluded": 1}
+    assert all(s["by_hardness"][h]["n"] == 0 for h in ("medium", "hard", "extra"))
     assert all(tr.reward is not None for tr in out.trajectories)
 
 

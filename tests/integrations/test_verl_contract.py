@@ -702,3 +702,17 @@ def test_reward_function_scores_from_the_private_task_on_the_trainer_side(tmp_pa
     # excluded: no verdict (NaN), not a wrong answer; the 0.0 reward is masked out of the update
     assert infra["sqlrl_excluded"] == 1.0 and infra["score"] == 0.0
     assert math.isnan(infra["acc"]) and math.isnan(infra["sqlrl_executable"])
+
+
+def test_rows_carry_the_schema_options_and_paraphrases_are_refused(shop_tasks, tmp_path):
+    from sqlrl.integrations.verl.data import task_to_row, write_dataset
+
+    kw = {"data_root": "/x", "split": "train", "index": 0, "turns": 1, "max_schema_chars": 8000}
+    plain = task_to_row(shop_tasks[0], **kw)["prompt"][1]["content"]
+    with_values = task_to_row(shop_tasks[0], **kw, schema_sample_values=1)["prompt"][1]["content"]
+    assert "example values" not in plain
+    assert (
+        "/* example values of customer (up to 1 per column, most frequent first):\n  id: 1\n" in with_values
+    )
+    with pytest.raises(ValueError, match="train_paraphrases is not supported by the veRL dataset writer"):
+        write_dataset(_cfg(data={"train_paraphrases": True}), tmp_path)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sqlrl.reward.cut import Cut, CutQuery, build_cut, cut_query
+from sqlrl.reward import cut as cut_module
+from sqlrl.reward.cut import Cut, CutQuery, build_cut, cut_query, fetch_cuts
 from sqlrl.reward.evaluator import Evaluator
 from sqlrl.sql.sandbox import Sandbox
 from sqlrl.tasks.data import PrivateTask, PublicTask
@@ -144,7 +145,9 @@ def test_gold_always_matches_itself(toy, sandbox):
 def test_full_result_failure_is_infrastructure(toy, sandbox):
     class Failing(GoldCache):
         def get_many(self, items, **kw):
-            if any("LIMIT" not in sql for _, sql in items):
+            if any(
+                sql.endswith(f"LIMIT {1 + cut_module.CUT_TIE_ROWS}") for _, sql in items
+            ):  # the full result
                 raise OSError("disk gone")
             return super().get_many(items, **kw)
 
@@ -177,29 +180,41 @@ def test_issue_examples_on_spider(sandbox):
 @pytest.mark.parametrize(
     "gold,want",
     [
-        ("SELECT a, b FROM t ORDER BY b LIMIT 3", CutQuery("SELECT a, b FROM t ORDER BY b", 0, 0)),
-        ("SELECT a, b FROM t ORDER BY b LIMIT 1, 2;", CutQuery("SELECT a, b FROM t ORDER BY b", 1, 0)),
+        # LIMIT offset + n + 10,000 (CUT_TIE_ROWS): 0 + 3 + 10,000; LIMIT 1, 2 is OFFSET 1 LIMIT 2
+        (
+            "SELECT a, b FROM t ORDER BY b LIMIT 3",
+            CutQuery("SELECT a, b FROM t ORDER BY b LIMIT 10003", 0, 0, 10003),
+        ),
+        (
+            "SELECT a, b FROM t ORDER BY b LIMIT 1, 2;",
+            CutQuery("SELECT a, b FROM t ORDER BY b LIMIT 10003", 1, 0, 10003),
+        ),
         (
             "SELECT a FROM t WHERE x IN (SELECT y FROM u ORDER BY z LIMIT 3) ORDER BY b DESC NULLS LAST, "
             "c COLLATE NOCASE ASC LIMIT 1 OFFSET 2",
             CutQuery(
                 "SELECT a, b AS sqlrl_cut_key_0, c COLLATE NOCASE AS sqlrl_cut_key_1 FROM t WHERE x IN "
-                "(SELECT y FROM u ORDER BY z LIMIT 3) ORDER BY b DESC NULLS LAST, c COLLATE NOCASE ASC",
+                "(SELECT y FROM u ORDER BY z LIMIT 3) ORDER BY b DESC NULLS LAST, c COLLATE NOCASE ASC LIMIT 10003",
                 2,
                 2,
+                10003,
             ),
         ),
         (
             "SELECT a FROM t ORDER BY count(*) DESC LIMIT 1",
-            CutQuery("SELECT a, count(*) AS sqlrl_cut_key_0 FROM t ORDER BY count(*) DESC", 0, 1),
+            CutQuery(
+                "SELECT a, count(*) AS sqlrl_cut_key_0 FROM t ORDER BY count(*) DESC LIMIT 10001", 0, 1, 10001
+            ),
         ),
         ("SELECT a FROM t ORDER BY b", None),  # no LIMIT/OFFSET
         ("SELECT a FROM t LIMIT 3", None),  # no ORDER BY
         ("SELECT DISTINCT a FROM t ORDER BY b LIMIT 1", None),  # a hidden key would change DISTINCT
         (
             "SELECT a FROM t UNION SELECT a FROM u ORDER BY 1 LIMIT 1",
-            CutQuery("SELECT a FROM t UNION SELECT a FROM u ORDER BY 1", 0, 0),
+            CutQuery("SELECT a FROM t UNION SELECT a FROM u ORDER BY 1 LIMIT 10001", 0, 0, 10001),
         ),
+        # a LIMIT that is not a literal: no LIMIT on the full query (bounded by the caps only)
+        ("SELECT a, b FROM t ORDER BY b LIMIT 1 + 1", CutQuery("SELECT a, b FROM t ORDER BY b", 0, 0)),
         ("SELECT a FROM t ORDER BY b LIMIT 1 OFFSET (SELECT 1)", None),  # non-literal offset
     ],
 )
@@ -220,3 +235,61 @@ def test_build_cut_pools_and_refusals():
     # a gold row the full result does not hold at that place: no cut
     assert build_cut([(2, "c"), (3, "x")], full, 2, CutQuery("", 2, 0), (0,)) is None
     assert build_cut([(9, "z")], full, 2, CutQuery("", 7, 0), (0,)) is None  # window past the end
+
+
+@pytest.fixture(scope="module")
+def long_db(tmp_path_factory) -> str:
+    """t(k, v): k = 1, 2, then 3 four times, then 4 .. 299 (302 rows); u(k): 1, 2, then 3 twelve times,
+    then 4 .. 99."""
+    path = tmp_path_factory.mktemp("cutlong") / "long" / "long.sqlite"
+    path.parent.mkdir()
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (k INTEGER, v TEXT)")
+    con.executemany(
+        "INSERT INTO t VALUES (?, ?)",
+        [(k, f"v{i}") for i, k in enumerate([1, 2, 3, 3, 3, 3, *range(4, 300)])],
+    )
+    con.execute("CREATE TABLE u (k INTEGER, v TEXT)")
+    con.executemany(
+        "INSERT INTO u VALUES (?, ?)",
+        [(k, f"u{i}") for i, k in enumerate([1, 2] + [3] * 12 + list(range(4, 100)))],
+    )
+    con.commit()
+    con.close()
+    return str(path)
+
+
+def _cuts(sandbox, db: str, gold_sql: str, max_rows: int) -> tuple:
+    """(the Cut fetch_cuts gives for the gold, rows of the full-result fetch) under the cache's row cap."""
+    with GoldCache(executor=sandbox, max_rows=max_rows) as gc:
+        gold = gc.get(db, gold_sql)
+        fetched = []
+
+        def fetch(items):
+            fetched.extend(gc.get_many(items))
+            return fetched[-len(items) :]
+
+        cut = fetch_cuts({(db, gold_sql): gold}, fetch)[(db, gold_sql)]
+        return cut, [f.row_count for f in fetched]
+
+
+def test_full_result_fetch_stops_past_the_window(long_db, sandbox, monkeypatch):
+    monkeypatch.setattr(cut_module, "CUT_TIE_ROWS", 5, raising=False)
+    # 302 rows, over the cache's 50-row cap: the fetch reads offset 0 + LIMIT 3 + 5 = 8 rows
+    # (1, 2, 3, 3, 3, 3, 4, 5); the last window row (3, v2) ties with (3, v3), (3, v4), (3, v5)
+    gold = "SELECT k, v FROM t ORDER BY k LIMIT 3"
+    cut, fetched = _cuts(sandbox, long_db, gold, max_rows=50)
+    assert fetched == [8]
+    assert cut == Cut((1, 1, 1), ((2, ((3, "v2"), (3, "v3"), (3, "v4"), (3, "v5"))),))
+    # u: the 8 rows fetched are 1, 2 and six of the twelve 3s: the last run's pool would be incomplete
+    cut, fetched = _cuts(sandbox, long_db, "SELECT k, v FROM u ORDER BY k LIMIT 3", max_rows=50)
+    assert (cut, fetched) == (None, [8])
+
+
+def test_build_cut_refuses_a_fetch_cut_inside_the_last_ties():
+    full = [(1, "a"), (2, "b"), (2, "c")]  # all 3 rows the LIMIT 3 allowed: more 2s may follow
+    assert build_cut([(1, "a"), (2, "b")], full, 2, CutQuery("", 0, 0, 3), (0,)) is None
+    # the same rows when the fetch was not cut (no LIMIT, or fewer rows than it): the pool is whole
+    want = Cut((1, 1), ((1, ((2, "b"), (2, "c"))),))
+    assert build_cut([(1, "a"), (2, "b")], full, 2, CutQuery("", 0, 0), (0,)) == want
+    assert build_cut([(1, "a"), (2, "b")], full, 2, CutQuery("", 0, 0, 4), (0,)) == want

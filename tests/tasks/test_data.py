@@ -20,6 +20,7 @@ from sqlrl.tasks.data import (
     SpiderData,
     embedded_root,
     ensure_public,
+    paraphrase_count,
     schema_text,
     split_by_database,
 )
@@ -318,6 +319,17 @@ def test_real_spider_layout():
     assert info["train"]["n_examples"] + info["validation"]["n_examples"] == 6904
 
 
+def test_real_spider_paraphrases_training_side_only():
+    if not (SPIDER / "train_spider.json").is_file():
+        pytest.skip(f"Spider data not found at {SPIDER}")
+    data = SpiderData(SPIDER)
+    train = data.load("train", paraphrases=True)
+    # README: every example carries question_syn; 1,935 of the 6,145 training ones equal their question
+    assert (len(train), paraphrase_count(train)) == (6145 + 4210, 4210)
+    assert {t.db_id for t in train} == set(data.db_ids("train"))
+    assert len(data.load("validation")) == 759
+
+
 # ------------------------------------------------------------------------------------------- CLI
 
 
@@ -367,3 +379,60 @@ def test_embedded_is_a_data_path_everywhere_a_folder_is(tmp_path, monkeypatch, c
     (tmp_path / "embedded").mkdir()
     with pytest.raises(DataError, match="has no tables.json"):
         SpiderData("./embedded")
+
+
+# ----------------------------------------------------------------------------------- paraphrases
+
+
+def add_paraphrases(root: Path) -> None:
+    """question_syn on examples 0 (a real paraphrase), 1 (equal to the question up to case and spacing)
+    and 2 (absent) of every database; train_spider.json holds 3 examples per database."""
+    path = root / "train_spider.json"
+    examples = json.loads(path.read_text())
+    for i, ex in enumerate(examples):
+        if i % 3 == 0:
+            ex["question_syn"] = f"syn {ex['question']}"
+        elif i % 3 == 1:
+            ex["question_syn"] = "  " + ex["question"].upper()
+    path.write_text(json.dumps(examples))
+
+
+def test_paraphrases_are_added_after_the_split_to_training_only(tmp_path):
+    root = make_folder(tmp_path, n_dbs=10)
+    add_paraphrases(root)
+    data = SpiderData(root)
+    plain = data.load("train", seed=1)
+    syn = data.load("train", seed=1, paraphrases=True)
+    # the split is decided before any paraphrase is added: same databases on each side, same validation
+    assert {t.db_id for t in syn} == {t.db_id for t in plain}
+    assert data.load("validation", seed=1) == SpiderData(root).load("validation", seed=1)
+    assert not {t.db_id for t in syn} & set(data.db_ids("validation", seed=1))
+    # one paraphrase per database (its example 0), right after its original, same gold and database
+    assert len(syn) == len(plain) + 9 and [t for t in syn if not t.task_id.endswith("-syn")] == plain
+    first = plain[0]  # example 0 of the first training database: it has a real paraphrase
+    i = [t.task_id for t in syn].index(first.task_id)
+    para = syn[i + 1]
+    assert para.task_id == first.task_id + "-syn"
+    assert para.public.question == "syn " + first.public.question
+    assert (para.gold_sql, para.db_id, para.public.schema) == (
+        first.gold_sql,
+        first.db_id,
+        first.public.schema,
+    )
+    assert len({t.task_id for t in syn}) == len(syn)
+    assert paraphrase_count(syn) == 9 and paraphrase_count(plain) == 0
+    # ids are stable: the same load gives the same ids
+    assert [t.task_id for t in data.load("train", seed=1, paraphrases=True)] == [t.task_id for t in syn]
+    # the fingerprint covers the paraphrases only when they are used
+    assert data.fingerprint("train", seed=1) != data.fingerprint("train", seed=1, paraphrases=True)
+    with pytest.raises(DataError, match="validation split is loaded without them"):
+        data.load("validation", seed=1, paraphrases=True)
+
+
+def test_paraphrase_field_must_be_a_string(tmp_path):
+    root = make_folder(tmp_path, n_dbs=2)
+    examples = json.loads((root / "train_spider.json").read_text())
+    examples[1]["question_syn"] = 7
+    (root / "train_spider.json").write_text(json.dumps(examples))
+    with pytest.raises(DataError, match="example 1: question_syn must be a string or absent, found int"):
+        SpiderData(root).load("train_spider")

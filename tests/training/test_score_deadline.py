@@ -83,3 +83,79 @@ def test_a_run_saved_before_the_setting_resumes_only_with_its_behaviour():
     del saved["grpo"]["score_timeout_s"]
     assert config_changes(saved, mine) == ([], [])
     assert config_changes(saved, json.loads(json.dumps(cfg().resolve())))[0] == ["grpo.score_timeout_s"]
+
+
+def test_the_batch_golds_are_fetched_beside_generation_and_scoring_waits_for_them(tmp_path):
+    import threading
+    import time
+
+    c = cfg()
+    events: list = []
+    with make_env(c, tmp_path / "run") as env:
+        real_prefetch, real_score = env.prefetch, env.score
+
+        def prefetch(batch):
+            events.append(("prefetch", [t.task_id for t in batch], hasattr(batch[0], "gold_sql")))
+            time.sleep(0.3)  # still running when generation (scripted: instant) ends
+            real_prefetch(batch)
+            events.append(("prefetched", threading.current_thread().name))
+
+        def score(trajs):
+            events.append(("score", len(trajs)))
+            return real_score(trajs)
+
+        env.prefetch, env.score = prefetch, score
+        sampler = TaskSampler(len(env.tasks), 0)
+        src = RolloutSource(
+            env,
+            env.tasks,
+            sampler,
+            ScriptedPolicy(lambda t, n: "```sql\nSELECT 1\n```"),
+            Budgets.from_config(c.agent),
+            c.grpo,
+            0,
+            None,
+        )
+        sample = StepSample()
+        trajs, _ = src.round(sample, 1, 0)
+        misses = env.evaluator.gold_cache.misses
+        env.prefetch = lambda batch: 1 / 0  # a failing prefetch only loses the warm-up
+        trajs2, _ = src.round(StepSample(), 2, 0)
+    (kind, ids, private), (done, thread), scored = events[:3]
+    assert (kind, private, done, thread, scored) == (
+        "prefetch",
+        True,
+        "prefetched",
+        "sqlrl-gold-prefetch",
+        ("score", 2),
+    )
+    assert ids == [trajs[0].task_id]
+    assert misses >= 1 and all(tr.reward["status"] in ("match", "mismatch") for tr in trajs + trajs2)
+
+
+def test_a_failing_generation_leaves_no_prefetch_running():
+    """Generation raises while the golds are being fetched: the round waits for the fetch before the
+    exception leaves it, so no thread of the round still reads the gold cache when the caller closes
+    the environment."""
+    import threading
+
+    import pytest
+
+    started, release, done = threading.Event(), threading.Event(), []
+
+    class Env:
+        def prefetch(self, batch):
+            started.set()
+            release.wait(1.0)  # nothing sets it: the fetch ends 1 s after it began
+            done.append(len(batch))
+
+        def rollout(self, *args):
+            started.wait(5.0)
+            raise RuntimeError("generation failed")
+
+    c = cfg()
+    src = RolloutSource(Env(), ["t0"], TaskSampler(1, 0), None, None, c.grpo, 0, None)
+    with pytest.raises(RuntimeError, match="generation failed"):
+        src.round(StepSample(), 1, 0)
+    assert done == [1]
+    assert not [t for t in threading.enumerate() if t.name == "sqlrl-gold-prefetch"]

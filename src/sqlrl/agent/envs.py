@@ -10,7 +10,8 @@ A training environment (`make_env(cfg, out)`, what the GRPO trainer uses) adds w
   (what run.json and split.json record about them),
 - `rollout(batch, policy, budgets, sampling, n_samples)`: trajectories, task-major, from *public* tasks,
 - `score(trajs)`: writes `traj.reward` after the trajectories ended and returns the per-trajectory
-  accuracy values used for logging (execution match, or "solved" for debugging tasks).
+  accuracy values used for logging (execution match, or "solved" for debugging tasks); optionally
+  `prefetch(batch)`, run beside the batch's generation (Text2SQL: the golds into the gold cache).
 `Text2SQLTraining` (`data.kind = "text2sql"`: Spider-layout folders, gold audit, execution-match or
 validity reward) and `DebugTraining` (`data.kind = "debug"`: reward = fraction of hidden tests passed).
 
@@ -31,14 +32,18 @@ class Text2SQLTraining:
     kind = "text2sql"
 
     def __init__(self, cfg, out: Path, *, evaluator_factory=None):
-        from sqlrl.tasks.data import SpiderData, resolve_data_root, select_tasks
+        from sqlrl.tasks.bird import open_data
+        from sqlrl.tasks.data import resolve_data_root, select_tasks
         from sqlrl.tasks.goldcache import GoldCache, audit_golds
 
         d = cfg.data
         self.cfg = cfg
         self.root = resolve_data_root(d.path)
-        self.ds = SpiderData(self.root)
-        all_train = self.ds.load(d.train_split, seed=d.split_seed, val_fraction=d.val_fraction)
+        self.ds = open_data(self.root)
+        all_train = self.ds.load(
+            d.train_split, seed=d.split_seed, val_fraction=d.val_fraction, paraphrases=d.train_paraphrases
+        )
+        self.all_train = all_train
         self.gold_cache = GoldCache(out / ".goldcache")
         audit = audit_golds(all_train, self.gold_cache)
         scorable = [t for t in all_train if audit.per_task.get(t.public.task_id) is None]
@@ -49,6 +54,8 @@ class Text2SQLTraining:
         self.env = self.sandbox = self.evaluator = None
 
     def split_info(self) -> dict:
+        from sqlrl.tasks.data import paraphrase_count
+
         d = self.cfg.data
         return {
             **(
@@ -58,9 +65,20 @@ class Text2SQLTraining:
             ),
             "train_split": d.train_split,
             "train_fingerprint": self.ds.fingerprint(
-                d.train_split, seed=d.split_seed, val_fraction=d.val_fraction
+                d.train_split, seed=d.split_seed, val_fraction=d.val_fraction, paraphrases=d.train_paraphrases
             ),
             "train_tasks": len(self.tasks),
+            **(
+                {
+                    # Spider-Syn tasks loaded (before the gold audit) and among the training tasks
+                    "train_paraphrases": {
+                        "added": paraphrase_count(self.all_train),
+                        "in_train_tasks": paraphrase_count(self.tasks),
+                    }
+                }
+                if d.train_paraphrases
+                else {}
+            ),
         }
 
     def __enter__(self) -> Text2SQLTraining:
@@ -86,6 +104,12 @@ class Text2SQLTraining:
 
     def rollout(self, batch: list, policy, budgets, sampling, n_samples: int) -> list:
         return self.env.rollout([t.public for t in batch], policy, budgets, sampling, n_samples=n_samples)
+
+    def prefetch(self, batch: list) -> None:
+        """Warm the gold cache for these tasks (`Evaluator.prefetch`): the trainer runs it beside the
+        batch's generation, so that scoring pays for the predictions only."""
+        if self.evaluator is not None and hasattr(self.evaluator, "prefetch"):
+            self.evaluator.prefetch(batch)
 
     def score(self, trajs: list) -> list[float]:
         """Rewards into `traj.reward`; returns the execution-match values of the scored trajectories. The

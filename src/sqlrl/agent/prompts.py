@@ -20,8 +20,12 @@ produced. Generated text is never re-tokenized.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
+
+from sqlrl.agent.schemaview import schema_for_prompt, truncate_schema
+from sqlrl.tasks.bird import add_column_descriptions
 
 SYSTEM_SINGLE = (
     "You are an expert in SQLite. Given a database schema and a question, write one SQLite query "
@@ -39,48 +43,46 @@ SYSTEM_MULTI = (
 PLACEHOLDER = "\x00SQLRL_ASSISTANT_PLACEHOLDER\x00"
 
 
-def truncate_schema(schema: str, max_chars: int) -> str:
-    """Keep whole CREATE statements in order while they fit in `max_chars`, then say how many were cut.
-
-    Statements are separated by lines that start with `CREATE ` (case-insensitive). If even the first
-    statement does not fit, it is cut at `max_chars` characters. The truncation line itself is not
-    counted against the budget.
-    """
-    if len(schema) <= max_chars:
-        return schema
-    parts = re.split(r"(?im)^(?=create\s)", schema)
-    parts = [p for p in parts if p.strip()]
-    kept: list[str] = []
-    used = 0
-    for p in parts:
-        if used + len(p) > max_chars:
-            break
-        kept.append(p)
-        used += len(p)
-    if not kept:
-        return (
-            schema[:max_chars] + f"\n-- [schema truncated: {len(parts)} statements cut at {max_chars} chars]"
-        )
-    return "".join(kept).rstrip() + f"\n-- [schema truncated: {len(parts) - len(kept)} more statements]"
-
-
-def user_message(question: str, schema: str, evidence: str, max_schema_chars: int) -> str:
-    text = f"Database schema:\n{truncate_schema(schema.strip(), max_schema_chars)}\n\n"
+def user_message(question: str, schema: str, evidence: str, max_schema_chars: int | None) -> str:
+    """The first user message; `schema` is truncated with `truncate_schema` unless `max_schema_chars` is
+    None (the schema text is then already what the prompt shows)."""
+    shown = schema.strip() if max_schema_chars is None else truncate_schema(schema.strip(), max_schema_chars)
+    text = f"Database schema:\n{shown}\n\n"
     if evidence:
         text += f"Evidence: {evidence.strip()}\n\n"
     text += f"Question: {question.strip()}"
     return text
 
 
-def build_messages(task, *, turns: int, max_schema_chars: int) -> list[dict]:
-    """The chat messages of the first prompt for a public task."""
+def build_messages(
+    task,
+    *,
+    turns: int,
+    max_schema_chars: int,
+    schema_sample_values: int = 0,
+    schema_order: str = "file",
+    show_evidence: bool = True,
+    column_descriptions: bool = False,
+) -> list[dict]:
+    """The chat messages of the first prompt for a public task. `schema_sample_values` and `schema_order`
+    are `agent.schema_sample_values` / `agent.schema_order` (`sqlrl.agent.schemaview`); off by default.
+    `show_evidence` (`agent.show_evidence`): the task's evidence (BIRD's hint; empty for Spider) goes in
+    an `Evidence:` line before the question. `column_descriptions` (`agent.column_descriptions`): BIRD's
+    `database_description/*.csv` text after each CREATE TABLE (`sqlrl.tasks.bird.add_column_descriptions`),
+    before truncation; it needs `schema_order = "file"` and no sample values."""
     system = SYSTEM_SINGLE if turns == 1 else SYSTEM_MULTI.format(turns=turns)
+    if column_descriptions:
+        if schema_sample_values or schema_order != "file":
+            raise ValueError(
+                "column_descriptions needs schema_order = 'file' and schema_sample_values = 0; "
+                "turn one of them off"
+            )
+        task = dataclasses.replace(task, schema=add_column_descriptions(task.schema, task.db_path))
+    schema = schema_for_prompt(task, max_schema_chars, schema_sample_values, schema_order)
+    evidence = task.evidence if show_evidence else ""
     return [
         {"role": "system", "content": system},
-        {
-            "role": "user",
-            "content": user_message(task.question, task.schema, task.evidence, max_schema_chars),
-        },
+        {"role": "user", "content": user_message(task.question, schema, evidence, None)},
     ]
 
 

@@ -68,7 +68,15 @@ class Text2SQLEnv(Environment):
 
     def initial(self, task, sample: int, chat: ChatFormat, model: dict, budgets) -> tuple[Trajectory, list]:
         ensure_public(task)  # run-time check right before anything is shown to the policy
-        messages = build_messages(task, turns=budgets.turns, max_schema_chars=budgets.max_schema_chars)
+        messages = build_messages(
+            task,
+            turns=budgets.turns,
+            max_schema_chars=budgets.max_schema_chars,
+            schema_sample_values=budgets.schema_sample_values,
+            schema_order=budgets.schema_order,
+            show_evidence=budgets.show_evidence,
+            column_descriptions=budgets.column_descriptions,
+        )
         tr = Trajectory.from_prompt(
             chat,
             messages,

@@ -96,10 +96,10 @@ def leakage_main(argv: list[str]) -> int:
     add_budget_args(p)
     a = p.parse_args(argv)
     from sqlrl.agent.envs import make_env
-    from sqlrl.tasks.data import SpiderData
+    from sqlrl.tasks.bird import open_data
 
     try:
-        tasks = select_tasks(SpiderData(resolve_data_root(a.data)).load(a.split), a.limit, a.seed)
+        tasks = select_tasks(open_data(resolve_data_root(a.data)).load(a.split), a.limit, a.seed)
     except (ValueError, FileNotFoundError) as e:
         print(f"sqlrl audit leakage: {e}", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""`sqlrl data audit` / `sqlrl data split`: inspect a Spider-layout folder."""
+"""`sqlrl data audit` / `sqlrl data split`: inspect a Spider- or BIRD-layout folder."""
 
 from __future__ import annotations
 
@@ -9,17 +9,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlrl.tasks.data import DataError, SpiderData, embedded_root
+from sqlrl.tasks.bird import open_data
+from sqlrl.tasks.data import DataError, embedded_root
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sqlrl data", description="Inspect a Spider-layout data folder.")
+    p = argparse.ArgumentParser(
+        prog="sqlrl data", description="Inspect a Spider- or BIRD-layout data folder."
+    )
     sub = p.add_subparsers(dest="cmd", metavar="{audit,split}")
     a = sub.add_parser("audit", help="execute every gold once and report which are unscorable and why")
     a.add_argument(
         "--data",
         default=None,
-        help="Spider-layout folder, or embedded (the default): the embedded demo subset",
+        help="Spider- or BIRD-layout folder, or embedded (the default): the embedded demo subset",
     )
     a.add_argument(
         "--split", default=None, help="split to audit (default: the training file, e.g. train_spider)"
@@ -60,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
 def _audit(args: argparse.Namespace) -> int:
     from sqlrl.tasks.goldcache import GoldCache, audit_golds
 
-    data = SpiderData(args.data or embedded_root())
+    data = open_data(args.data or embedded_root())
     split = args.split or data.training_file()
     if args.cache:
         cache_dir = Path(args.cache).expanduser().resolve()
@@ -136,7 +139,7 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def _split(args: argparse.Namespace) -> int:
-    data = SpiderData(args.data or embedded_root())
+    data = open_data(args.data or embedded_root())
     info = data.split_info(seed=args.seed, val_fraction=args.val_fraction)
     if args.json:
         print(json.dumps(info, indent=2))

@@ -26,6 +26,13 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", default="auto", choices=["auto", "static", "fast", "hf"])
 
 
+def _sample_values(text: str) -> int:
+    n = int(text)
+    if not 0 <= n <= 20:
+        raise argparse.ArgumentTypeError(f"{n} is not in [0, 20] (example values per column; 0 = none)")
+    return n
+
+
 def add_budget_args(p: argparse.ArgumentParser) -> None:
     d = Budgets()
     p.add_argument("--turns", type=int, default=d.turns, help="1 = single-turn; >= 2 = multi-turn")
@@ -33,6 +40,29 @@ def add_budget_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-sql-executions", type=int, default=d.max_sql_executions)
     p.add_argument("--max-schema-chars", type=int, default=d.max_schema_chars)
     p.add_argument("--max-context-tokens", type=int, default=d.max_context_tokens)
+    p.add_argument(
+        "--schema-sample-values",
+        type=_sample_values,
+        default=d.schema_sample_values,
+        help="example values per column after each table's CREATE (agent.schema_sample_values; 0 = none)",
+    )
+    p.add_argument(
+        "--schema-order",
+        choices=["file", "question"],
+        default=d.schema_order,
+        help="which tables a schema over --max-schema-chars keeps (agent.schema_order)",
+    )
+    p.add_argument(
+        "--no-evidence",
+        dest="show_evidence",
+        action="store_false",
+        help="leave BIRD's evidence out of the prompt (agent.show_evidence = false)",
+    )
+    p.add_argument(
+        "--column-descriptions",
+        action="store_true",
+        help="add BIRD's database_description/*.csv text to the schema (agent.column_descriptions)",
+    )
 
 
 def budgets_from_args(a) -> Budgets:
@@ -42,6 +72,10 @@ def budgets_from_args(a) -> Budgets:
         max_sql_executions=a.max_sql_executions,
         max_schema_chars=a.max_schema_chars,
         max_context_tokens=a.max_context_tokens,
+        schema_sample_values=a.schema_sample_values,
+        schema_order=a.schema_order,
+        show_evidence=a.show_evidence,
+        column_descriptions=a.column_descriptions,
     )
 
 
@@ -94,6 +128,10 @@ def cli_main(argv: list[str]) -> int:
         "--split: the tasks' split field); results per category (query / management / personalization)",
     )
     a = p.parse_args(argv)
+    if a.column_descriptions and (a.schema_sample_values or a.schema_order != "file"):
+        p.error(
+            "--column-descriptions needs --schema-order file and --schema-sample-values 0; drop one of them"
+        )
     if not a.endpoint:
         check_model(a.model)  # before the run folder exists; ModelError -> one line, exit 2 (cli.main)
     if a.kind == "debug":

@@ -27,13 +27,25 @@ def cli_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", metavar="DIR", default=None, help="where to write the report (default: EXP_DIR)")
     ap.add_argument("--n-boot", type=int, default=10000, help="bootstrap resamples (default 10000)")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    ap.add_argument(
+        "--data",
+        metavar="DIR",
+        default=None,
+        help="Spider folder whose golds give accuracy by hardness (default: the one each eval run.json records)",
+    )
     args = ap.parse_args(argv)
+    if args.data is not None and not Path(args.data).is_dir():
+        print(
+            f"sqlrl report: --data {args.data}: no such folder; pass the Spider folder the arms were evaluated on",
+            file=sys.stderr,
+        )
+        return 2
     try:
         if args.check:
             verdict = evidence_gate(args.exp_dir)
             print(json.dumps(verdict.to_dict(), indent=2, ensure_ascii=False))
             return 0 if verdict.claim_allowed else 1
-        paths = write_report(args.exp_dir, args.out, n_boot=args.n_boot, seed=args.seed)
+        paths = write_report(args.exp_dir, args.out, n_boot=args.n_boot, seed=args.seed, data=args.data)
     except ExperimentError as e:
         print(f"sqlrl report: {e}", file=sys.stderr)
         return 2

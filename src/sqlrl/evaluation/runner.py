@@ -6,9 +6,11 @@ task only; after the trajectory has ended the evaluator receives it together wit
 and writes the reward into a separate field.
 
 Writes to the run folder: `run.json` (provenance), `trajectories.jsonl`, `results.jsonl`,
-`summary.json` (see docs/DESIGN.md "Run folders"). Guaranteed: every task of the split appears in
-`results.jsonl` exactly once, scored or excluded with its reason. Not guaranteed: identical numbers
-across machines in bf16 (see `sqlrl.agent.loop`).
+`summary.json` (see docs/DESIGN.md "Run folders"; `by_hardness`: accuracy per official Spider hardness
+of the gold, `sqlrl.tasks.hardness`; `bird_execution_match`: BIRD's set-of-rows metric,
+`sqlrl.reward.bird`; `by_difficulty`: both metrics per BIRD difficulty, on BIRD splits only).
+Guaranteed: every task of the split appears in `results.jsonl` exactly once, scored or excluded with
+its reason. Not guaranteed: identical numbers across machines in bf16 (see `sqlrl.agent.loop`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from sqlrl.agent.envs import make_env
 from sqlrl.agent.loop import Budgets, Sampling, Trajectory
 from sqlrl.artifacts import git_commit, holds_run_lock, machine_info, write_json_atomic, write_jsonl
 from sqlrl.generation.device import pick_device
+from sqlrl.tasks.bird import accuracy_by_difficulty
 from sqlrl.tasks.data import resolve_data_root, select_tasks
+from sqlrl.tasks.hardness import accuracy_by_hardness
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +115,8 @@ def evaluate_tasks(
                     "correct": None,
                     "reward": None,
                     "test_suite_correct": None,
+                    "bird_correct": None,
+                    **({"difficulty": t.difficulty} if t.difficulty else {}),
                 }
             )
             continue
@@ -118,6 +124,7 @@ def evaluate_tasks(
         rw = tr.reward or {}
         value = rw.get("value")
         ts = (rw.get("parts") or {}).get("test_suite_match")
+        bird = (rw.get("parts") or {}).get("bird_match")
         results.append(
             {
                 "task_id": tid,
@@ -127,12 +134,18 @@ def evaluate_tasks(
                 "correct": None if value is None else bool(value >= 1.0) if kind == "execution" else None,
                 "reward": value,
                 "test_suite_correct": None if ts is None else bool(ts),
+                "bird_correct": None if value is None or bird is None else bool(bird),
                 "turns": len(tr.turns),
                 "stop_reason": tr.stop_reason,
                 "exec_ms": rw.get("exec_ms"),
+                **({"difficulty": t.difficulty} if t.difficulty else {}),
             }
         )
     summary = summarize(results, trajectories, kind=kind)
+    summary["by_hardness"] = accuracy_by_hardness(results, {t.public.task_id: t.gold_sql for t in tasks})
+    by_difficulty = accuracy_by_difficulty(results)
+    if by_difficulty is not None:
+        summary["by_difficulty"] = by_difficulty
     summary["elapsed_s"] = round(time.perf_counter() - t_start, 3)
     summary["budgets"] = budgets.to_dict()
     summary["gold_audit"] = audit.to_dict() if hasattr(audit, "to_dict") else None
@@ -157,6 +170,7 @@ def summarize(results: list[dict], trajectories: list[Trajectory], kind: str = "
         d["accuracy"] = d["correct"] / d["n"] if d["n"] else None
     n = len(scored)
     ts = [r["test_suite_correct"] for r in scored if r.get("test_suite_correct") is not None]
+    bd = [r["bird_correct"] for r in scored if r.get("bird_correct") is not None]
     gen_tokens = sum(tr.generated_tokens for tr in trajectories)
     gen_s = sum(tr.timings.get("gen_s", 0.0) for tr in trajectories)
     return {
@@ -168,6 +182,7 @@ def summarize(results: list[dict], trajectories: list[Trajectory], kind: str = "
         else None,
         "mean_reward": (sum(r["reward"] for r in scored) / n) if n else None,
         "test_suite_match": (sum(ts) / len(ts)) if ts else None,
+        "bird_execution_match": (sum(bd) / len(bd)) if bd and kind == "execution" else None,
         "executable_rate": (sum(r["status"] not in EXECUTABLE_FAIL for r in scored) / n) if n else None,
         "excluded": dict(excluded),
         "status_counts": dict(status_counts),
@@ -266,11 +281,11 @@ def load_partial(out: Path, key: dict) -> dict[str, Trajectory]:
 def split_tasks(
     data: str, split: str, *, limit: int = 0, seed: int = 0, split_seed: int = 0, val_fraction: float = 0.1
 ) -> tuple:
-    """(the folder's `SpiderData`, the tasks `sqlrl eval` scores: the split, or a seeded subset of
+    """(the folder's reader (`open_data`), the tasks `sqlrl eval` scores: the split, or a seeded subset of
     `limit`); ValueError when the split has none."""
-    from sqlrl.tasks.data import SpiderData
+    from sqlrl.tasks.bird import open_data
 
-    ds = SpiderData(resolve_data_root(data))
+    ds = open_data(resolve_data_root(data))
     tasks = select_tasks(ds.load(split, seed=split_seed, val_fraction=val_fraction), limit, seed)
     if not tasks:
         raise ValueError(f"split {split!r} of {ds.root} has no tasks")

@@ -13,6 +13,7 @@ Numbers are recomputed from the raw per-task files, never copied from summaries:
 - turn use (arms with more than one turn): stop reasons and mean turns; from the trajectories, answers
   revised after feedback and one query repeated. Descriptive counts only.
 - GPU minutes: train run.json `gpu_minutes`, else the sum of steps.jsonl `time_step_s` / 60 ("steps").
+- accuracy by Spider hardness, learning curves (curve.jsonl), self-consistency: `breakdown.breakdown`.
 
 What is covered: deterministic output for a given folder and (n_boot, seed, ci).
 What is not: percentile intervals may under-cover (see stats.py); no correction for multiple
@@ -25,6 +26,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from sqlrl.evidence.breakdown import breakdown
+from sqlrl.evidence.difficulty import difficulty_breakdown
 from sqlrl.evidence.gate import evidence_gate
 from sqlrl.evidence.rundir import Experiment
 
@@ -311,9 +314,16 @@ def _arm_colors(exp: Experiment) -> dict[str, str]:
 
 
 def analyze(
-    exp_dir: str | Path | Experiment, *, n_boot: int = 10000, seed: int = 0, ci: float = 0.95
+    exp_dir: str | Path | Experiment,
+    *,
+    n_boot: int = 10000,
+    seed: int = 0,
+    ci: float = 0.95,
+    data: str | Path | None = None,
 ) -> dict:
-    """Everything the report shows, as plain data. Raises rundir.ExperimentError for a non-experiment folder."""
+    """Everything the report shows, as plain data. `data`: the Spider folder whose golds give the hardness
+    classes (default: the one each eval run.json records). Raises rundir.ExperimentError for a
+    non-experiment folder."""
     exp = exp_dir if isinstance(exp_dir, Experiment) else Experiment(exp_dir)
     verdict = evidence_gate(exp)
     arms = [_arm_info(exp, a, n_boot=n_boot, seed=seed, ci=ci) for a in exp.arms]
@@ -345,6 +355,10 @@ def analyze(
         "base": base.name if base else None,
         "base_of": base_of,
         "params": {"n_boot": n_boot, "seed": seed, "ci": ci},
+        "breakdown": {
+            **breakdown(exp, base_of, data=data, n_boot=n_boot, seed=seed, ci=ci),
+            "difficulty": difficulty_breakdown(exp, base_of, n_boot=n_boot, seed=seed, ci=ci),
+        },
         "_exp": exp,
     }
 

@@ -106,3 +106,26 @@ def md_cell(s: Any) -> str:
 def esc(s: Any) -> str:
     """HTML-escaped text (quotes included)."""
     return html.escape(str(s), quote=True)
+
+
+def html_table(headers: list[str], rows: list[list[str]], numeric: set[int] | None = None) -> str:
+    """A scrollable table of already-escaped cells; columns in `numeric` are right-aligned."""
+    numeric = numeric or set()
+    th = "".join(
+        f'<th class="n">{h}</th>' if i in numeric else f"<th>{h}</th>" for i, h in enumerate(headers)
+    )
+    body = []
+    for r in rows:
+        body.append(
+            "<tr>"
+            + "".join(f'<td class="n">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(r))
+            + "</tr>"
+        )
+    return (
+        f'<div class="scroll"><table><thead><tr>{th}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+    )
+
+
+def arm_label(arm: dict, colors: dict) -> str:
+    """An arm's name after a swatch of its colour (HTML)."""
+    return f'<span class="swatch" style="background:{colors[arm["name"]]}"></span>{esc(arm["name"])}'

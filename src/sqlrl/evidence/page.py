@@ -1,9 +1,10 @@
 """The HTML page of `sqlrl report`: `render_html(analysis, links)` -> one self-contained document.
 
 Sections, in order: verdict and evidence checks, accuracy per arm, paired differences, repair
-decomposition, turn use (multi-turn arms), training curves, outcome statuses, accuracy per database,
-tasks that changed (base vs the primary GRPO arm), provenance. `CSS` and `html_table` are shared with
-the `sqlrl seeds` page.
+decomposition, turn use (multi-turn arms), accuracy by Spider hardness, validation learning curve,
+self-consistency beside greedy (`sections`), training curves, outcome statuses, accuracy per database,
+tasks that changed (base vs the primary GRPO arm), provenance. `CSS` is shared with the `sqlrl seeds`
+page.
 
 What is covered: inline CSS, charts as inline SVG (`charts`), no JavaScript and no external resource (the
 page opens offline); every piece of text from the artifacts is HTML-escaped; links to raw files are the
@@ -31,19 +32,23 @@ from sqlrl.evidence.charts import (
     svg_line_chart,
     svg_status_bars,
 )
+from sqlrl.evidence.difficulty import difficulty_html
 from sqlrl.evidence.fmt import (
     DEVICE_MINUTES_NOTE,
     acc_ci,
+    arm_label,
     budgets_str,
     device_minutes_str,
     esc,
     fmt_p,
+    html_table,
     machine_str,
     pct,
     pp,
     short,
 )
 from sqlrl.evidence.rundir import Experiment
+from sqlrl.evidence.sections import curve_html, hardness_html, self_consistency_html
 
 CURVE_METRICS = [
     ("reward_mean", "reward (mean)"),
@@ -103,28 +108,6 @@ code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font
 a{color:#1d4ed8}
 .scroll{overflow-x:auto}
 """
-
-
-def html_table(headers: list[str], rows: list[list[str]], numeric: set[int] | None = None) -> str:
-    """A scrollable table of already-escaped cells; columns in `numeric` are right-aligned."""
-    numeric = numeric or set()
-    th = "".join(
-        f'<th class="n">{h}</th>' if i in numeric else f"<th>{h}</th>" for i, h in enumerate(headers)
-    )
-    body = []
-    for r in rows:
-        body.append(
-            "<tr>"
-            + "".join(f'<td class="n">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(r))
-            + "</tr>"
-        )
-    return (
-        f'<div class="scroll"><table><thead><tr>{th}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
-    )
-
-
-def _arm_label(arm: dict, colors: dict) -> str:
-    return f'<span class="swatch" style="background:{colors[arm["name"]]}"></span>{esc(arm["name"])}'
 
 
 def _question_of(traj: dict) -> str | None:
@@ -234,7 +217,7 @@ def _accuracy_section(analysis: dict) -> list[str]:
         excl = arm.get("excluded") or {}
         acc_rows.append(
             [
-                _arm_label(arm, colors),
+                arm_label(arm, colors),
                 esc(arm["kind"]),
                 esc(arm["turns"]),
                 esc(acc_ci(arm)),
@@ -453,7 +436,7 @@ def _status_section(analysis: dict) -> list[str]:
     statuses = [s for s in STATUS_ORDER if any(s in (a.get("status_counts") or {}) for a in arms)]
     statuses += sorted({s for a in arms for s in (a.get("status_counts") or {})} - set(statuses))
     srows = [
-        [_arm_label(a, colors)]
+        [arm_label(a, colors)]
         + [esc((a.get("status_counts") or {}).get(s, 0)) for s in statuses]
         + [esc(a.get("n_total", "-"))]
         for a in arms
@@ -521,7 +504,7 @@ def _provenance_section(analysis: dict, links: dict[str, dict[str, str]]) -> lis
         files = " · ".join(f'<a href="{esc(quote(p))}">{esc(k)}</a>' for k, p in lk.items()) or "-"
         prow.append(
             [
-                _arm_label(a, colors),
+                arm_label(a, colors),
                 f"<code>{esc(short((a['model'] or {}).get('identity'), 16))}</code><br><span class=muted>{esc((a['model'] or {}).get('name', '-'))}</span>",
                 esc(machine_str(a["machine"])),
                 esc(machine_str(t.get("machine"))) if t else "-",
@@ -568,6 +551,10 @@ def render_html(analysis: dict, links: dict[str, dict[str, str]]) -> str:
     out += _paired_section(analysis)
     out += _repair_section(analysis)
     out += _turn_use_section(analysis)
+    out += hardness_html(analysis)
+    out += difficulty_html(analysis)
+    out += curve_html(analysis)
+    out += self_consistency_html(analysis)
     out += _curves_section(analysis)
     out += _status_section(analysis)
     out += _per_db_section(analysis)

@@ -3,7 +3,8 @@
 `write_report(exp_dir, out_dir=None)` writes three files (into the experiment folder by default):
 - `verdict.json`: `gate.evidence_gate(...).to_dict()` (claim / no claim, the checks, the missing list);
 - `report.md`: verdict, evidence checks, results table (`results_table_md`, also the README's tables),
-  paired comparisons, repair decomposition, turn use of multi-turn arms, provenance with links;
+  paired comparisons, repair decomposition, accuracy by Spider hardness, validation learning curve,
+  self-consistency beside greedy, turn use of multi-turn arms, provenance with links;
 - `report.html`: the same and more as one self-contained page (`html.render_html`).
 
 The numbers come from `analysis.analyze` (recomputed from the raw per-task files; see its docstring).
@@ -33,6 +34,7 @@ from sqlrl.evidence.analysis import (
     sft_comparisons,
     turn_use_rows,
 )
+from sqlrl.evidence.difficulty import difficulty_markdown
 from sqlrl.evidence.fmt import (
     DEVICE_MINUTES_NOTE,
     acc_ci,
@@ -47,6 +49,7 @@ from sqlrl.evidence.fmt import (
 )
 from sqlrl.evidence.page import render_html
 from sqlrl.evidence.rundir import Experiment
+from sqlrl.evidence.sections import breakdown_markdown
 
 
 def results_table_md(exp_dir: str | Path | Experiment | dict, **kw: Any) -> str:
@@ -134,6 +137,8 @@ def render_markdown(analysis: dict, links: dict[str, dict[str, str]]) -> str:
                 f"{d['became_executable']} | {d['became_nonexecutable']} |"
             )
     tu = turn_use_rows(analysis)
+    out += breakdown_markdown(analysis)
+    out += difficulty_markdown(analysis)
     if tu:
         out += [
             "",
@@ -210,10 +215,16 @@ def _links(exp: Experiment, out_dir: Path) -> dict[str, dict[str, str]]:
 
 
 def write_report(
-    exp_dir: str | Path, out_dir: str | Path | None = None, *, n_boot: int = 10000, seed: int = 0
+    exp_dir: str | Path,
+    out_dir: str | Path | None = None,
+    *,
+    n_boot: int = 10000,
+    seed: int = 0,
+    data: str | Path | None = None,
 ) -> dict:
-    """Write verdict.json, report.md, report.html; return {"verdict", "markdown", "html"} paths + "claim_allowed"."""
-    analysis = analyze(exp_dir, n_boot=n_boot, seed=seed)
+    """Write verdict.json, report.md, report.html; return {"verdict", "markdown", "html"} paths + "claim_allowed".
+    `data`: the Spider folder whose golds give the hardness classes (default: each eval run.json's)."""
+    analysis = analyze(exp_dir, n_boot=n_boot, seed=seed, data=data)
     exp: Experiment = analysis["_exp"]
     out = Path(out_dir) if out_dir is not None else exp.dir
     out.mkdir(parents=True, exist_ok=True)

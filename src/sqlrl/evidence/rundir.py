@@ -177,6 +177,18 @@ class Experiment:
     def steps(self, arm: str) -> list[dict] | None:
         return self._jsonl(self.train_file(arm, "steps.jsonl"))
 
+    def curve(self, arm: str) -> list[dict] | None:
+        return self._jsonl(self.train_file(arm, "curve.jsonl"))
+
+    def train_config(self, arm: str) -> dict | None:
+        return self._json(self.train_file(arm, "config.json"))
+
+    def self_consistency(self, arm: str) -> dict | None:
+        return self._json(self.eval_file(arm, "self_consistency.json"))
+
+    def self_consistency_results(self, arm: str) -> list[dict] | None:
+        return self._jsonl(self.eval_file(arm, "self_consistency.jsonl"))
+
     def audit(self, name: str) -> dict | None:
         return self._json(self.dir / name)
 

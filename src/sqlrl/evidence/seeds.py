@@ -30,9 +30,9 @@ from typing import Any
 from sqlrl.artifacts import write_bytes_atomic, write_json_atomic
 from sqlrl.evidence.analysis import KIND_COLOR, compare_arms
 from sqlrl.evidence.charts import svg_interval_chart
-from sqlrl.evidence.fmt import esc, fmt_p, pct, pp
+from sqlrl.evidence.fmt import esc, fmt_p, html_table, pct, pp
 from sqlrl.evidence.gate import evidence_gate, flatten
-from sqlrl.evidence.page import CSS, html_table
+from sqlrl.evidence.page import CSS
 from sqlrl.evidence.rundir import Experiment
 
 KINDS = ("base", "grpo", "no_update", "validity")

@@ -464,13 +464,13 @@ def _run_locked(
     report: bool = True,
     deadline: float | None = None,
 ) -> dict:
-    from sqlrl.tasks.data import SpiderData, resolve_data_root, select_tasks
+    from sqlrl.tasks.bird import open_data
+    from sqlrl.tasks.data import resolve_data_root, select_tasks
 
     out = Path(out_dir)
     check_free_disk(cfg, exp, out)
     out.mkdir(parents=True, exist_ok=True)
-    root = resolve_data_root(cfg.data.path)
-    ds = SpiderData(root)
+    ds = open_data(root := resolve_data_root(cfg.data.path))
     eval_tasks = select_tasks(
         ds.load(cfg.data.eval_split, seed=cfg.data.split_seed, val_fraction=cfg.data.val_fraction),
         cfg.data.max_eval_tasks,

@@ -106,7 +106,7 @@ _LOCK = threading.Lock()
 
 def load_private_task(ref: dict):
     """The PrivateTask (with the gold) named by a `task_to_agl` reference, from its Spider-layout folder."""
-    from sqlrl.tasks.data import SpiderData
+    from sqlrl.tasks.bird import open_data
 
     if not ref.get("data") or not ref.get("split"):
         raise ValueError("task reference without data folder/split: pass private_lookup to SqlrlLitAgent")
@@ -115,7 +115,7 @@ def load_private_task(ref: dict):
     with _LOCK:
         tasks = _PRIVATE_CACHE.get(key)
         if tasks is None:
-            tasks = {t.public.task_id: t for t in SpiderData(ref["data"]).load(ref["split"], **kw)}
+            tasks = {t.public.task_id: t for t in open_data(ref["data"]).load(ref["split"], **kw)}
             _PRIVATE_CACHE[key] = tasks
     return tasks[ref["task_id"]]
 

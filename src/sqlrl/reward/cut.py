@@ -1,23 +1,26 @@
 """Where a gold's top-level ORDER BY ... LIMIT/OFFSET cuts its full ordered result, and which rows may
 stand in for the ones it kept.
 
-The gold cache runs `cut_query(gold).sql` (the gold without LIMIT/OFFSET, its sort keys appended as
-extra output columns when they are not output columns) once, like any gold; `build_cut` reads the
-gold's rows as the window `[offset, offset + rows)` of that full result and gives the `Cut` that
-`execution_match` applies: the window is cut into runs of rows with equal sort key; a run strictly
-inside the window is compared exactly (as a multiset, at its positions); the first run (only with an
-OFFSET) and the last run may, when rows tied with them lie outside the window, hold ANY rows of the
-full result with that key, each predicted row its own row of that pool.
+The gold cache runs `cut_query(gold).sql` (the gold without its LIMIT/OFFSET, its sort keys appended
+as extra output columns when they are not output columns, and `LIMIT offset + n + CUT_TIE_ROWS` for a
+literal `LIMIT n`: a bounded top-N sort, not the whole table sorted and shipped) once, like any gold;
+`build_cut` reads the gold's rows as the window `[offset, offset + rows)` of that ordered result and
+gives the `Cut` that `execution_match` applies: the window is cut into runs of rows with equal sort
+key; a run strictly inside the window is compared exactly (as a multiset, at its positions); the
+first run (only with an OFFSET) and the last run may, when rows tied with them lie outside the window,
+hold ANY rows of the full result with that key, each predicted row its own row of that pool.
 
 What is covered:
 - keys that are output columns, keys that are not (appended to the projection), `LIMIT n, m`, OFFSET;
 - the gold must agree with its own full result under the rule, or there is no cut;
+- a fetch stopped by its LIMIT inside the last run's ties gives no cut (over 10,000 tied rows);
 - `fetch_cuts`: one batched gold-cache fetch per scoring call; an exception is infrastructure.
 
 What is not:
 - no cut (ties at the cut are then not relaxed: a possible false negative, never a false positive)
   for a compound SELECT or a top-level SELECT DISTINCT whose keys are not output columns, a
-  non-literal OFFSET, SQL sqlglot cannot tokenize, or a full result that fails or is over the caps;
+  non-literal OFFSET, SQL sqlglot cannot tokenize, or a full result that fails or is over the caps
+  (a non-literal LIMIT adds no LIMIT to the full query: it is then bounded by the caps only);
 - ties are Python equality of the key values (a NOCASE collation tie is not a tie here).
 """
 
@@ -34,6 +37,7 @@ from sqlrl.reward.shape import gold_shape
 
 __all__ = ["Cut", "CutQuery", "build_cut", "cut_query", "fetch_cuts"]
 
+CUT_TIE_ROWS = 10_000  # rows fetched past the gold's window, for the ties of its last run
 _CUTS = IdentityMemo(4096)  # (gold result, full result, gold SQL) -> Cut | None
 
 
@@ -53,12 +57,32 @@ class CutQuery:
     sql: str  # the full ordered result's query
     offset: int  # the gold's literal OFFSET (0 when absent)
     extra_keys: int  # sort keys appended after the gold's output columns (0: keys are output columns)
+    limit: int | None = None  # the LIMIT ending `sql` (offset + the gold's LIMIT + CUT_TIE_ROWS), if any
+
+
+def cut_query(gold_sql: str) -> CutQuery | None:
+    """The query of the gold's ordered result up to CUT_TIE_ROWS rows past its window, or None when the
+    gold has no top-level ORDER BY with LIMIT/OFFSET or the query cannot be built (module docstring)."""
+    return _cut_query(gold_sql, int(CUT_TIE_ROWS))
 
 
 @lru_cache(maxsize=65536)
-def cut_query(gold_sql: str) -> CutQuery | None:
-    """The query of the gold's full ordered result, or None when the gold has no top-level ORDER BY with
-    LIMIT/OFFSET or the query cannot be built (see the module docstring)."""
+def _cut_query(gold_sql: str, tie_rows: int) -> CutQuery | None:
+    q = _unbounded(gold_sql)
+    if q is None:
+        return None
+    import sqlglot
+
+    lim = sqlglot.parse_one(gold_sql, read="sqlite").args.get("limit")
+    lit = lim.args.get("expression") if lim is not None else None
+    if not (isinstance(lit, sqlglot.exp.Literal) and not lit.is_string and str(lit.this).isdigit()):
+        return q
+    limit = q.offset + int(lit.this) + tie_rows
+    return CutQuery(f"{q.sql} LIMIT {limit}", q.offset, q.extra_keys, limit)
+
+
+def _unbounded(gold_sql: str) -> CutQuery | None:
+    """The query of the gold's whole ordered result (no LIMIT), or None."""
     import sqlglot
     from sqlglot.tokens import TokenType as T
 
@@ -148,6 +172,8 @@ def build_cut(gold_rows: list, full_rows: list, n_cols: int, query: CutQuery, ke
     all_keys = [tuple(r[c] for c in keycols) for r in full_rows]
     rows = [tuple(r[:n_cols]) for r in full_rows] if extra else [tuple(r) for r in full_rows]
     keys = all_keys[o : o + n]
+    if query.limit is not None and len(full_rows) >= query.limit and all_keys[-1] == keys[-1]:
+        return None  # the fetch stopped inside the last run's ties: its pool may be incomplete
     runs = [1]
     for i in range(1, n):
         if keys[i] == keys[i - 1]:

@@ -16,8 +16,8 @@ What is covered:
 - `Reward.exec_ms`: the sandbox's milliseconds on the pair's SQL in that call (a diagnostic);
 - `timeout_s`: a per-statement limit on the predictions (and variants; never the cached gold) in
   place of the sandbox's; a prediction still running at it is `timeout`, 0. GRPO training passes
-  `grpo.score_timeout_s` (1 s), scored in two passes in the workers (`score_in_two_passes`, verdicts
-  of one pass); evaluation uses the sandbox's own limit in one pass.
+  `grpo.score_timeout_s` (1 s), evaluation the sandbox's own limit. Under `timeout_s` the repeats of
+  a prediction cut at it within one call get copies of that `timeout` (see `Evaluator`).
 
 What is not:
 - the gold SQL is never executed here, nor on a connection the policy touched: gold results come
@@ -39,9 +39,10 @@ from sqlrl.reward.reproducible import is_deterministic_sql, reproducible
 from sqlrl.reward.scoring import (
     EXEC_ERROR_STATUSES,
     PERMUTATION_NOTE,
+    elapsed_ms,
     fail_parts,
     match_parts,
-    score_in_two_passes,
+    worker_reward,
 )
 from sqlrl.reward.shape import GoldShape, gold_shape, remove_distinct
 from sqlrl.sql.sandbox import execute_each
@@ -99,12 +100,6 @@ def _copy_reward(r: Reward) -> Reward:
     return Reward(r.value, r.status, parts, r.exec_ms)
 
 
-def _elapsed(*results: Any) -> float | None:
-    """Summed `elapsed_ms` of the sandbox results among `results` (None where none has one)."""
-    ms = [float(e) for r in results if (e := getattr(r, "elapsed_ms", None)) is not None]
-    return round(sum(ms), 3) if ms else None
-
-
 @dataclass
 class _Pair:
     i: int  # position in the score_many input
@@ -135,9 +130,11 @@ class Evaluator:
     when every execution behind it is reproducible (`_memoizable`: ok, syntax_error, forbidden,
     multiple_statements, too_many_rows, runtime errors other than I/O/memory/locks; never timeout,
     too_large, worker_crash or an exception); otherwise the repeats are scored on their own, all of
-    them in one more sandbox call (so n repeats of a timed-out prediction cost one more time limit
-    on n free workers, not n time limits one after the other). Non-deterministic SQL (random(), the
-    clock, ...) is scored every time. Nothing is kept between calls.
+    them in one more sandbox call. One exception, under a training deadline (`timeout_s` given): the
+    repeats of a prediction cut at it get copies of its `timeout`. They would run the same statement
+    to the same deadline, so scoring them again costs one more deadline per step and can differ only
+    by timing noise, which would give identical GRPO samples different rewards. Non-deterministic SQL
+    (random(), the clock, ...) is scored every time. Nothing is kept between calls.
 
     Threads may share one Evaluator (veRL's reward workers, Agent Lightning's runners): a call's state
     lives in the calling thread and the counters (`memo_stats`) are updated under a lock. `Sandbox`
@@ -205,6 +202,17 @@ class Evaluator:
             )
         return db_path, gold_sql
 
+    def prefetch(self, tasks: list) -> None:
+        """Fetch into the gold cache the gold results of `tasks` (PrivateTasks) and the full ordered
+        results behind their LIMIT cuts, so that scoring them later pays for predictions only (the
+        trainer runs this beside generation). Nothing is scored; what fails here, scoring meets again
+        and reports per pair."""
+        self._resolved = None
+        wanted = list(dict.fromkeys(self._check_task(t) for t in tasks))
+        cap = getattr(self.sandbox, "max_rows", None)
+        golds = zip(wanted, self._gold_results(wanted))
+        fetch_cuts({k: g for k, g in golds if _gold_scorable(g, cap)[0]}, self._gold_results)
+
     def score(self, final_sql: str | None, task: Any) -> Reward:
         return self.score_many([(final_sql, task)])[0]
 
@@ -260,7 +268,7 @@ class Evaluator:
                 fetched = [got[c] for c in checked]
             except Exception:
                 fetched = None
-        first: set[tuple] = set()  # keys of the deterministic pairs pending in this call
+        first: dict[tuple, int] = {}  # key -> position of each deterministic pair pending in this call
         dups: list[tuple[int, tuple]] = []  # (position, key) of repeats of a pending pair
         # _gold_scorable per gold object: `fetched` holds them all, so an id stays theirs in this call
         verdicts: dict[int, tuple[bool, str | None]] = {}
@@ -291,7 +299,7 @@ class Evaluator:
                     if key in first:
                         dups.append((i, key))
                         continue
-                    first.add(key)
+                    first[key] = i
                 pending.append(_Pair(i, db_path, gold_sql, gold, final_sql, key))
 
         reusable: dict[tuple, Reward] = {}  # key -> reward whose every execution was reproducible
@@ -302,16 +310,19 @@ class Evaluator:
                 preds, variants = self._execute_pending(rest, want_ts)
                 self._finish_pending(rest, preds, variants, out, base, want_ts, reusable)
         # repeats of a pair scored in this call: a copy of its reward when every execution behind it
-        # was reproducible, otherwise scored again on their own, in one more call
-        redo = []
+        # was reproducible (or, under a training deadline, a timeout), otherwise scored again on
+        # their own, in one more call
+        redo, hits = [], 0
         for i, key in dups:
             r = reusable.get(key)
             if r is not None:
-                out[i] = _copy_reward(r)
+                out[i], hits = _copy_reward(r), hits + 1
+            elif self.timeout_s is not None and getattr(out[first[key]], "status", None) == "timeout":
+                out[i], hits = _copy_reward(out[first[key]]), hits + 1
             else:
                 redo.append(i)
-        if len(redo) < len(dups):
-            self._count(duplicate_hits=len(dups) - len(redo))
+        if hits:
+            self._count(duplicate_hits=hits)
         if redo:  # all in one call, side by side (not one repeat per call, one after the other)
             for i, r in zip(redo, self._score_many([items[i] for i in redo], False)):
                 out[i] = r
@@ -335,7 +346,12 @@ class Evaluator:
         return kept
 
     def _score_in_workers(
-        self, pending: list[_Pair], out: list, base: dict, want_ts: bool, reusable: dict
+        self,
+        pending: list[_Pair],
+        out: list,
+        base: dict,
+        want_ts: bool,
+        reusable: dict,
     ) -> list[_Pair]:
         """Score the pending pairs inside the sandbox workers (`Sandbox.execute_scored` with
         `score_in_worker`): one round trip per chunk, the prediction, its DISTINCT-free variant and
@@ -382,32 +398,18 @@ class Evaluator:
             if self.timeout_s is None:
                 got = run(items, refs, _SCORER, opts)
             else:
-                got = score_in_two_passes(run, items, refs, _SCORER, opts, self.timeout_s)
+                got = run(items, refs, _SCORER, opts, timeout_s=self.timeout_s)
             if len(got) != len(items):
                 raise RuntimeError("execute_scored: wrong number of results")
         except Exception:  # noqa: BLE001 - the parent-side path has its own per-pair failure handling
             return pending
         executions = 0
         for p, g in zip(sent, got):
-            if type(g) is tuple and len(g) == 6:
-                value, status, parts, memo_ok, n, ms = g
-                executions += n
-                r = Reward(value, status, parts, ms)
-                out[p.i] = r
-                if memo_ok and p.key is not None:
-                    reusable[p.key] = r
-                continue
-            executions += 1
-            if type(g) is tuple:  # ("__error__", text): the scorer raised (a bug, or memory)
-                out[p.i] = Reward(None, "infra_error", {**base, "error": f"sandbox scorer: {g[-1]}"})
-                continue
-            st = getattr(g, "status", None)  # the watchdog's SQLResult: timeout or worker_crash
-            msg = str(getattr(g, "message", "") or "")[:500]
-            if st == "timeout":
-                fail = fail_parts(base, want_ts)
-                out[p.i] = Reward(0.0, "timeout", {**fail, "sandbox_status": st, "message": msg}, _elapsed(g))
-            else:
-                out[p.i] = Reward(None, "infra_error", {**base, "sandbox_status": st, "message": msg})
+            r, memo_ok, n = worker_reward(g, base, want_ts)
+            executions += n
+            out[p.i] = r
+            if memo_ok and p.key is not None:
+                reusable[p.key] = r
         self._count(executions=executions)
         return rest
 
@@ -430,7 +432,7 @@ class Evaluator:
             st = getattr(res, "status", None)
             msg = str(getattr(res, "message", "") or "")[:500]
             fail = fail_parts(base, want_ts)
-            ms = _elapsed(res, vres)
+            ms = elapsed_ms(res, vres)
             if st != "ok":
                 if st == "empty_sql":
                     out[i] = Reward(0.0, "no_sql", {**fail, "sandbox_status": st}, ms)
@@ -446,7 +448,7 @@ class Evaluator:
             gold = p.gold
             shape = gold_shape(p.gold_sql)
             m = execution_match(gold.columns, gold.rows, res.columns, res.rows, shape, p.cut)
-            parts = match_parts(base, m, shape, len(gold.rows), len(res.rows))
+            parts = match_parts(base, m, shape, gold.rows, res.rows)
             if m.reason == "permutation_bound":
                 parts["note"] = PERMUTATION_NOTE
             value = 1.0 if (m.match or self.kind == "validity") else 0.0

@@ -18,81 +18,50 @@ What is not:
 
 from __future__ import annotations
 
-import marshal
 from typing import Any
 
+from sqlrl.reward.bird import bird_set_match
 from sqlrl.reward.cut import Cut
-from sqlrl.reward.match import MatchResult, execution_match, test_suite_result_eq
+from sqlrl.reward.match import MatchResult, Reward, execution_match, test_suite_result_eq
 from sqlrl.reward.reproducible import reproducible
 from sqlrl.reward.shape import GoldShape, remove_distinct
 
 __all__ = [
     "EXEC_ERROR_STATUSES",
     "PERMUTATION_NOTE",
-    "PROBE_FRACTION",
+    "elapsed_ms",
     "fail_parts",
     "match_parts",
-    "score_in_two_passes",
     "score_in_worker",
+    "worker_reward",
 ]
 
 EXEC_ERROR_STATUSES = frozenset(
     {"syntax_error", "forbidden", "multiple_statements", "runtime_error", "too_many_rows", "too_large"}
 )
 PERMUTATION_NOTE = "column-permutation search bound reached; declared mismatch (may be a false negative)"
-PROBE_FRACTION = 0.2  # first pass's statement limit, as a fraction of the real one
-
-
-def _timed_out(res: Any) -> bool:
-    """The scorer's answer for an item that ran into the statement limit. (The watchdog's own `timeout`
-    comes only past the hard limit, which is above the full limit too: such an item is not rerun.)"""
-    return type(res) is tuple and len(res) == 6 and res[1] == "timeout"
-
-
-def score_in_two_passes(
-    execute_scored: Any, items: list[tuple], refs: dict, scorer: str, options: Any, timeout_s: float
-) -> list[Any]:
-    """`Sandbox.execute_scored` in two passes, so that slow predictions never queue behind each other
-    on one worker: every item first runs under a statement limit of `PROBE_FRACTION` x `timeout_s`;
-    the items that hit it run again under `timeout_s`, each in a chunk of its own (side by side, one
-    per free worker), identical items once. A verdict is the one a single pass under `timeout_s`
-    gives (the prediction finishes within it, or is `timeout`); a slow prediction costs its first
-    pass's limit on top. A step's scoring then takes about the fast items' time plus the probe limit
-    per slow item on the busiest worker plus `timeout_s` per `workers` distinct slow items."""
-    probe = timeout_s * PROBE_FRACTION
-    if probe >= timeout_s:
-        return execute_scored(items, refs, scorer, options, timeout_s=timeout_s)
-    got = list(execute_scored(items, refs, scorer, options, timeout_s=probe))
-    slow: dict[bytes, list[int]] = {}
-    for k, res in enumerate(got):
-        if _timed_out(res):
-            slow.setdefault(marshal.dumps(items[k]), []).append(k)
-    if slow:
-        firsts = [ks[0] for ks in slow.values()]
-        again = execute_scored(
-            [items[k] for k in firsts], refs, scorer, options, timeout_s=timeout_s, spread=True
-        )
-        for ks, res in zip(slow.values(), again, strict=True):
-            for k in ks:
-                got[k] = res
-    return got
 
 
 def fail_parts(base: dict, want_ts: bool) -> dict[str, Any]:
     """The named parts of a prediction that did not execute (both scoring paths)."""
-    fail = {**base, "executable": 0.0, "match": 0.0}
+    fail = {**base, "executable": 0.0, "match": 0.0, "bird_match": 0.0}
     if want_ts:
         fail["test_suite_match"] = 0.0
     return fail
 
 
-def match_parts(base: dict, m: MatchResult, shape: GoldShape, n_gold: int, n_pred: int) -> dict[str, Any]:
+def match_parts(
+    base: dict, m: MatchResult, shape: GoldShape, gold_rows: list, pred_rows: list
+) -> dict[str, Any]:
     """The named parts of an executed prediction's Reward (one definition for the parent-side and the
-    in-worker scoring paths, which must give identical Rewards)."""
+    in-worker scoring paths, which must give identical Rewards); `bird_match` is BIRD's metric
+    (`sqlrl.reward.bird.bird_set_match`)."""
+    n_gold, n_pred = len(gold_rows), len(pred_rows)
     return {
         **base,
         "executable": 1.0,
         "match": 1.0 if m.match else 0.0,
+        "bird_match": 1.0 if bird_set_match(gold_rows, pred_rows) else 0.0,
         "order_matters": shape.order_matters,
         "compare_mode": m.mode,
         "detail": m.reason,
@@ -154,7 +123,7 @@ def _score_pair(run: Any, sql: str, refs: list, extra: Any, options: dict) -> tu
         shape = _SHAPES[shape_t] = GoldShape(*shape_t)
     p_cols, p_rows = res[1], res[2]
     m = execution_match(g_cols, g_rows, p_cols, p_rows, shape, Cut(*cut_t) if cut_t is not None else None)
-    parts = match_parts({"kind": kind}, m, shape, len(g_rows), len(p_rows))
+    parts = match_parts({"kind": kind}, m, shape, g_rows, p_rows)
     if m.reason == "permutation_bound":
         parts["note"] = PERMUTATION_NOTE
     value = 1.0 if (m.match or kind == "validity") else 0.0
@@ -197,3 +166,25 @@ def _score_pair(run: Any, sql: str, refs: list, extra: Any, options: dict) -> tu
     if t.reason == "permutation_bound":
         parts["test_suite_reason"] = "permutation_bound"
     return (*reward, memo_ok, n)
+
+
+def elapsed_ms(*results: Any) -> float | None:
+    """Summed `elapsed_ms` of the sandbox results among `results` (None where none has one)."""
+    ms = [float(e) for r in results if (e := getattr(r, "elapsed_ms", None)) is not None]
+    return round(sum(ms), 3) if ms else None
+
+
+def worker_reward(g: Any, base: dict, want_ts: bool) -> tuple[Reward, bool, int]:
+    """(Reward, reproducible?, statements executed) of one answer of `score_in_worker`'s workers: its
+    tuple, ("__error__", text) when the scorer raised, or the watchdog's `SQLResult`."""
+    if type(g) is tuple and len(g) == 6:
+        value, status, parts, memo_ok, n, ms = g
+        return Reward(value, status, parts, ms), memo_ok, n
+    if type(g) is tuple:  # the scorer raised (a bug, or memory)
+        return Reward(None, "infra_error", {**base, "error": f"sandbox scorer: {g[-1]}"}), False, 1
+    st = getattr(g, "status", None)  # timeout or worker_crash
+    msg = str(getattr(g, "message", "") or "")[:500]
+    if st == "timeout":
+        parts = {**fail_parts(base, want_ts), "sandbox_status": st, "message": msg}
+        return Reward(0.0, "timeout", parts, elapsed_ms(g)), False, 1
+    return Reward(None, "infra_error", {**base, "sandbox_status": st, "message": msg}), False, 1

@@ -191,7 +191,6 @@ class Sandbox:
         scorer: str,
         options: Any = None,
         timeout_s: float | None = None,
-        spread: bool = False,
     ) -> list[Any]:
         """Run a scorer inside the workers, one round trip per chunk of items, results in order.
 
@@ -210,9 +209,8 @@ class Sandbox:
         worker with that statement answered by the failure result instead of being executed. A
         worker dying gives `worker_crash` the same way. The other unfinished items of the chunk are
         re-run on the fresh worker. `timeout_s`: the statements' soft limit for this call (default
-        the sandbox's; the hard limit keeps its margin above it). `spread`: every item is a chunk of its
-        own, so slow items run side by side on as many workers as there are. Thread-safe; nothing the
-        SQL does makes it raise."""
+        the sandbox's; the hard limit keeps its margin above it). Thread-safe; nothing the SQL does
+        makes it raise."""
         self._check_open()
         results: list[Any] = [None] * len(items)
         if not items:
@@ -228,7 +226,7 @@ class Sandbox:
         # and kept).
         per_worker = max(1, min(_SCORE_CHUNKS_PER_WORKER, len(todo) // (self.workers * _SCORE_MIN_CHUNK)))
         n_chunks = min(len(todo), self.workers * per_worker)
-        size = 1 if spread else max(1, min(self.chunk_size * 4, -(-len(todo) // n_chunks)))
+        size = max(1, min(self.chunk_size * 4, -(-len(todo) // n_chunks)))
         chunks = deque(_deal(todo, size))
         run_scored(
             self._pool, chunks, refs, scorer, options, results, depth=_SCORE_DEPTH, ref_budget=self.ref_budget

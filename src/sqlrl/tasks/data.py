@@ -1,4 +1,4 @@
-"""Reading Spider-layout folders: tasks, the by-database split, fingerprints, schema text.
+"""Spider-layout folders (BIRD's: `sqlrl.tasks.bird`): tasks, by-database split, fingerprints, schema.
 
 Standard library only. Layout (the official Spider 1.0 one, so a full download works unchanged):
 `ROOT/<split>.json` (list of {"db_id", "question", "query", ...}), `ROOT/tables.json` (must exist;
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import random
 import sqlite3
@@ -47,11 +48,15 @@ __all__ = [
     "embedded_root",
     "ensure_public",
     "file_sha256",
+    "paraphrase_count",
     "schema_text",
     "split_by_database",
 ]
 
+log = logging.getLogger(__name__)
+
 SPLIT_NAMES = ("train", "validation")
+PARAPHRASE_SUFFIX = "-syn"
 _FINGERPRINT_VERSION = "sqlrl-data-fingerprint-v1"
 
 
@@ -80,6 +85,7 @@ class PrivateTask:
 
     public: PublicTask
     gold_sql: str
+    difficulty: str = ""  # BIRD's label (simple / moderate / challenging); empty for Spider
 
     @property
     def task_id(self) -> str:
@@ -268,6 +274,18 @@ class _Example:
     db_id: str
     question: str
     query: str
+    question_syn: str | None = None  # Spider-Syn paraphrase, when the file has one
+    evidence: str = ""  # BIRD's evidence (public); empty for Spider
+    difficulty: str = ""  # BIRD's difficulty label; empty for Spider
+
+
+def _same_question(a: str, b: str) -> bool:
+    return " ".join(a.split()).lower() == " ".join(b.split()).lower()
+
+
+def paraphrase_count(tasks: list) -> int:
+    """How many of `tasks` are Spider-Syn paraphrase tasks (id suffix `PARAPHRASE_SUFFIX`)."""
+    return sum(1 for t in tasks if t.task_id.endswith(PARAPHRASE_SUFFIX))
 
 
 class SpiderData:
@@ -288,6 +306,9 @@ class SpiderData:
                 f"{self.root} has no tables.json, so it is not a Spider-layout folder; point --data at the "
                 "folder that holds tables.json, <split>.json and database/"
             )
+        self._init_caches()
+
+    def _init_caches(self) -> None:
         self._examples: dict[str, list[_Example]] = {}
         self._schemas: dict[str, str] = {}
         self._db_paths: dict[str, Path] = {}
@@ -371,7 +392,12 @@ class SpiderData:
                 )
             if not ex["db_id"] or "/" in ex["db_id"] or "\\" in ex["db_id"] or ex["db_id"] in (".", ".."):
                 raise DataError(f"{path}, example {i}: invalid db_id {ex['db_id']!r}")
-            out.append(_Example(i, ex["db_id"], ex["question"], ex["query"]))
+            syn = ex.get("question_syn")
+            if syn is not None and not isinstance(syn, str):
+                raise DataError(
+                    f"{path}, example {i}: question_syn must be a string or absent, found {type(syn).__name__}"
+                )
+            out.append(_Example(i, ex["db_id"], ex["question"], ex["query"], syn))
         with self._lock:
             self._examples[stem] = out
         return out
@@ -429,39 +455,68 @@ class SpiderData:
                 self._schemas[path] = hit
         return hit
 
-    def load(self, split: str, *, seed: int = 0, val_fraction: float = 0.1) -> list[PrivateTask]:
+    def load(
+        self, split: str, *, seed: int = 0, val_fraction: float = 0.1, paraphrases: bool = False
+    ) -> list[PrivateTask]:
         """Tasks of a split, in file order.
 
         `split` is a json stem in the folder (`train_spider`, `dev`, ...), `train` / `validation` (the
         by-database split of the training file; `seed` and `val_fraction` only matter for these), or
         `<stem>.json` for a whole file (useful when the training file itself is `train.json`).
+        `paraphrases` (a training split only; `validation` refuses it) adds, right after each example
+        whose `question_syn` differs from its question (ignoring case and spacing), a second task with
+        that question, the same gold and database, id `<task id>-syn`. The split is decided on the
+        examples before any is added, so it does not depend on this flag.
         """
+        if paraphrases and split == "validation":
+            raise DataError(
+                "paraphrases are training data: the validation split is loaded without them; "
+                "set data.train_paraphrases only for the training split"
+            )
         stem, exs = self._examples_for(split, seed, val_fraction)
         tasks = []
         for e in exs:
-            pub = PublicTask(
-                task_id=f"{stem}/{e.index:05d}",
-                db_id=e.db_id,
-                question=e.question,
-                schema=self._schema(e.db_id),
-                evidence="",
-                db_path=str(self.db_path(e.db_id)),
+            questions = [("", e.question)]
+            if paraphrases and e.question_syn and not _same_question(e.question_syn, e.question):
+                questions.append((PARAPHRASE_SUFFIX, e.question_syn))
+            for suffix, question in questions:
+                pub = PublicTask(
+                    task_id=f"{stem}/{e.index:05d}{suffix}",
+                    db_id=e.db_id,
+                    question=question,
+                    schema=self._schema(e.db_id),
+                    evidence=e.evidence,
+                    db_path=str(self.db_path(e.db_id)),
+                )
+                tasks.append(PrivateTask(public=pub, gold_sql=e.query, difficulty=e.difficulty))
+        if paraphrases:
+            n_syn = paraphrase_count(tasks)
+            log.info(
+                f"{split}: {n_syn} Spider-Syn paraphrase tasks added to {len(exs)} examples "
+                f"({sum(1 for e in exs if e.question_syn is not None) - n_syn} with question_syn equal to "
+                f"the question, {sum(1 for e in exs if e.question_syn is None)} without one)"
             )
-            tasks.append(PrivateTask(public=pub, gold_sql=e.query))
         return tasks
 
     def db_ids(self, split: str, *, seed: int = 0, val_fraction: float = 0.1) -> list[str]:
         """Sorted database ids used by a split."""
         return sorted({e.db_id for e in self._examples_for(split, seed, val_fraction)[1]})
 
-    def fingerprint(self, split: str, *, seed: int = 0, val_fraction: float = 0.1) -> str:
-        """sha256 hex over the split's examples (db_id, question, query, in order) and the sha256 of
-        every database file they use (sorted by db id)."""
+    def fingerprint(
+        self, split: str, *, seed: int = 0, val_fraction: float = 0.1, paraphrases: bool = False
+    ) -> str:
+        """sha256 hex over the split's examples (db_id, question, query, in order; with `paraphrases`
+        also each `question_syn`; a non-empty evidence or difficulty too) and the sha256 of every
+        database file they use (sorted by db id)."""
         _, exs = self._examples_for(split, seed, val_fraction)
         h = hashlib.sha256()
         h.update(_FINGERPRINT_VERSION.encode() + b"\n")
         for e in exs:
-            h.update(json.dumps([e.db_id, e.question, e.query], ensure_ascii=False).encode("utf-8") + b"\n")
+            row = [e.db_id, e.question, e.query] + ([e.question_syn] if paraphrases else [])
+            row += (
+                [{"evidence": e.evidence, "difficulty": e.difficulty}] if e.evidence or e.difficulty else []
+            )
+            h.update(json.dumps(row, ensure_ascii=False).encode("utf-8") + b"\n")
         h.update(b"databases\n")
         for db_id in sorted({e.db_id for e in exs}):
             try:

@@ -12,20 +12,43 @@ What is covered:
   update may still have fewer than `prompts_per_step` groups). The step's reward, accuracy and group
   metrics describe the first round only.
 - `run.log_sql`: every trajectory the reward scored, every round, one line in sql.jsonl.
-- What scoring cost, over all rounds: its wall time, the trajectories scored `timeout` (a prediction
-  that ran into `grpo.score_timeout_s`) and the sandbox's longest time on one final SQL.
+- What scoring cost, over all rounds: its wall time (including any wait for the environment's
+  `prefetch` of the round's golds, run in a thread beside generation), the trajectories scored
+  `timeout` (a prediction that ran into `grpo.score_timeout_s`) and the sandbox's longest time on
+  one final SQL.
 
 What is not: a learning signal in any group (that is what `informative` and the metrics report).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sqlrl.artifacts import append_jsonl_many
+
+logger = logging.getLogger(__name__)
+
+
+def _start(fn: Any, tasks: list) -> threading.Thread | None:
+    """`fn(tasks)` in a daemon thread (None when there is no `fn`). It only warms a cache: an exception
+    is logged and left for scoring, which meets the same failure and reports it per trajectory."""
+    if fn is None:
+        return None
+
+    def run() -> None:
+        try:
+            fn(tasks)
+        except Exception as e:  # noqa: BLE001 - scoring reports it per trajectory
+            logger.debug("gold prefetch failed (scoring will report it): %s: %s", type(e).__name__, e)
+
+    th = threading.Thread(target=run, name="sqlrl-gold-prefetch", daemon=True)
+    th.start()
+    return th
 
 
 def scored_groups(trajs: list) -> list[list]:
@@ -114,17 +137,26 @@ class RolloutSource:
         g = self.grpo
         picked = self.sampler.next(g.prompts_per_step)
         batch_tasks = [self.tasks[i] for i in picked]
+        # the golds are fetched beside generation: scoring then pays for the predictions only
+        warm = _start(getattr(self.env, "prefetch", None), batch_tasks)
         t_r = time.perf_counter()
         sampling_seed = self.seed * 1_000_003 + step + r * 10_000_019
-        got = self.env.rollout(
-            batch_tasks,
-            self.policy,
-            self.budgets,
-            Sampling(temperature=g.temperature, top_p=g.top_p, seed=sampling_seed),
-            g.group_size,
-        )
+        try:
+            got = self.env.rollout(
+                batch_tasks,
+                self.policy,
+                self.budgets,
+                Sampling(temperature=g.temperature, top_p=g.top_p, seed=sampling_seed),
+                g.group_size,
+            )
+        except Exception:  # no fetch outlives the round (the caller may close the environment)
+            if warm is not None:
+                warm.join()
+            raise
         sample.t_roll += time.perf_counter() - t_r
         t_s = time.perf_counter()
+        if warm is not None:
+            warm.join()  # (what it did not finish, scoring does: the wait counts as scoring time)
         scored = self.env.score(got)
         sample.t_score += time.perf_counter() - t_s
         for tr in got:

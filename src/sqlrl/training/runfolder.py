@@ -55,6 +55,11 @@ ADDED_KEYS = {
     ("run", "eval_every"): 0,
     ("run", "eval_tasks"): 0,
     ("run", "final_dtype"): "float32",
+    ("agent", "schema_sample_values"): 0,
+    ("agent", "schema_order"): "file",
+    ("agent", "show_evidence"): True,
+    ("agent", "column_descriptions"): False,
+    ("data", "train_paraphrases"): False,
 }
 
 

@@ -85,7 +85,15 @@ def build_text2sql_examples(tasks, tokenizer, budgets) -> tuple[list[dict], dict
         if not want:
             dropped["no_gold"] += 1
             continue
-        messages = build_messages(t.public, turns=1, max_schema_chars=budgets.max_schema_chars)
+        messages = build_messages(
+            t.public,
+            turns=1,
+            max_schema_chars=budgets.max_schema_chars,
+            schema_sample_values=budgets.schema_sample_values,
+            schema_order=budgets.schema_order,
+            show_evidence=budgets.show_evidence,
+            column_descriptions=budgets.column_descriptions,
+        )
         target = text2sql_target_text(t.gold_sql)
         prompt_ids = chat.prompt_ids(messages)
         tail = completion_tail(chat, messages, target)

@@ -41,6 +41,10 @@ def task_to_row(
     split_seed: int = 0,
     val_fraction: float = 0.1,
     reward_kind: str = "execution",
+    schema_sample_values: int = 0,
+    schema_order: str = "file",
+    show_evidence: bool = True,
+    column_descriptions: bool = False,
 ) -> dict:
     """One veRL dataset row for a task. Accepts a PrivateTask but writes only its public part; the gold
     is referenced (folder, split and its settings, task id), never copied."""
@@ -59,7 +63,15 @@ def task_to_row(
     return {
         "data_source": DATA_SOURCE,
         "agent_name": AGENT_NAME,
-        "prompt": build_messages(public, turns=turns, max_schema_chars=max_schema_chars),
+        "prompt": build_messages(
+            public,
+            turns=turns,
+            max_schema_chars=max_schema_chars,
+            schema_sample_values=schema_sample_values,
+            schema_order=schema_order,
+            show_evidence=show_evidence,
+            column_descriptions=column_descriptions,
+        ),
         "reward_model": {"style": "rule", "ground_truth": json.dumps(ref, sort_keys=True)},
         "extra_info": {"index": index, "split": split, "sqlrl_task": public_dict(public)},
     }
@@ -76,15 +88,22 @@ def write_dataset(cfg, out_dir: str | os.PathLike, *, quiet: bool = False) -> di
     `validation`, `gold_audit`). `data.max_train_tasks` / `data.max_eval_tasks` then pick the same seeded
     subset of the scorable tasks as sqlrl's own trainer (`sqlrl.evaluation.runner.select_tasks`, seed `run.seed`).
     """
+    if cfg.data.train_paraphrases:
+        # the reward workers find a task by id in SpiderData(...).load(split), which has no paraphrases
+        raise ValueError(
+            "data.train_paraphrases is not supported by the veRL dataset writer (its reward workers look tasks "
+            "up without paraphrases); set data.train_paraphrases = false for veRL runs"
+        )
     import pandas as pd
 
     from sqlrl.artifacts import write_json_atomic
-    from sqlrl.tasks.data import SpiderData, embedded_root, select_tasks
+    from sqlrl.tasks.bird import open_data
+    from sqlrl.tasks.data import embedded_root, select_tasks
     from sqlrl.tasks.goldcache import GoldCache, audit_golds
 
     d, a = cfg.data, cfg.agent
     root = str(embedded_root()) if d.path == "embedded" else str(Path(d.path).expanduser().resolve())
-    data = SpiderData(root)
+    data = open_data(root)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths: dict[str, str] = {}
@@ -125,6 +144,10 @@ def write_dataset(cfg, out_dir: str | os.PathLike, *, quiet: bool = False) -> di
                     split_seed=d.split_seed,
                     val_fraction=d.val_fraction,
                     reward_kind=cfg.grpo.reward,
+                    schema_sample_values=a.schema_sample_values,
+                    schema_order=a.schema_order,
+                    show_evidence=a.show_evidence,
+                    column_descriptions=a.column_descriptions,
                 )
                 for i, t in enumerate(kept)
             ]

@@ -29,14 +29,14 @@ _EVAL_LOCK = threading.Lock()
 
 
 def _private_task(ref: dict):
-    from sqlrl.tasks.data import SpiderData
+    from sqlrl.tasks.bird import open_data
 
     kw = {"seed": int(ref.get("split_seed", 0)), "val_fraction": float(ref.get("val_fraction", 0.1))}
     key = f"{ref['data']}|{ref['split']}|{kw['seed']}|{kw['val_fraction']}"
     with _EVAL_LOCK:
         tasks = _EVAL_STATE.get(key)
         if tasks is None:
-            tasks = {t.public.task_id: t for t in SpiderData(ref["data"]).load(ref["split"], **kw)}
+            tasks = {t.public.task_id: t for t in open_data(ref["data"]).load(ref["split"], **kw)}
             _EVAL_STATE[key] = tasks
     return tasks[ref["task_id"]]
 
