@@ -225,6 +225,8 @@ class RunConfig:
     """Checkpoints kept on disk."""
     prune_checkpoints_at_end: bool = False
     """After a finished run is exported, delete its checkpoint folders (the manifest stays, marked pruned)."""
+    final_dtype: Literal["auto", "float32"] = "auto"
+    """Dtype of RUN/final: `auto` = the generation dtype (what every evaluation of the run loads), stored as a patch over the base when smaller; `float32` keeps the master weights."""
     sandbox_workers: int = 2
     """SQL sandbox worker processes."""
     gen_engine: Literal["auto", "static", "fast", "hf"] = "auto"

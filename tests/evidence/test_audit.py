@@ -285,3 +285,48 @@ def test_export_unchanged_refuses_changed_weights(models, tmp_path):
     _hash_only_final(base, out, base="models/base")
     assert final_weights(out) == "models/base"
     assert final_weights(tmp_path / "elsewhere") == str(tmp_path / "elsewhere")
+
+
+def test_trained_is_compared_with_the_base_cast_to_its_dtype():
+    """A bf16 final whose float32 masters moved by less than a bf16 step IS bf16(base): "unchanged"
+    (against the float32 base every element not representable in bf16 would look changed)."""
+    base = {k: v.detach().clone() for k, v in tiny_model().state_dict().items()}
+    same = {k: v.to(torch.bfloat16) for k, v in base.items()}
+    r = audit_weights(base, same, hashes=False)
+    assert r["verdicts"]["trained_changed"] is False and r["passed"] is False
+    assert r["tensors"]["trained"]["summary"]["n_changed_elements"] == 0
+    one = {k: v.clone() for k, v in same.items()}
+    one["model.norm.weight"][3] += 1.0
+    r = audit_weights(base, one, hashes=False)
+    assert r["verdicts"]["trained_changed"] is True
+    assert r["tensors"]["trained"]["summary"]["n_changed_elements"] == 1
+    assert r["tensors"]["trained"]["top"][0]["compared_as"] == "base cast to bfloat16"
+
+
+def test_audit_of_a_patch_final_rebuilds_it_and_refuses_a_changed_base(tmp_path):
+    tiny_model().save_pretrained(tmp_path / "base")
+    trained = tiny_model()
+    with torch.no_grad():
+        trained.model.layers[0].mlp.up_proj.weight.view(-1)[:5] += 1.0
+    base_id = weights_hash(tiny_model())  # the base's hash as loaded
+    ident = export_hf(
+        trained,
+        None,
+        tmp_path / "final",
+        dtype="bfloat16",
+        base=str(tmp_path / "base"),
+        base_identity=base_id,
+    )
+    assert ident["weights_stored"] == "patch"
+    r = audit_weights(str(tmp_path / "base"), str(tmp_path / "final"), reloaded=str(tmp_path / "final"))
+    assert r["passed"] and r["verdicts"] == {
+        "trained_changed": True,
+        "no_update_identical": None,
+        "reloaded_identity": True,
+    }
+    assert r["sources"]["trained"]["kind"] == "patch"
+    assert r["tensors"]["trained"]["summary"]["n_changed_elements"] == 5
+    assert r["hashes"]["reloaded"] == ident["weights_hash"]
+    tiny_model(seed=3).save_pretrained(tmp_path / "base")
+    r = audit_weights(str(tmp_path / "base"), str(tmp_path / "final"), reloaded=str(tmp_path / "final"))
+    assert not r["passed"] and any("restore that exact base model" in e for e in r["errors"])

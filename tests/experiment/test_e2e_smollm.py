@@ -142,10 +142,12 @@ def test_quickstart_config_smallest_form(tmp_path):
         assert (out / "arms" / arm / "eval" / "summary.json").exists()
     wa = json.loads((out / "weights_audit.json").read_text())
     assert wa["verdicts"]["no_update_identical"] is True  # real dequantized weights, with their -0.0
-    # one copy of the weights per trained arm, in float32; No-update records hashes; no checkpoints left
-    assert wa["sources"]["no_update"]["kind"] == "hashes"
+    # one copy of the weights per trained arm, in the generation dtype (bfloat16), a patch when smaller;
+    # No-update records hashes; no checkpoints left
+    assert wa["sources"]["no_update"]["kind"] == "hashes" and wa["verdicts"]["reloaded_identity"] is True
     assert not list((out / "arms" / "no_update" / "train" / "final").glob("*.safetensors"))
     for arm in ("grpo", "validity"):
         final = out / "arms" / arm / "train" / "final"
-        assert json.loads((final / "identity.json").read_text())["dtype"] == "float32"
+        ident = json.loads((final / "identity.json").read_text())
+        assert ident["dtype"] == "bfloat16" and ident["weights_stored"] in ("patch", "dense")
         assert not (out / "arms" / arm / "train" / "checkpoints").exists()

@@ -283,14 +283,10 @@ def test_debug_eval_by_category_with_a_scripted_policy(tmp_path, demo):
 
 def _factory(name: str):
     if Path(name).is_dir():
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from sqlrl.generation.models import load_model
 
-        from sqlrl.generation.models import weights_hash
-
-        model = AutoModelForCausalLM.from_pretrained(name)
-        tok = AutoTokenizer.from_pretrained(name)
-        tok.padding_side = "left"
-        return model, tok, name, weights_hash(model)
+        loaded = load_model(name)  # a previous stage's final: dense, or a patch over its own base
+        return loaded.model, loaded.tokenizer, name, loaded.identity
     return tiny_factory()
 
 
@@ -488,3 +484,23 @@ def test_curriculum_cli_passes_resume_from_valid(tmp_path, monkeypatch):
     assert seen["resume_from_valid"] is True
     assert cli.cli_main([str(config), "--out", str(tmp_path / "c")]) == 2
     assert seen["resume_from_valid"] is False
+
+
+def test_a_stage_whose_final_equals_its_base_in_the_final_dtype_did_not_change(tmp_path):
+    """A bf16 patch final with no changed element is the base as evaluated, though its hash (bf16) differs
+    from the float32 base's: weights_changed is false."""
+    from sqlrl.training.curriculum import finished_stage
+
+    folder = tmp_path / "01-grpo"
+    (folder / "final").mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"run": {"k": 1}}))
+    (folder / "run.json").write_text(
+        json.dumps({"status": "finished", "steps": 2, "model": {"base_identity": "sha256:f32"}})
+    )
+    ident = {"weights_hash": "sha256:bf16", "weights_stored": "patch", "changed_elements": 0, "files": {}}
+    (folder / "final" / "identity.json").write_text(json.dumps(ident))
+    done = finished_stage(folder, {"run": {"k": 1}}, None)
+    assert (done["final_identity"], done["weights_changed"]) == ("sha256:bf16", False)
+    ident["changed_elements"] = 3
+    (folder / "final" / "identity.json").write_text(json.dumps(ident))
+    assert finished_stage(folder, {"run": {"k": 1}}, None)["weights_changed"] is True

@@ -1,4 +1,5 @@
-"""`sqlrl export`: a sqlrl or veRL FSDP checkpoint to a Hugging Face folder with its identity."""
+"""`sqlrl export`: a sqlrl or veRL FSDP checkpoint, or a run's final folder stored as a patch over its
+base, to a plain Hugging Face folder with its identity."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from sqlrl.training.fsdp_export import FSDPExportError, export_fsdp_checkpoint
 
 
 def cli_main(argv: list[str]) -> int:
-    """`sqlrl export CKPT -o HF_DIR [--base MODEL]`: a sqlrl checkpoint (or run folder) -> HF folder.
+    """`sqlrl export CKPT -o HF_DIR [--base MODEL]`: a sqlrl checkpoint (or run folder, or a patch final
+    folder) -> HF folder.
     A veRL FSDP checkpoint (or veRL run folder) is handed to `integrations.fsdp_export` instead."""
     first = next((a for a in argv if not a.startswith("-")), None)
     if first is not None:
@@ -25,7 +27,8 @@ def cli_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(
         prog="sqlrl export",
         description="Export a sqlrl checkpoint (a step_NNNNNN folder, or a run folder: its latest valid "
-        "checkpoint) to Hugging Face format with identity.json (weights hash).",
+        "checkpoint), or a run's final/ folder (also one stored as a patch over its base), to Hugging Face format "
+        "with identity.json (weights hash).",
     )
     ap.add_argument("checkpoint", help="checkpoint folder (step_NNNNNN) or run folder")
     ap.add_argument("-o", "--out", required=True, help="output Hugging Face folder")
@@ -35,6 +38,8 @@ def cli_main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     path = Path(args.checkpoint)
+    if (path / "identity.json").is_file() and not (path / SIDECAR).is_file():
+        return _export_final(path, args.out)  # a run's final/: dense, a patch, or hashes of the base
     if args.base:
         from sqlrl.generation.models import check_model
 
@@ -45,7 +50,9 @@ def cli_main(argv: list[str]) -> int:
         else:
             info = load_latest(path, verify=not args.no_verify)
             if info is None:
-                print(f"sqlrl export: no checkpoint in {path}", file=sys.stderr)
+                hint = f"; export its final weights with `sqlrl export {path / 'final'} -o DIR`"
+                hint = hint if (path / "final" / "identity.json").is_file() else ""
+                print(f"sqlrl export: no checkpoint in {path}{hint}", file=sys.stderr)
                 return 2
         model, tokenizer = model_from_checkpoint(info, base=args.base)
         if tokenizer is None:
@@ -68,6 +75,41 @@ def cli_main(argv: list[str]) -> int:
     print(
         f"exported step {info.step} from {info.path} to {args.out}  weights_hash={identity['weights_hash']}"
     )
+    return 0
+
+
+def _export_final(path: Path, out: str) -> int:
+    """A run's final folder (dense, a patch over its base, or the hashes of an unchanged base) -> a plain
+    HF folder whose weights hash is the one the final folder records."""
+    from sqlrl.artifacts import read_json
+    from sqlrl.generation.models import load_model
+    from sqlrl.training.export import final_weights
+
+    recorded = read_json(path / "identity.json")
+    try:
+        loaded = load_model(final_weights(path))  # a patch: base hash and rebuilt hash checked
+        if loaded.identity != recorded.get("weights_hash"):
+            raise ValueError(
+                f"{path} loads with weights hash {loaded.identity}, not the recorded "
+                f"{recorded.get('weights_hash')}; its files or its base changed"
+            )
+        identity = export_hf(
+            loaded.model,
+            loaded.tokenizer,
+            out,
+            source_checkpoint=path.resolve(),
+            step=recorded.get("step"),
+            source_weights_hash=recorded["weights_hash"],
+        )
+    except Exception as e:  # noqa: BLE001 -- missing or changed base, unreadable files: report, exit 2
+        print(f"sqlrl export: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    how = (
+        f"a patch over {recorded.get('base')}"
+        if recorded.get("weights_stored") == "patch"
+        else "final weights"
+    )
+    print(f"exported {path} ({how}) to {out}  weights_hash={identity['weights_hash']}")
     return 0
 
 

@@ -2,27 +2,27 @@
 bit-identical, and is the exported/reloaded model the one that was trained?
 
 `audit_weights(base, trained, no_update=None, *, reloaded=None, expect_hash=None)` takes paths (a HF
-folder with ``*.safetensors``, a sqlrl checkpoint ``step_NNNNNN``, or a ``final`` folder holding only
-every tensor's hash: `export_unchanged`) or state dicts / modules. Tensors are read one at a time and
-compared in float64 chunks; the weights hash needs one full model in memory at a time.
+folder with ``*.safetensors``, a sqlrl checkpoint ``step_NNNNNN``, a ``final`` folder holding every tensor's
+hash (`export_unchanged`) or a patch over its base (`sqlrl.generation.patch`: base hash checked, rebuilt
+one tensor at a time)) or state dicts / modules, compared one tensor at a time in float64 chunks.
 
 Verdicts (``None`` when not applicable):
-- ``trained_changed``: at least one tensor of ``trained`` differs from ``base`` (raw bytes).
-- ``no_update_identical``: every tensor of ``no_update`` is bit-identical to ``base`` (raw bytes compared,
-  not allclose: -0.0 vs 0.0 or a NaN payload change counts as a change). Tensors of different floating
-  dtypes where one converts exactly into the other (a bf16 base vs a float32 export) are compared bit for
-  bit after that exact upcast; any other dtype change counts as a change. Against a hash-only folder,
-  each base tensor's sha256 (after that upcast) must equal the recorded one (a change has no size then).
-- ``reloaded_identity``: the weights hash of ``reloaded`` (or of ``trained`` itself when no ``reloaded``
-  is given) equals the recorded hash (``expect_hash``, else ``identity.json`` / ``sidecar.json`` of
+- ``trained_changed``: a tensor of ``trained`` differs (raw bits) from the base CAST TO TRAINED'S DTYPE:
+  the model every evaluation loads. A bf16 final whose float32 masters moved by less than a bf16 step
+  equals bf16(base): "unchanged" (against the float32 base every bf16 final would differ trivially).
+- ``no_update_identical``: every tensor of ``no_update`` is bit-identical to ``base`` (raw bytes, not
+  allclose: -0.0 vs 0.0 or a NaN payload change counts). Different floating dtypes where one converts
+  exactly into the other (bf16 base vs float32 export) are compared after that exact upcast; any other
+  dtype change counts as a change. Against a hash-only folder, each base tensor's sha256 (after that
+  upcast) must equal the recorded one (a change has no size then).
+- ``reloaded_identity``: the weights hash of ``reloaded`` (or of ``trained`` when no ``reloaded`` is
+  given) equals the recorded hash (``expect_hash``, else ``identity.json`` / ``sidecar.json`` of
   ``trained``, else the hash computed from ``trained``).
-``passed`` is true when no structural error occurred (name/shape mismatch, unreadable model) and no
-applicable verdict is false.
+``passed``: no structural error (name/shape mismatch, unreadable model) and no applicable verdict false.
 
-Not guaranteed: tied weights missing from a Hugging Face folder are reconstructed only for the
-``tie_word_embeddings`` convention (``lm_head.weight`` -> the ``*embed_tokens.weight`` tensor); LoRA
-adapter-only checkpoints are refused (export them merged first with ``sqlrl export --base``);
-``.bin`` (pickle) weights are not read.
+Not guaranteed: tied weights missing from a HF folder are reconstructed only for ``tie_word_embeddings``
+(``lm_head.weight`` -> ``*embed_tokens.weight``); LoRA adapter-only checkpoints are refused (export them
+merged first with ``sqlrl export --base``); ``.bin`` (pickle) weights are not read.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ class _Source:
         self._hashes: dict[str, dict] | None = None
         self._file_of: dict[str, Path] = {}
         self._handles: dict[Path, Any] = {}
+        self._base: _Source | None = None  # the base a patch folder applies to
         if isinstance(obj, str | os.PathLike):
             self._init_path(Path(obj))
         elif hasattr(obj, "state_dict") and not isinstance(obj, Mapping):
@@ -89,6 +90,9 @@ class _Source:
             self.kind = "hf"
             ident = read_json(path / "identity.json") if (path / "identity.json").is_file() else {}
             self.recorded_hash = ident.get("weights_hash")
+            if ident.get("weights_stored") == "patch":
+                self._init_patch(path, ident)
+                return
             if ident.get("weights_stored") is False:
                 if not isinstance(ident.get("tensor_hashes"), dict):
                     raise AuditError(
@@ -121,6 +125,35 @@ class _Source:
         if self.kind == "hf":
             self._hf_tied_aliases(path)
 
+    def _init_patch(self, path: Path, ident: dict) -> None:
+        """A final folder stored as a patch over its base: the base (checked against the recorded hash) cast
+        to the patch dtype, with the patch's elements replaced, read one tensor at a time."""
+        from safetensors import safe_open
+
+        from sqlrl.generation.hashing import torch_dtype
+        from sqlrl.generation.models import resolve_model
+        from sqlrl.generation.patch import PATCH_FILE
+
+        self.kind = "patch"
+        try:
+            base_path = resolve_model(str(ident["base"]), fetch=False).path
+        except Exception as e:  # noqa: BLE001 -- a missing base: a failed audit that says which
+            raise AuditError(
+                f"{self.label}: {path} is a patch over base {ident.get('base')!r}, which cannot be found "
+                f"({e}); restore that model to audit it"
+            ) from e
+        self._base = _Source(f"{self.label} base", base_path)
+        got = self._base.weights_hash()
+        if got != ident.get("base_weights_hash"):
+            raise AuditError(
+                f"{self.label}: {path} is a patch over base {ident.get('base')!r} with weights hash "
+                f"{ident.get('base_weights_hash')}, but that base now has {got}; restore that exact base model"
+            )
+        self.aliases = self._base.aliases
+        self._dtype = torch_dtype(ident["dtype"])
+        self._patch = safe_open(str(path / PATCH_FILE), framework="pt", device="cpu")
+        self._patched = {k[: -len(":idx")] for k in self._patch.keys() if k.endswith(":idx")}
+
     def _hf_tied_aliases(self, path: Path) -> None:
         cfg_path = path / "config.json"
         if "lm_head.weight" in self._file_of or not cfg_path.is_file():
@@ -134,6 +167,8 @@ class _Source:
             self.aliases["lm_head.weight"] = embeds[0]
 
     def names(self) -> set[str]:
+        if self._base is not None:
+            return self._base.names()
         if self._hashes is not None:
             base = set(self._hashes)
         else:
@@ -141,6 +176,8 @@ class _Source:
         return base | {a for a, c in self.aliases.items() if c in base}
 
     def canonical(self, name: str) -> str:
+        if self._base is not None:
+            return self._base.canonical(name)
         if self._hashes is not None:
             return name if name in self._hashes else self.aliases.get(name, name)
         if self._mem is not None or name not in self._file_of:
@@ -159,8 +196,22 @@ class _Source:
             raise AuditError(f"{self.label}: {self.path} stores tensor hashes, not tensors")
         if self._mem is not None:
             return self._mem[name].detach().cpu()
+        if self._base is not None:
+            return self._patched_tensor(self._base.canonical(name))
         name = self.canonical(name)
         return self._handles[self._file_of[name]].get_tensor(name)
+
+    def _patched_tensor(self, name: str):
+        from sqlrl.generation.patch import apply_tensor_patch
+
+        t = self._base.get(name)
+        t = t.to(self._dtype) if t.is_floating_point() and t.dtype != self._dtype else t.clone()
+        t = t.contiguous()
+        if name in self._patched:
+            apply_tensor_patch(
+                t, self._patch.get_tensor(f"{name}:idx"), self._patch.get_tensor(f"{name}:val")
+            )
+        return t
 
     def full_state_dict(self) -> dict:
         if self._mem is not None:
@@ -176,6 +227,11 @@ class _Source:
 
         if self._hashes is not None:
             return self.recorded_hash  # the hash recorded from the weights in memory; none stored here
+        if self._base is not None:  # rebuilt one tensor at a time
+            from sqlrl.generation.hashing import hash_named_tensors
+
+            names = sorted(n for n in self.names() if not self.is_alias(n))
+            return hash_named_tensors((n, self.get(n)) for n in names)
         sd = self.full_state_dict()
         try:
             return weights_hash(sd)
@@ -283,14 +339,18 @@ def _lossless_common(da, db):
     return None
 
 
-def _compare(a, b) -> dict:
-    """Bit-level and numeric comparison of two same-shape tensors (b - a), float64 accumulation."""
+def _compare(a, b, cast_base: bool = False) -> dict:
+    """Bit-level and numeric comparison of two same-shape tensors (b - a), float64 accumulation; with
+    ``cast_base`` a floating ``a`` is first cast to ``b``'s floating dtype."""
     import torch
 
     rec: dict[str, Any] = {
         "dtype_a": str(a.dtype).removeprefix("torch."),
         "dtype_b": str(b.dtype).removeprefix("torch."),
     }
+    if cast_base and a.dtype != b.dtype and a.is_floating_point() and b.is_floating_point():
+        a = a.to(b.dtype)
+        rec["compared_as"] = f"base cast to {rec['dtype_b']}"
     same_dtype = a.dtype == b.dtype
     wide = _lossless_common(a.dtype, b.dtype)
     if same_dtype:
@@ -438,7 +498,10 @@ def audit_weights(
             if list(ta.shape) != shape_b:
                 structural.append(f"{label}: tensor {name} shape {shape_b} != base {list(ta.shape)}")
                 continue
-            rec = _compare_hashed(ta, tb) if other.kind == "hashes" else _compare(ta, tb)
+            if other.kind == "hashes":
+                rec = _compare_hashed(ta, tb)
+            else:
+                rec = _compare(ta, tb, cast_base=label == "trained")
             rec["name"] = name
             rec["shape"] = list(ta.shape)
             recs.append(rec)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-__all__ = ["ModelError", "torch_dtype", "weights_hash"]
+__all__ = ["ModelError", "hash_named_tensors", "torch_dtype", "weights_hash"]
 
 
 class ModelError(RuntimeError):
@@ -59,8 +59,16 @@ def weights_hash(model_or_state_dict: Any) -> str:
             continue
         seen.add(key)
         items.append((name, t))
+    return hash_named_tensors(sorted(items, key=lambda kv: kv[0]))
+
+
+def hash_named_tensors(items: Any) -> str:
+    """``weights_hash`` of (name, tensor) pairs given in sorted name order, without aliases; the pairs may
+    come from a generator, so one tensor at a time needs to be in memory."""
+    import torch
+
     h = hashlib.sha256()
-    for name, t in sorted(items, key=lambda kv: kv[0]):
+    for name, t in items:
         t = t.detach()
         if t.device.type != "cpu":
             t = t.to("cpu")

@@ -2,9 +2,9 @@
 
 A model is named by a **built-in name** (``BUILTIN_MODELS``; default ``qwen2.5-coder-0.5b-instruct``),
 fetched and converted into the cache by ``sqlrl.generation.sources``; a **local path**: a folder with
-``config.json`` + safetensors (loaded as is, not copied) or a ``.gguf`` file (converted and cached);
-or else a **Hugging Face hub id**, passed to ``from_pretrained``. The names of ``sources`` and
-``hashing`` are re-exported here.
+``config.json`` + safetensors (loaded as is, not copied), a run's ``final`` folder stored as a patch over
+its base (``sqlrl.generation.patch``) or a ``.gguf`` file (converted and cached); or else a **Hugging
+Face hub id**, passed to ``from_pretrained``. The names of ``sources`` and ``hashing`` are re-exported.
 
 What is covered:
 - ``LoadedModel.identity`` is the ``weights_hash`` of the weights *as stored* (computed before any cast
@@ -59,6 +59,7 @@ __all__ = [
     "convert_gguf",
     "fetch_model",
     "load_model",
+    "load_patched",
     "resolve_model",
     "weights_hash",
 ]
@@ -246,6 +247,11 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     res = resolve_model(name, cache_dir=cache_dir)
+    if res.kind == "local":
+        from sqlrl.generation.patch import is_patch_folder
+
+        if is_patch_folder(res.path):  # a run's final weights stored as a patch over its base
+            return load_patched(res.path, name=name, device=device, dtype=dtype, cache_dir=cache_dir)
     tdtype = torch_dtype(dtype)
     kwargs: dict = {"dtype": "auto"}  # as stored: the identity is the hash of the stored weights
     if res.kind == "hub" and (res.offline or _offline()):
@@ -277,5 +283,60 @@ def load_model(
         path=res.path,
         identity=identity,
         manifest=manifest,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def load_patched(
+    folder: str | os.PathLike,
+    *,
+    name: str,
+    device: str = "cpu",
+    dtype: str = "auto",
+    cache_dir: str | os.PathLike | None = None,
+) -> LoadedModel:
+    """A run's final folder stored as a patch (``sqlrl.generation.patch``): the recorded base loaded in the
+    patch dtype, its hash checked, the patch applied, the result's hash checked; then cast to ``dtype``
+    (``auto``: the patch dtype) and moved to ``device``. ``identity`` is the recorded weights hash."""
+    from transformers import AutoTokenizer
+
+    from sqlrl.artifacts import read_json
+    from sqlrl.generation.patch import IDENTITY, apply_patch_file
+
+    folder = Path(folder)
+    ident = read_json(folder / IDENTITY)
+    base = load_model(ident["base"], device="cpu", dtype=ident["dtype"], cache_dir=cache_dir)
+    if base.identity != ident["base_weights_hash"]:
+        raise ModelError(
+            f"{folder} is a patch over base {ident['base']!r} with weights hash {ident['base_weights_hash']}, "
+            f"but that base now loads with {base.identity}, so the patch cannot rebuild the trained weights; "
+            "restore that exact base model (or retrain with run.final_dtype = 'float32' to store dense weights)"
+        )
+    model = base.model
+    apply_patch_file(model, folder)
+    got = weights_hash(model)
+    if got != ident["weights_hash"]:
+        raise ModelError(
+            f"{folder}: base + patch gives weights hash {got}, not the recorded {ident['weights_hash']} "
+            "(a changed patch file or base); re-export the run's final weights"
+        )
+    tokenizer = base.tokenizer
+    if (folder / "tokenizer_config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+    tdtype = torch_dtype(dtype)
+    if tdtype is not None:
+        model.to(tdtype)
+    model.to(device)
+    model.eval()
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=name,
+        path=str(folder),
+        identity=got,
+        manifest={"name": name, "source": {"patch": str(folder), "base": ident["base"]}, "weights_hash": got},
         pad_token_id=tokenizer.pad_token_id,
     )

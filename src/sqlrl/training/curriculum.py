@@ -48,7 +48,7 @@ from sqlrl.artifacts import (
 from sqlrl.config import Config, ConfigError
 from sqlrl.config_tables import CurriculumConfig, SFTConfig, StageConfig, curriculum_from_dict, sft_from_dict
 from sqlrl.training.export import final_weights
-from sqlrl.training.runfolder import config_changes
+from sqlrl.training.runfolder import config_changes, final_record
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +186,13 @@ def finished_stage(folder: Path, expected_config: dict, init_identity: str | Non
             f"delete {folder} (and later stages) to redo it"
         )
     ident = _verify_final(folder)
-    return {"base_identity": base, "final_identity": ident["weights_hash"], "steps": info.get("steps")}
+    changed = final_record(ident, base)["weights_changed"]  # in the final's dtype, not against a float32 base
+    return {
+        "base_identity": base,
+        "final_identity": ident["weights_hash"],
+        "weights_changed": changed,
+        "steps": info.get("steps"),
+    }
 
 
 def _stage_metrics(folder: Path, kind: str) -> dict:
@@ -326,7 +332,7 @@ def run_stages(
                 "init_model": init_model,
                 "base_identity": done["base_identity"],
                 "final_identity": done["final_identity"],
-                "weights_changed": done["final_identity"] != done["base_identity"],
+                "weights_changed": done["weights_changed"],
                 "status": status,
                 "seconds_this_invocation": round(time.perf_counter() - ts, 2),
                 **_stage_metrics(folder, stage.kind),

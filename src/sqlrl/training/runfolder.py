@@ -41,6 +41,7 @@ RECORD_ONLY_KEYS = {
     ("run", "log_rollouts"),
     ("run", "eval_every"),  # the learning curve never reaches the update (sqlrl.training.curve)
     ("run", "eval_tasks"),
+    ("run", "final_dtype"),  # how RUN/final is stored; evaluations load the same generation-dtype model
 }
 RESUMABLE_CHANGES = MEMORY_ONLY_KEYS | RECORD_ONLY_KEYS
 # settings a saved config may lack, with the value that behaves as a config without them: a saved
@@ -54,6 +55,7 @@ ADDED_KEYS = {
     ("sft", "init_steps"): 0,
     ("run", "eval_every"): 0,
     ("run", "eval_tasks"): 0,
+    ("run", "final_dtype"): "float32",
     ("agent", "schema_sample_values"): 0,
     ("agent", "schema_order"): "file",
     ("agent", "show_evidence"): True,
@@ -194,15 +196,47 @@ def progress_bar(progress: bool, total: int, initial: int, desc: str):
     return tqdm(total=total, initial=initial, desc=desc, unit="step")
 
 
-def export_final(model, tokenizer, out: Path, *, prune: bool, step: int | None = None) -> dict:
-    """Export the finished run's weights to `RUN/final` (LoRA merged); with `prune`, then delete its
-    checkpoint folders. Returns the export's identity."""
+def final_dtype(cfg) -> str:
+    """The dtype of a run's final weights: `run.final_dtype`, `auto` = the generation dtype."""
+    from sqlrl.generation.device import device_and_dtypes
+
+    return cfg.run.final_dtype if cfg.run.final_dtype != "auto" else device_and_dtypes(cfg)[1]
+
+
+def export_final(
+    model,
+    tokenizer,
+    out: Path,
+    *,
+    prune: bool | None = None,
+    step: int | None = None,
+    cfg=None,
+    base_identity=None,
+) -> dict:
+    """Export the finished run's weights to `RUN/final` (LoRA merged); with `cfg` and `base_identity`,
+    in `final_dtype(cfg)` and as a patch over `cfg.model.name` when smaller. With `prune` (default
+    `cfg.run.prune_checkpoints_at_end`), then delete its checkpoint folders. Returns the export's identity."""
     from sqlrl.training.export import export_hf
 
-    ident = export_hf(model, tokenizer, out / "final", merge_lora=True, step=step)
+    kw = {}
+    if cfg is not None:
+        kw = {"dtype": final_dtype(cfg), "base": cfg.model.name, "base_identity": base_identity}
+        prune = cfg.run.prune_checkpoints_at_end if prune is None else prune
+    ident = export_hf(model, tokenizer, out / "final", merge_lora=True, step=step, **kw)
     if prune:
         prune_checkpoints(out)
     return ident
+
+
+def final_record(ident: dict, base_identity: str | None) -> dict:
+    """{final_identity, weights_changed} of an export: changed = elements differ from the base in the
+    final's dtype (a patch says how many), else the weights hash differs from the base's."""
+    changed = ident.get("changed_elements")
+    same = ident.get("weights_hash") == base_identity
+    return {
+        "final_identity": ident.get("weights_hash"),
+        "weights_changed": changed > 0 if changed is not None else not same,
+    }
 
 
 def prune_checkpoints(out: Path) -> None:

@@ -50,6 +50,7 @@ from sqlrl.training.runfolder import (
     check_run_folder,
     drop_steps_after,
     export_final,
+    final_record,
     previous_run,
     previous_seconds,
     progress_bar,
@@ -425,12 +426,8 @@ def train_sft(
     finished = last >= sft.steps
     result: dict = {"steps": last, "finished": finished, "base_identity": base_identity}
     if finished:
-        ident = export_final(model, tokenizer, out, prune=cfg.run.prune_checkpoints_at_end, step=last)
-        result.update(
-            final=str(out / "final"),
-            final_identity=ident.get("weights_hash"),
-            weights_changed=ident.get("weights_hash") != base_identity,
-        )
+        ident = export_final(model, tokenizer, out, step=last, cfg=cfg, base_identity=base_identity)
+        result.update(final=str(out / "final"), **final_record(ident, base_identity))
     total_s = prev_s + time.perf_counter() - t_train0
     run_info.update(
         {

@@ -331,7 +331,7 @@ def save_final(cfg: Config, m: PolicyModels, out: Path) -> dict:
                 prune_checkpoints(out)
             return ident
         log.warning("sqlrl train: the No-update run's weights differ from the base; exporting them in full")
-    return export_final(m.train, m.tokenizer, out, prune=cfg.run.prune_checkpoints_at_end)
+    return export_final(m.train, m.tokenizer, out, cfg=cfg, base_identity=m.base_identity)
 
 
 def _finish(cfg: Config, m, out: Path, finished: bool, last_step: int) -> dict:
