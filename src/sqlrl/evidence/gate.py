@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlrl.evidence.rltime import rel_path as _rel
 from sqlrl.evidence.rltime import rl_training, time_problem, train_seconds
 from sqlrl.evidence.rundir import RUN_FLAGS, Arm, Experiment
 
@@ -111,15 +112,6 @@ class Verdict:
 
 # ---------------------------------------------------------------------------------------------------------
 # Checks
-
-
-def _rel(exp: Experiment, path: Path | None) -> str:
-    if path is None:
-        return "(none)"
-    try:
-        return str(path.relative_to(exp.dir))
-    except ValueError:
-        return str(path)
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

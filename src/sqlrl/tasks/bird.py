@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from sqlrl.tasks.data import DataError, SpiderData, _Example, embedded_root
+from sqlrl.tasks.data import DataError, SpiderData, _Example, check_example, embedded_root
 
 __all__ = [
     "BIRD_DIFFICULTIES",
@@ -214,16 +214,8 @@ class BirdData(SpiderData):
         for i, ex in enumerate(raw):
             if not isinstance(ex, dict):
                 raise DataError(f"{path}, example {i}: expected an object, found {type(ex).__name__}")
-            bad = [k for k in ("db_id", "question", "SQL") if not isinstance(ex.get(k), str)]
-            if bad:
-                what = ", ".join(f"{k!r} ({'missing' if k not in ex else type(ex[k]).__name__})" for k in bad)
-                raise DataError(
-                    f"{path}, example {i}: field(s) {what} must be strings; every BIRD example needs "
-                    '"db_id", "question" and "SQL"'
-                )
+            check_example(path, i, ex, "SQL", "every BIRD example")
             db_id = ex["db_id"]
-            if not db_id or "/" in db_id or "\\" in db_id or db_id in (".", ".."):
-                raise DataError(f"{path}, example {i}: invalid db_id {db_id!r}")
             evidence, difficulty = ex.get("evidence") or "", ex.get("difficulty") or ""
             if not isinstance(evidence, str) or not isinstance(difficulty, str):
                 raise DataError(f"{path}, example {i}: evidence and difficulty must be strings when present")

@@ -288,6 +288,20 @@ def paraphrase_count(tasks: list) -> int:
     return sum(1 for t in tasks if t.task_id.endswith(PARAPHRASE_SUFFIX))
 
 
+def check_example(path: Path, i: int, ex: dict, gold_key: str, who: str) -> None:
+    """Raise DataError unless example `i` of `path` has string "db_id", "question" and `gold_key` and
+    a db_id that names a folder (no path separators, not "." or "..")."""
+    bad = [k for k in ("db_id", "question", gold_key) if not isinstance(ex.get(k), str)]
+    if bad:
+        what = ", ".join(f"{k!r} ({'missing' if k not in ex else type(ex[k]).__name__})" for k in bad)
+        raise DataError(
+            f'{path}, example {i}: field(s) {what} must be strings; {who} needs "db_id", "question" and "{gold_key}"'
+        )
+    db_id = ex["db_id"]
+    if not db_id or "/" in db_id or "\\" in db_id or db_id in (".", ".."):
+        raise DataError(f"{path}, example {i}: invalid db_id {db_id!r}")
+
+
 class SpiderData:
     """A folder in the official Spider layout, or ``"embedded"`` for the demo subset shipped in the package
     (a folder named embedded: ``./embedded``). Cheap to construct; files are read on first use."""
@@ -383,15 +397,7 @@ class SpiderData:
         for i, ex in enumerate(raw):
             if not isinstance(ex, dict):
                 raise DataError(f"{path}, example {i}: expected an object, found {type(ex).__name__}")
-            bad = [k for k in ("db_id", "question", "query") if not isinstance(ex.get(k), str)]
-            if bad:
-                what = ", ".join(f"{k!r} ({'missing' if k not in ex else type(ex[k]).__name__})" for k in bad)
-                raise DataError(
-                    f"{path}, example {i}: field(s) {what} must be strings; every example needs "
-                    '"db_id", "question" and "query"'
-                )
-            if not ex["db_id"] or "/" in ex["db_id"] or "\\" in ex["db_id"] or ex["db_id"] in (".", ".."):
-                raise DataError(f"{path}, example {i}: invalid db_id {ex['db_id']!r}")
+            check_example(path, i, ex, "query", "every example")
             syn = ex.get("question_syn")
             if syn is not None and not isinstance(syn, str):
                 raise DataError(
