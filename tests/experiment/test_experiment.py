@@ -188,6 +188,26 @@ def test_disk_needed_counts_stored_arms_and_checkpoints():
     assert need(checkpoint_every=1, keep_checkpoints=2, prune_checkpoints_at_end=False) == 80_200_000_000
 
 
+def test_disk_needed_counts_finals_in_their_dtype():
+    """Finals are stored in the generation dtype when it is surely bfloat16 (at most 2 bytes a parameter:
+    the quickstart's case), in float32 otherwise or with run.final_dtype = "float32"."""
+    from sqlrl.experiment.matrix import disk_needed
+
+    exp = ExperimentConfig(name="q")  # GRPO and validity-only store finals
+    p = 1_000_000_000
+    run = {"checkpoint_every": 2, "prune_checkpoints_at_end": True}
+
+    def need(model, **more):
+        cfg = C.from_dict({"grpo": {"steps": 2}, "model": model, "run": {**run, **more}})
+        return disk_needed(cfg, exp, p)
+
+    assert need({"dtype": "bfloat16"})[0] == 4_200_000_000
+    assert "bfloat16" in need({"dtype": "bfloat16"})[1]
+    assert need({"dtype": "auto"}, device="cuda")[0] == 4_200_000_000
+    assert need({"dtype": "auto"})[0] == 8_200_000_000  # device auto: maybe a CPU, float32
+    assert need({"dtype": "bfloat16"}, final_dtype="float32")[0] == 8_200_000_000
+
+
 def test_quickstart_refuses_a_full_disk_before_writing(tiny_model_dir, tmp_path, monkeypatch, capsys):
     import shutil
 

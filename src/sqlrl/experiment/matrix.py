@@ -417,15 +417,20 @@ def model_parameters(path: Path) -> int | None:
 
 
 def disk_needed(cfg: Config, exp: ExperimentConfig, params: int) -> tuple[int, str]:
-    """(bytes, how) the experiment folder needs at its peak: float32 final weights of every trained arm
-    but No-update (stored as hashes), plus the checkpoints (float32 weights + AdamW state) training keeps."""
+    """(bytes, how) the experiment folder needs at its peak: the final weights of every trained arm but
+    No-update (stored as hashes) at their dense size in the final dtype (bfloat16 when generation is
+    bfloat16 for sure: `model.dtype` or a CUDA `run.device`; a patch over the base is smaller), plus the
+    checkpoints (float32 weights + AdamW state) training keeps."""
     own_stage = "grpo_sft" in exp.arms and exp.sft.init_steps > 0  # grpo_sft's SFT stage: one more run
     stored = (sum(1 for k in exp.arms if k in ("grpo", "validity", "sft", "grpo_sft")) + own_stage) * len(
         exp.turns
     )
     trained = (sum(1 for k in exp.arms if k != "base") + own_stage) * len(exp.turns)
-    weights, ckpt = 4 * params, 12 * params
     g, r = cfg.grpo, cfg.run
+    half = r.final_dtype == "auto" and (
+        cfg.model.dtype == "bfloat16" or (cfg.model.dtype == "auto" and r.device == "cuda")
+    )
+    weights, ckpt = (2 if half else 4) * params, 12 * params
     n_ckpt = sum(1 for s in range(1, g.steps) if s % r.checkpoint_every == 0)
     n_ckpt += 0 if r.prune_checkpoints_at_end else 1
     kept = min(n_ckpt, r.keep_checkpoints)
@@ -434,7 +439,7 @@ def disk_needed(cfg: Config, exp: ExperimentConfig, params: int) -> tuple[int, s
     left_behind = 0 if r.prune_checkpoints_at_end else ckpt * kept * (trained - 1)  # earlier arms
     need = stored * weights + peak_ckpt + left_behind + DISK_MARGIN
     how = (
-        f"{stored} stored arm(s) x {weights / GB:.1f} GB float32 weights"
+        f"{stored} stored arm(s) x at most {weights / GB:.1f} GB {'bfloat16' if half else 'float32'} weights"
         + (f", checkpoints {(peak_ckpt + left_behind) / GB:.1f} GB" if peak_ckpt + left_behind else "")
         + f", {DISK_MARGIN / GB:.1f} GB logs"
     )
