@@ -54,6 +54,17 @@ def user_message(question: str, schema: str, evidence: str, max_schema_chars: in
     return text
 
 
+def prompt_options(budgets) -> dict:
+    """The `build_messages` keywords a run's `Budgets` set (everything but `turns`)."""
+    return {
+        "max_schema_chars": budgets.max_schema_chars,
+        "schema_sample_values": budgets.schema_sample_values,
+        "schema_order": budgets.schema_order,
+        "show_evidence": budgets.show_evidence,
+        "column_descriptions": budgets.column_descriptions,
+    }
+
+
 def build_messages(
     task,
     *,

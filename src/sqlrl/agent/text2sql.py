@@ -30,7 +30,14 @@ from sqlrl.agent.loop import (
     Trajectory,
     run_episodes,
 )
-from sqlrl.agent.prompts import INVALID_MESSAGE, ChatFormat, Parser, build_messages, observation_message
+from sqlrl.agent.prompts import (
+    INVALID_MESSAGE,
+    ChatFormat,
+    Parser,
+    build_messages,
+    observation_message,
+    prompt_options,
+)
 from sqlrl.tasks.data import PrivateTask, PublicTask, ensure_public
 
 # Stop reasons whose answer falls back to the last inspected SQL when the reply has none.
@@ -68,15 +75,7 @@ class Text2SQLEnv(Environment):
 
     def initial(self, task, sample: int, chat: ChatFormat, model: dict, budgets) -> tuple[Trajectory, list]:
         ensure_public(task)  # run-time check right before anything is shown to the policy
-        messages = build_messages(
-            task,
-            turns=budgets.turns,
-            max_schema_chars=budgets.max_schema_chars,
-            schema_sample_values=budgets.schema_sample_values,
-            schema_order=budgets.schema_order,
-            show_evidence=budgets.show_evidence,
-            column_descriptions=budgets.column_descriptions,
-        )
+        messages = build_messages(task, turns=budgets.turns, **prompt_options(budgets))
         tr = Trajectory.from_prompt(
             chat,
             messages,

@@ -70,7 +70,7 @@ def text2sql_target_text(gold_sql: str) -> str:
 def build_text2sql_examples(tasks, tokenizer, budgets) -> tuple[list[dict], dict]:
     """Tokenized examples {task_id, category, format, prompt_ids, target_ids} of `PrivateTask`s and the
     drop counts by reason (no_gold, format_roundtrip, answer_over_max_new_tokens, over_max_context_tokens)."""
-    from sqlrl.agent.prompts import ChatFormat, Parser, build_messages
+    from sqlrl.agent.prompts import ChatFormat, Parser, build_messages, prompt_options
     from sqlrl.config import ConfigError
 
     if budgets.turns != 1:
@@ -85,15 +85,7 @@ def build_text2sql_examples(tasks, tokenizer, budgets) -> tuple[list[dict], dict
         if not want:
             dropped["no_gold"] += 1
             continue
-        messages = build_messages(
-            t.public,
-            turns=1,
-            max_schema_chars=budgets.max_schema_chars,
-            schema_sample_values=budgets.schema_sample_values,
-            schema_order=budgets.schema_order,
-            show_evidence=budgets.show_evidence,
-            column_descriptions=budgets.column_descriptions,
-        )
+        messages = build_messages(t.public, turns=1, **prompt_options(budgets))
         target = text2sql_target_text(t.gold_sql)
         prompt_ids = chat.prompt_ids(messages)
         tail = completion_tail(chat, messages, target)
