@@ -58,7 +58,15 @@ mkdir -p "$S/parts"
 export SQLRL_CACHE=$S/models PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 cmd=$1; shift
 # exit 0 when the experiment folder $S/$1 records a finished run
-finished() { [ -f "$S/$1/experiment.json" ] && python3 -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1])).get('finished') else 1)" "$S/$1/experiment.json"; }
+# finished EXP TURNS: EXP's experiment.json is finished and holds every arm wanted (GO_ARMS, else the config's)
+finished() { [ -f "$S/$1/experiment.json" ] && python3 - "$S/$1/experiment.json" "$CONFIG" "$2" "${GO_ARMS:-}" <<'PY'
+import json, sys, tomllib
+state, cfg, turns, arms = json.load(open(sys.argv[1])), sys.argv[2], int(sys.argv[3]), sys.argv[4].split()
+arms = arms or tomllib.load(open(cfg, "rb")).get("experiment", {}).get("arms", [])
+want = {a if turns == 1 else f"{a}_t{turns}" for a in arms}
+sys.exit(0 if state.get("finished") and want <= set(state.get("arms", {})) else 1)
+PY
+}
 case "$cmd" in
   stage)
     for n in "$@"; do cp "$PARTS/part$n" "$S/parts/"; done
@@ -148,11 +156,13 @@ PY
     # matrices (the curriculum alone); GO_CUR_ARGS adds `sqlrl curriculum` arguments, e.g.
     # GO_CUR_ARGS="--set sft.submit_turns=3 --set grpo.dynamic_sampling_rounds=3"; GO_SEEDS="1 2" runs each
     # matrix once per training seed (folders exp1s1, exp1s2, ...; the split stays the config's);
-    # GO_OOMCHECK=1 first runs scripts/gpu_oom_check.py into DEST/oom_check.{json,log}.
+    # GO_OOMCHECK=1 first runs scripts/gpu_oom_check.py into DEST/oom_check.{json,log}; GO_ARMS="base grpo"
+    # runs only those arms now and GO_RESUME=.stage/resume.tgz (carried) resumes a matrix an earlier session
+    # packed (one seed's matrix split over two sessions; the arms with the weight audit go last).
     dest=$1; end=$((SECONDS + ${2:-570}))
     cp "$PARTS"/part* "$PARTS/MANIFEST" "$S/parts/" 2>/dev/null || true
     [ -d "$S/tree/src" ] || bash scripts/gpu.sh tree
-    cd "$S/tree"
+    repo=$PWD; cd "$S/tree"
     if [ ! -f "$S/setup.done" ]; then
       if bash scripts/gpu.sh setup > "$dest/setup.log" 2>&1; then touch "$S/setup.done"; else tail -20 "$dest/setup.log"; exit 1; fi
     fi
@@ -171,6 +181,16 @@ PY
       rc=0; timeout 300 bash scripts/gpu.sh oomcheck --out "$dest/oom_check.json" > "$dest/oom_check.log" 2>&1 || rc=$?
       echo "oomcheck: exit $rc"; tail -25 "$dest/oom_check.log"
     fi
+    # GO_RESUME=.stage/resume.tgz: a matrix packed by an earlier session (`pack`: no weights) is unpacked
+    # into $S once, and the matrix resumes it: its finished arms are kept, the rest run here
+    if [ -n "${GO_RESUME:-}" ] && [ ! -f "$S/resume.done" ]; then
+      tar xzf "$repo/$GO_RESUME" -C "$S" && touch "$S/resume.done" && echo "resumed from $GO_RESUME"
+    fi
+    # GO_ARMS="base grpo": run only these arms of the config's matrix now (the rest in a later session)
+    arm_args=()
+    if [ -n "${GO_ARMS:-}" ]; then
+      arm_args=(--set "experiment.arms=[$(printf '"%s",' $GO_ARMS | sed 's/,$//')]")
+    fi
     turns=${GO_TURNS:-1 3}; [ "${GO_MATRIX:-1}" = 0 ] && turns=""
     last=""
     for t in $turns; do
@@ -181,13 +201,14 @@ PY
         seed_args=()
         if [ "$seed" != config ]; then exp=exp${t}s$seed; name=$name-seed$seed; seed_args=(--set "run.seed=$seed"); fi
         last=$exp
-        if finished "$exp"; then
+        if finished "$exp" "$t"; then
           echo "$exp finished"; continue
         fi
         left=$((end - SECONDS - 30)); [ "$left" -ge 120 ] || break 2
         rc=0  # exit 3 = stopped at the time budget (resumable): keep going so that the results get packed
         EXP=$exp bash scripts/gpu.sh experiment "$left" --set "experiment.name=\"$name\"" --set "experiment.turns=[$t]" \
-          --set "run.gen_engine=\"$engine\"" ${seed_args[@]+"${seed_args[@]}"} >> "$dest/$exp.log" 2>&1 || rc=$?; echo "$exp: exit $rc"
+          --set "run.gen_engine=\"$engine\"" ${seed_args[@]+"${seed_args[@]}"} ${arm_args[@]+"${arm_args[@]}"} \
+          >> "$dest/$exp.log" 2>&1 || rc=$?; echo "$exp: exit $rc"
         grep -v "it/s\]\|s/it\]\|s/step\]" "$dest/$exp.log" | tail -4 || true
       done
     done
@@ -226,11 +247,14 @@ PY
     grep -v "it/s\]\|s/it\]\|s/step\]" "$dest/scoretime.log" | tail -4 || true
     cp "$run/steps.jsonl" "$run/config.json" "$run/run.json" "$dest/" 2>/dev/null || true
     python3 scripts/score_share.py "$run/steps.jsonl" --steps "$steps" --json "$dest/score_share.json" ;;
+  finished)
+    # finished EXP [TURNS]: exit 0 when $S/EXP holds a finished matrix with every wanted arm (see finished())
+    if finished "$1" "${2:-1}"; then echo "$1 finished"; else echo "$1 not finished"; exit 1; fi ;;
   pack)
     dest=$1; shift
     dirs=${*:-exp}
     tar czf "$dest/exp.tgz" -C "$S" --exclude='*.safetensors' --exclude='*.pt' --exclude='.goldcache' \
       --exclude='.gold_real' --exclude='.gold_mutated' --exclude='tokenizer.json' $dirs
     ls -la "$dest" ;;
-  *) echo "usage: gpu.sh preflight|stage NN|tree|setup|bench|oomcheck|engine BENCH.json|experiment SECONDS|evalrun RUN DEST|curriculum SECONDS|go DEST [SECONDS]|scoretime DEST [SECONDS]|pack DIR [EXPDIRS]" >&2; exit 2 ;;
+  *) echo "usage: gpu.sh preflight|stage NN|tree|setup|bench|oomcheck|engine BENCH.json|experiment SECONDS|evalrun RUN DEST|curriculum SECONDS|go DEST [SECONDS]|scoretime DEST [SECONDS]|finished EXP [TURNS]|pack DIR [EXPDIRS]" >&2; exit 2 ;;
 esac

@@ -253,6 +253,22 @@ def _combine_leakage(out: Path, turns: tuple[int, ...]) -> None:
     )
 
 
+def _audit_still_holds(audit: Path, trained: Path, no_update: Path) -> bool:
+    """True when an earlier weights_audit.json passed on exactly these finals and their weight files are
+    gone (an experiment resumed on another machine from a folder carried without weights): each final's
+    identity.json hash equals the hash the audit computed from its tensors. Anything else re-audits."""
+    if not audit.is_file() or any(trained.glob("*.safetensors")) or any(no_update.glob("*.safetensors")):
+        return False
+    done = read_json(audit)
+    hashes = done.get("hashes") or {}
+    for label, final in (("trained", trained), ("no_update", no_update)):
+        ident = final / "identity.json"
+        recorded = read_json(ident).get("weights_hash") if ident.is_file() else None
+        if recorded is None or hashes.get(label) != recorded:
+            return False
+    return bool(done.get("passed"))
+
+
 def _audit_weights(cfg: Config, exp: ExperimentConfig, out: Path) -> None:
     """weights_audit.json: base vs GRPO vs No-update of the first turn budget, and the reloaded identity."""
     from sqlrl.evidence.weights import audit_weights
@@ -266,6 +282,9 @@ def _audit_weights(cfg: Config, exp: ExperimentConfig, out: Path) -> None:
         if (trained / "identity.json").exists()
         else None
     )
+    if _audit_still_holds(out / "weights_audit.json", trained, no_upd):
+        log.info("[experiment] weights_audit.json kept: it audited these finals, whose weights are not here")
+        return
     wa = audit_weights(
         str(base_path),
         str(trained),
