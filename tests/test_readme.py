@@ -144,3 +144,13 @@ def test_readme_has_the_commands_this_test_knows():
     for prefix in CHECKED_ONLY:
         assert any(c.startswith(prefix) for c in cmds), f"CHECKED_ONLY entry {prefix!r} matches no command"
     assert all(c.startswith(("sqlrl ", "bash ", "python3 ")) for c in cmds), cmds
+
+
+def test_readme_first_commands_are_the_main_job_and_the_tests():
+    """The README's first command block is what a new user runs first: the main job on embedded
+    defaults, then the test command (which `.ci/run` calls)."""
+    first = next(c for lang, c in COMMANDS if lang == "bash")
+    bash_cmds = [c for lang, c in COMMANDS if lang == "bash"]
+    assert first.endswith("sqlrl quickstart"), first
+    assert bash_cmds[1] == "bash scripts/test.sh", bash_cmds[:2]
+    assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
