@@ -5,7 +5,6 @@ databases, down to the report."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
