@@ -439,7 +439,6 @@ def test_context_cell_missing_control_or_base(tmp_path: Path) -> None:
 
 def test_context_cell_needs_its_own_sft_control(tmp_path: Path) -> None:
     from sqlrl.evidence.gate import check_sft_control
-
     from sqlrl.evidence.rundir import Experiment
 
     p = make_experiment(tmp_path / "e", synthetic=False, arms=(*CTX, "sft_c2048"))
