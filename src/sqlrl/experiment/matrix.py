@@ -1,12 +1,8 @@
 """`sqlrl experiment CONFIG.toml`: the equal-budget arm matrix, and `sqlrl quickstart` (the main job).
 
-Arms, all with the same model, locked task ids, dataset fingerprint, prompts, turns, token and SQL
-budgets and the same number of steps, prompts and rollouts:
-- `base`: the model as loaded, no training;
-- `grpo`: GRPO with the execution-match reward;
-- `no_update`: the same loop with learning rate 0 (weights must stay bit-identical);
-- `validity`: GRPO with the validity-only reward (1 when the SQL executes).
-Opt-in (`experiment.arms`): `sft`, the SFT-only control (`training/sft.py` on the training golds, budget
+Arms, with the same model, tasks, fingerprint, prompts, budgets, steps, prompts and rollouts: `base`
+(no training), `grpo` (execution-match reward), `no_update` (learning rate 0: weights stay bit-identical),
+`validity` (validity-only reward: 1 when the SQL executes). Opt-in (`experiment.arms`): `sft`, the SFT-only control (`training/sft.py` on the training golds, budget
 in [sft]), and `grpo_sft`, GRPO as `grpo` from SFT weights: the `sft` arm's, or with `sft.init_steps > 0`
 its own SFT stage's, so the sft control can cover its whole training time. The matrix runs once per cell
 of its axes: `turns = [1, 3]` (arm names get a `_t3` suffix) times `context_tokens = [2048, 4096]`
@@ -21,9 +17,8 @@ evidence gate.
 `data.split_seed`) into `OUT/seed<k>/`, one after the other under one time budget, then writes
 `OUT/seeds.{json,md,html}` with `sqlrl seeds` (`seeds.py`: the across-seed verdict).
 
-The command is resumable: a finished arm (its `summary.json` exists) is skipped, an unfinished
-training run resumes from its last checkpoint. This is how long experiments fit into time-limited
-sessions. Guaranteed: arms with different budgets, tasks or fingerprints are refused, naming the
+Resumable: a finished arm (its `summary.json` exists) is skipped, an unfinished training run resumes
+from its last checkpoint. Guaranteed: arms with different budgets, tasks or fingerprints are refused, naming the
 difference. Not guaranteed: that a quickstart-sized experiment supports any claim ("no claim" is then
 the honest outcome).
 """
