@@ -4,12 +4,12 @@
 `rundir.Experiment`). A claim is allowed only when every check passes; otherwise `Verdict.missing` lists
 every problem in plain words, prefixed with the check name. Checks, in order (names are stable; tests and
 CI match on them): `real_run` (not flagged smoke/synthetic/partial, finished, every train run finished),
-`core_arms` (base and GRPO arms with eval runs; every GRPO arm has a base in its cell: turns and context
-length), `controls` (No-update and validity-only arms, train + eval, in the cell of every GRPO arm), `optimizer_steps`
-(every GRPO arm has steps with finite grad norms, not all zero; skipped non-finite steps are disclosed),
-`weights_audit` (passed, each verdict true), `trajectories` (present, counts and task ids match the
-rolled-out results), `equal_budgets` (identical budgets within each cell, and as recorded by each
-eval run), `same_tasks`, `same_fingerprint`, `leakage_audit` (passed).
+`core_arms` (base and GRPO arms with eval runs; every GRPO arm has a base in its cell: turns and
+context length), `controls` (No-update and validity-only arms, train + eval, in the cell of every GRPO
+arm), `optimizer_steps` (every GRPO arm has steps with finite grad norms, not all zero; skipped
+non-finite steps are disclosed), `weights_audit` (passed, each verdict true), `trajectories` (present,
+counts and task ids match the rolled-out results), `equal_budgets` (identical budgets within each cell,
+and as recorded by each eval run), `same_tasks`, `same_fingerprint`, `leakage_audit` (passed).
 
 "RL adds value over supervised fine-tuning" is a separate claim (`check_sft_control`, outside
 `claim_allowed`): the whole gate plus an `sft` arm (train + eval, sound steps) in the cell of every

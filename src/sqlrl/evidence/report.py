@@ -56,8 +56,8 @@ from sqlrl.evidence.sections import breakdown_markdown
 
 
 def results_table_md(exp_dir: str | Path | Experiment | dict, **kw: Any) -> str:
-    """README-ready Markdown table: arm | accuracy (95% CI) | Δ vs Base (95% CI) | McNemar p | device minutes | steps,
-    with `turns | context tokens` after the arm when the matrix has a context axis."""
+    """README-ready Markdown table: arm | accuracy (95% CI) | Δ vs Base (95% CI) | McNemar p | device
+    minutes | steps, with `turns | context tokens` after the arm when the matrix has a context axis."""
     analysis = exp_dir if isinstance(exp_dir, dict) else analyze(exp_dir, **kw)
     level = int(round(100 * analysis["params"]["ci"]))
     axis = has_context_axis(analysis)

@@ -1,11 +1,12 @@
 """`sqlrl experiment CONFIG.toml`: the equal-budget arm matrix, and `sqlrl quickstart` (the main job).
 
 Arms, with the same model, tasks, fingerprint, prompts, budgets, steps, prompts and rollouts: `base`
-(no training), `grpo` (execution-match reward), `no_update` (learning rate 0: weights stay bit-identical),
-`validity` (validity-only reward: 1 when the SQL executes). Opt-in (`experiment.arms`): `sft`, the SFT-only control (`training/sft.py` on the training golds, budget
-in [sft]), and `grpo_sft`, GRPO as `grpo` from SFT weights: the `sft` arm's, or with `sft.init_steps > 0`
-its own SFT stage's, so the sft control can cover its whole training time. The matrix runs once per cell
-of its axes: `turns = [1, 3]` (arm names get a `_t3` suffix) times `context_tokens = [2048, 4096]`
+(no training), `grpo` (execution-match reward), `no_update` (learning rate 0: weights stay
+bit-identical), `validity` (validity-only reward: 1 when the SQL executes). Opt-in (`experiment.arms`):
+`sft`, the SFT-only control (`training/sft.py` on the training golds, budget in [sft]), and `grpo_sft`,
+GRPO as `grpo` from SFT weights: the `sft` arm's, or with `sft.init_steps > 0` its own SFT stage's, so
+the sft control can cover its whole training time. The matrix runs once per cell of its axes:
+`turns = [1, 3]` (arm names get a `_t3` suffix) times `context_tokens = [2048, 4096]`
 (agent.max_context_tokens per cell, arm names get `_c2048`; empty = the agent's own, no suffix).
 
 Every arm is a normal run folder (train and/or eval) under `arms/<arm>/` (`arms.py`), linked by
@@ -18,9 +19,9 @@ evidence gate.
 `OUT/seeds.{json,md,html}` with `sqlrl seeds` (`seeds.py`: the across-seed verdict).
 
 Resumable: a finished arm (its `summary.json` exists) is skipped, an unfinished training run resumes
-from its last checkpoint. Guaranteed: arms with different budgets, tasks or fingerprints are refused, naming the
-difference. Not guaranteed: that a quickstart-sized experiment supports any claim ("no claim" is then
-the honest outcome).
+from its last checkpoint. Guaranteed: arms with different budgets, tasks or fingerprints are refused,
+naming the difference. Not guaranteed: that a quickstart-sized experiment supports any claim ("no
+claim" is then the honest outcome).
 """
 
 from __future__ import annotations
