@@ -138,3 +138,23 @@ def test_eval_budget_flags_carry_the_schema_options():
     with pytest.raises(SystemExit) as e:
         p.parse_args(["--schema-sample-values", "21"])
     assert e.value.code == 2
+
+
+def test_eval_breakdown_lines_of_a_spider_summary():
+    from sqlrl.cli.eval import breakdown_lines
+
+    row = {"n": 0, "correct": 0, "accuracy": None, "excluded": 0}
+    summary = {
+        "by_hardness": {
+            "easy": {"n": 4, "correct": 3, "accuracy": 0.75, "excluded": 1},
+            "medium": {"n": 3, "correct": 1, "accuracy": 1 / 3, "excluded": 0},
+            "hard": dict(row),
+            "extra": {**row, "excluded": 2},
+            "unparsed": {"n": 1, "correct": 0, "accuracy": 0.0, "excluded": 0},
+        }
+    }
+    assert breakdown_lines(summary) == [
+        "accuracy by Spider hardness: easy 75.0% (3/4, 1 excluded), medium 33.3% (1/3), hard -, "
+        "extra - (2 excluded), unparsed 0.0% (0/1)"
+    ]
+    assert breakdown_lines({"by_hardness": {"easy": dict(row)}}) == []  # nothing scored: no line

@@ -105,3 +105,24 @@ def test_eval_cli_refuses_descriptions_with_sample_values(capsys):
     with pytest.raises(SystemExit) as e:
         cli_main(["--out", "x", "--column-descriptions", "--schema-sample-values", "2"])
     assert e.value.code == 2 and "--column-descriptions needs --schema-order file" in capsys.readouterr().err
+
+
+def test_eval_cli_ends_with_accuracy_by_hardness_and_difficulty(bird, tmp_path, monkeypatch, capsys):
+    """Every gold of the fixture is easy (one table, no clause beyond WHERE / DISTINCT); ours and BIRD's
+    metric per difficulty as in the test above: simple 2/2 and 2/2, moderate 0/2 and 0/2, challenging
+    0/2 and 2/2."""
+    from sqlrl.cli import eval as cli_eval
+    from sqlrl.evaluation import runner
+
+    monkeypatch.setattr(cli_eval, "check_model", lambda name: None)
+    monkeypatch.setattr(runner, "load_policy", lambda *a, **k: Recording())
+    out = tmp_path / "cli"
+    argv = ["--model", "scripted", "--data", str(bird), "--split", "dev", "--out", str(out)]
+    assert cli_eval.cli_main([*argv, "--max-new-tokens", "160"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-3].startswith("n=6 execution_match=0.3333 ")
+    assert lines[-2] == "accuracy by Spider hardness: easy 33.3% (2/6), medium -, hard -, extra -"
+    assert lines[-1] == (
+        "accuracy by BIRD difficulty: simple 100.0% (2/2; BIRD metric 100.0%), moderate 0.0% (0/2; BIRD "
+        "metric 0.0%), challenging 0.0% (0/2; BIRD metric 100.0%)"
+    )

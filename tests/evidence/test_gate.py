@@ -403,3 +403,45 @@ def test_gate_and_report_do_not_import_torch() -> None:
     code = "import sys, sqlrl.evidence.gate, sqlrl.evidence.report, sqlrl.evidence.seeds; assert 'torch' not in sys.modules, 'torch imported'"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+KINDS = ("base", "grpo", "no_update", "validity")
+CTX = tuple(f"{k}_c{c}" for c in (2048, 4096) for k in KINDS)  # `experiment.context_tokens = [2048, 4096]`
+
+
+def test_context_cells_are_compared_within_themselves(tmp_path: Path) -> None:
+    # budgets differ (max_context_tokens) across the two cells of turns 1, and agree within each
+    p = make_experiment(tmp_path / "e", synthetic=False, arms=CTX)
+    v = evidence_gate(p)
+    assert v.claim_allowed, v.missing
+    assert "2 cells (turns, context)" in next(c.detail for c in v.checks if c.name == "equal_budgets")
+    edit_json(p / "experiment.json", lambda o: o["arms"]["validity_c4096"]["budgets"].update(turns=2))
+    for name in ("run.json", "summary.json"):
+        edit_json(p / "arms/validity_c4096/eval" / name, lambda o: o["budgets"].update(turns=2))
+    only_failure(p, "equal_budgets", "budgets differ: arm 'validity_c4096' vs 'base_c4096' in turns (2 vs 1)")
+
+
+def test_context_cell_missing_control_or_base(tmp_path: Path) -> None:
+    p = make_experiment(tmp_path / "e", synthetic=False, arms=tuple(a for a in CTX if a != "validity_c4096"))
+    only_failure(
+        p,
+        "controls",
+        "control 'validity' missing for turns=1, context_tokens=4096: arm 'grpo_c4096' has no 'validity' "
+        "arm with the same turns and context length",
+    )
+    p = make_experiment(tmp_path / "f", synthetic=False, arms=tuple(a for a in CTX if a != "base_c4096"))
+    f = failed(p)
+    assert f["core_arms"] == [
+        "arm 'grpo_c4096' (turns=1, context_tokens=4096) has no base arm with the same turns and context "
+        "length to compare against"
+    ]
+
+
+def test_context_cell_needs_its_own_sft_control(tmp_path: Path) -> None:
+    from sqlrl.evidence.gate import check_sft_control
+    from sqlrl.evidence.rundir import Experiment
+
+    p = make_experiment(tmp_path / "e", synthetic=False, arms=(*CTX, "sft_c2048"))
+    assert check_sft_control(Experiment(p)).problems == [
+        "arm 'grpo_c4096' (turns=1, context_tokens=4096) has no sft arm with the same turns and context length"
+    ]

@@ -342,3 +342,31 @@ def test_training_section_plots_step_and_scoring_time(synthetic_report) -> None:
     assert scoring[: scoring.index("</svg>")].count("not recorded") == 1
     step = training[training.index('aria-label="step time (s)"') :]
     assert "not recorded" not in step[: step.index("</svg>")] and "<polyline" in step[: step.index("</svg>")]
+
+
+def test_context_cells_are_compared_and_tabled_within_themselves(tmp_path: Path) -> None:
+    arms = tuple(f"{k}_c{c}" for c in (2048, 4096) for k in ("base", "grpo", "no_update", "validity"))
+    exp = make_experiment(tmp_path / "e", arms=(*arms, "grpo_mt"))
+    analysis = analyze(exp, n_boot=200)
+    assert (
+        analysis["base_of"]["grpo_c4096"] == "base_c4096"
+        and analysis["base_of"]["grpo_c2048"] == "base_c2048"
+    )
+    pairs = {(r["a"], r["b"]) for r in analysis["comparisons"]}
+    assert ("no_update_c4096", "grpo_c4096") in pairs and ("no_update_c2048", "grpo_c4096") not in pairs
+    # grpo_mt (turns 3, no context axis) has no base in its cell: the primary base, flagged
+    lone = next(r for r in analysis["comparisons"] if r["b"] == "grpo_mt")
+    assert lone["a"] == "base_c2048" and lone["turns_differ"] and lone["context_differs"]
+    lines = results_table_md(analysis).strip().splitlines()
+    assert lines[0].startswith("| arm | turns | context tokens | accuracy (95% CI) |")
+    assert next(x for x in lines if x.startswith("| grpo_c4096 |")).startswith("| grpo_c4096 | 1 | 4096 | ")
+    assert next(x for x in lines if x.startswith("| grpo_mt |")).startswith("| grpo_mt | 3 | - | ")
+    md = Path(write_report(exp, n_boot=200)["markdown"]).read_text(encoding="utf-8")
+    assert "grpo_mt vs base_c2048 (different turns and context)" in md
+    assert "| base_c4096 | base | 1 | 4096 | `" in md  # provenance
+
+
+def test_no_context_axis_keeps_the_tables(synthetic_report) -> None:
+    exp, _ = synthetic_report
+    md = Path(write_report(exp, n_boot=200)["markdown"]).read_text(encoding="utf-8")
+    assert "context" not in md

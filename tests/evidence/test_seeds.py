@@ -240,3 +240,21 @@ def test_html_summary_is_self_contained_and_escaped(tmp_path):
     assert '<b>"name"</b>' not in html and "&lt;b&gt;" in html
     assert "<script" not in html and "http://" not in html and "https://" not in html
     assert paths["markdown"].read_text().startswith("# sqlrl seeds")
+
+
+def test_seeds_of_a_context_axis_matrix_compare_the_first_cell(tmp_path):
+    arms = tuple(f"{k}_c{c}" for c in (2048, 4096) for k in ("base", "grpo", "no_update", "validity"))
+    dirs = []
+    for k in range(2):
+        d = make_experiment(tmp_path / f"seed{k}", synthetic=False, n_tasks=400, seed=k, arms=arms)
+        meta = read_json(d / "experiment.json")
+        meta["config"] = {"run": {"seed": k}, "grpo": {"lr": 2e-6}}
+        write_json_atomic(d / "experiment.json", meta)
+        dirs.append(d)
+    s = summarize(dirs, n_boot=200)
+    assert s["problems"] == [] and [r["gate"] for r in s["runs"]] == ["claim", "claim"]
+    for d, run in zip(dirs, s["runs"]):
+        g, b = dict(acc(d, "grpo_c2048")), dict(acc(d, "base_c2048"))
+        common = sorted(set(g) & set(b))
+        want = sum(g[t] for t in common) / len(common) - sum(b[t] for t in common) / len(common)
+        assert run["comparisons"]["base"]["diff"] == pytest.approx(want, abs=1e-12)

@@ -199,3 +199,48 @@ def test_grpo_sft_runs_its_own_sft_stage_resumed_then_grpo_from_it(tiny_model_di
         )
         and refused[0].endswith("s a step in 'sft')")
     )
+
+
+@pytest.mark.slow
+def test_sft_arms_run_per_context_cell(tiny_model_dir, tmp_path):  # noqa: F811
+    """With `context_tokens = [2048, 1536]` each cell has its own sft control, trained at its context
+    length, and its own grpo_sft started from that cell's sft weights; the report pairs them by cell."""
+    cfg = C.from_dict(
+        {
+            "model": {"name": tiny_model_dir},
+            "data": {"path": "embedded", "max_train_tasks": 6, "max_eval_tasks": 2},
+            "agent": {"max_new_tokens": 160, "max_schema_chars": 300, "max_context_tokens": 2048},
+            "grpo": {"steps": 1, "prompts_per_step": 2, "group_size": 2, "micro_batch": 4},
+            "run": {"device": "cpu", "loggers": [], "sandbox_workers": 1, "checkpoint_every": 1},
+        }
+    )
+    sft = T.sft_from_dict({"steps": 1, "batch_size": 2, "micro_batch": 2, "lr": 1e-3})
+    exp = ExperimentConfig(
+        name="ctx-sft",
+        arms=("base", "sft", "grpo_sft"),
+        context_tokens=(2048, 1536),
+        leakage_tasks=1,
+        smoke=True,
+        sft=sft,
+    )
+    out = tmp_path / "exp"
+    run_experiment(cfg, exp, out, report=True)
+    e = json.loads((out / "experiment.json").read_text())
+    assert list(e["arms"]) == [
+        "base_c2048",
+        "sft_c2048",
+        "grpo_sft_c2048",
+        "base_c1536",
+        "sft_c1536",
+        "grpo_sft_c1536",
+    ]
+    assert e["arms"]["grpo_sft_c1536"]["init_run"] == "arms/sft_c1536/train"
+    for ctx in (2048, 1536):
+        sft_conf = json.loads((out / f"arms/sft_c{ctx}/train/config.json").read_text())
+        assert (sft_conf["agent"]["turns"], sft_conf["agent"]["max_context_tokens"]) == (1, ctx)
+        conf = json.loads((out / f"arms/grpo_sft_c{ctx}/train/config.json").read_text())
+        assert conf["model"]["name"] == str((out / f"arms/sft_c{ctx}/train/final").resolve())
+        assert conf["agent"]["max_context_tokens"] == ctx
+    md = (out / "report.md").read_text()
+    assert "| grpo_sft_c1536 vs sft_c1536 |" in md and "| grpo_sft_c2048 vs sft_c2048 |" in md
+    assert "grpo_sft_c1536 vs sft_c2048" not in md

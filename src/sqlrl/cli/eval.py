@@ -1,4 +1,8 @@
-"""`sqlrl eval`: the agent greedily over a split, scored (Text-to-SQL or debugging tasks)."""
+"""`sqlrl eval`: the agent greedily over a split, scored (Text-to-SQL or debugging tasks).
+
+Its last lines: the overall accuracy, then accuracy by Spider hardness of the gold (easy / medium / hard /
+extra, the official classification; any gold it cannot parse as `unparsed`) and, on BIRD splits, by BIRD
+difficulty with BIRD's own metric beside ours (`breakdown_lines`, from summary.json)."""
 
 from __future__ import annotations
 
@@ -181,6 +185,8 @@ def cli_main(argv: list[str]) -> int:
         if em is not None
         else f"no scorable tasks; excluded={s['excluded']}"
     )
+    for line in breakdown_lines(s):
+        print(line)
     if sc is not None and sc.summary["execution_match"] is not None:
         v = sc.summary
         print(
@@ -188,6 +194,33 @@ def cli_main(argv: list[str]) -> int:
             f"execution_match={v['execution_match']:.4f} pass@{v['k']}={v['pass_at_k']:.4f} (greedy above)"
         )
     return 0
+
+
+def _class_cell(name: str, row: dict, bird: bool = False) -> str:
+    """`easy 50.0% (1/2)`; `hard -` when no task of the class was scored; excluded tasks counted apart."""
+    if not row.get("n"):
+        return f"{name} -" + (f" ({row['excluded']} excluded)" if row.get("excluded") else "")
+    extra = (
+        f"; BIRD metric {100 * row['bird_accuracy']:.1f}%"
+        if bird and row.get("bird_accuracy") is not None
+        else ""
+    )
+    excl = f", {row['excluded']} excluded" if row.get("excluded") else ""
+    return f"{name} {100 * row['accuracy']:.1f}% ({row['correct']}/{row['n']}{excl}{extra})"
+
+
+def breakdown_lines(summary: dict) -> list[str]:
+    """Accuracy by Spider hardness and (BIRD splits) by BIRD difficulty, one line each, from summary.json."""
+    out = []
+    hard = summary.get("by_hardness") or {}
+    if any(r.get("n") or r.get("excluded") for r in hard.values()):
+        out.append("accuracy by Spider hardness: " + ", ".join(_class_cell(k, r) for k, r in hard.items()))
+    diff = summary.get("by_difficulty") or {}
+    if diff:
+        out.append(
+            "accuracy by BIRD difficulty: " + ", ".join(_class_cell(k, r, bird=True) for k, r in diff.items())
+        )
+    return out
 
 
 def debug_eval_cli(a, command: list[str]) -> int:

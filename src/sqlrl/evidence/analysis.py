@@ -5,8 +5,9 @@ Numbers are recomputed from the raw per-task files, never copied from summaries:
   tasks counted apart), percentile bootstrap CI (`stats.accuracy_ci`); a summary.json that disagrees
   becomes a note.
 - paired comparisons (`compare_arms`): tasks scored in both arms, by task_id; diff = mean(b) - mean(a),
-  paired bootstrap and exact McNemar. Every non-base arm is compared with the base arm of its turns, every
-  GRPO arm with the controls of its turns; without one, the primary arm is used, flagged "different turns".
+  paired bootstrap and exact McNemar. Every non-base arm is compared with the base arm of its cell (turns
+  and context length), every GRPO arm with the controls of its cell; without one, the primary arm is used,
+  flagged "different turns" or "different context".
 - repair decomposition: scored outcomes grouped as match, mismatch, non-executable; Δ = (repair gains -
   breakages)/n + (answer gains - answer losses)/n exactly (non-executable -> match, match ->
   non-executable, mismatch -> match, match -> mismatch).
@@ -212,6 +213,7 @@ def _arm_info(exp: Experiment, name: str, *, n_boot: int, seed: int, ci: float) 
         "name": name,
         "kind": arm.kind,
         "turns": arm.turns,
+        "context_tokens": arm.context_tokens,
         "budgets": arm.budgets,
         "trained": arm.train_dir is not None,
         "has_results": results is not None,
@@ -276,8 +278,8 @@ def _arm_info(exp: Experiment, name: str, *, n_boot: int, seed: int, ci: float) 
 
 def _comparison_pairs(exp: Experiment) -> tuple[list[tuple[str, str]], dict[str, str]]:
     """(a, b) arm pairs to compare, and each non-base arm's base: every non-base arm vs the base arm with
-    the same turns (else the primary base, flagged), and every GRPO-kind arm vs the control arms with the
-    same turns (else all controls of that kind, flagged)."""
+    the same cell (else the primary base, flagged), and every GRPO-kind arm vs the control arms of the
+    same cell (else all controls of that kind, flagged)."""
     base = exp.primary("base")
     pairs: list[tuple[str, str]] = []
     base_of: dict[str, str] = {}
@@ -290,11 +292,11 @@ def _comparison_pairs(exp: Experiment) -> tuple[list[tuple[str, str]], dict[str,
             pairs.append((b.name, arm.name))
     for g in exp.arms_of("grpo"):
         for kind in ("no_update", "validity"):
-            for c in exp.same_turns(g, kind) or exp.arms_of(kind):
+            for c in exp.same_cell(g, kind) or exp.arms_of(kind):
                 if (c.name, g.name) not in pairs:
                     pairs.append((c.name, g.name))
     for g in [a for a in exp.arms.values() if a.kind.startswith("grpo")]:  # RL vs the SFT-only control
-        for c in exp.same_turns(g, "sft") or exp.arms_of("sft"):
+        for c in exp.same_cell(g, "sft") or exp.arms_of("sft"):
             if (c.name, g.name) not in pairs:
                 pairs.append((c.name, g.name))
     return pairs, base_of
@@ -333,6 +335,7 @@ def analyze(
     for a, b in pairs:
         row = compare_arms(exp, a, b, n_boot=n_boot, seed=seed, ci=ci)
         row["turns_differ"] = exp.arms[a].turns != exp.arms[b].turns
+        row["context_differs"] = exp.arms[a].context_tokens != exp.arms[b].context_tokens
         comparisons.append(row)
     curves = {a: exp.steps(a) or [] for a in exp.arms if exp.arms[a].train_dir is not None and exp.steps(a)}
     colors = _arm_colors(exp)
@@ -361,6 +364,19 @@ def analyze(
         },
         "_exp": exp,
     }
+
+
+def has_context_axis(analysis: dict) -> bool:
+    """Whether any arm ran in a cell of the `experiment.context_tokens` axis (the tables then show it)."""
+    return any(arm.get("context_tokens") is not None for arm in analysis["arms"])
+
+
+def cell_flag(row: dict) -> str:
+    """The note on a comparison across cells: "(different turns)", "(different context)", both, or ""."""
+    what = [
+        w for w, on in (("turns", row.get("turns_differ")), ("context", row.get("context_differs"))) if on
+    ]
+    return f"(different {' and '.join(what)})" if what else ""
 
 
 def find_comparison(analysis: dict, a: str, b: str) -> dict | None:

@@ -4,15 +4,15 @@
 `rundir.Experiment`). A claim is allowed only when every check passes; otherwise `Verdict.missing` lists
 every problem in plain words, prefixed with the check name. Checks, in order (names are stable; tests and
 CI match on them): `real_run` (not flagged smoke/synthetic/partial, finished, every train run finished),
-`core_arms` (base and GRPO arms with eval runs; every GRPO arm has a base with its turns), `controls`
-(No-update and validity-only arms, train + eval, for the turns of every GRPO arm), `optimizer_steps`
-(every GRPO arm has steps with finite grad norms, not all zero; skipped non-finite steps are disclosed),
-`weights_audit` (passed, each verdict true), `trajectories` (present, counts and task ids match the
-rolled-out results), `equal_budgets` (identical budgets within each turn group, and as recorded by each
-eval run), `same_tasks`, `same_fingerprint`, `leakage_audit` (passed).
+`core_arms` (base and GRPO arms with eval runs; every GRPO arm has a base in its cell: turns and
+context length), `controls` (No-update and validity-only arms, train + eval, in the cell of every GRPO
+arm), `optimizer_steps` (every GRPO arm has steps with finite grad norms, not all zero; skipped
+non-finite steps are disclosed), `weights_audit` (passed, each verdict true), `trajectories` (present,
+counts and task ids match the rolled-out results), `equal_budgets` (identical budgets within each cell,
+and as recorded by each eval run), `same_tasks`, `same_fingerprint`, `leakage_audit` (passed).
 
 "RL adds value over supervised fine-tuning" is a separate claim (`check_sft_control`, outside
-`claim_allowed`): the whole gate plus an `sft` arm (train + eval, sound steps) for the turns of every
+`claim_allowed`): the whole gate plus an `sft` arm (train + eval, sound steps) in the cell of every
 RL arm (kind `grpo*`), trained at least as long as each RL arm in total (run.json train_seconds; for
 grpo_sft its GRPO part plus the SFT run it started from, `rl_training`); without one it says "no SFT
 control: whether RL beats SFT is not answered".
@@ -152,6 +152,10 @@ def _check(name: str, problems: list[str], ok_detail: str) -> Check:
     return Check(name, True, ok_detail, [])
 
 
+def _cell_words(arm: Arm) -> str:
+    return "turns" if arm.context_tokens is None else "turns and context length"
+
+
 def check_real_run(exp: Experiment) -> Check:
     problems = []
     for flag, on in exp.flags().items():
@@ -191,7 +195,8 @@ def check_core_arms(exp: Experiment) -> Check:
         for arm in exp.arms_of("grpo"):
             if exp.base_for(arm) is None:
                 problems.append(
-                    f"arm '{arm.name}' (turns={arm.turns!r}) has no base arm with the same turns to compare against"
+                    f"arm '{arm.name}' ({arm.cell_label}) has no base arm with the same {_cell_words(arm)} "
+                    "to compare against"
                 )
     return _check("core_arms", problems, "base and GRPO arms present with eval runs")
 
@@ -204,10 +209,10 @@ def check_controls(exp: Experiment) -> Check:
             problems.append(f"control '{kind}' missing: no arm of kind '{kind}' in experiment.json")
             continue
         for g in exp.arms_of("grpo"):
-            if not exp.same_turns(g, kind):
+            if not exp.same_cell(g, kind):
                 problems.append(
-                    f"control '{kind}' missing for turns={g.turns!r}: "
-                    f"arm '{g.name}' has no '{kind}' arm with the same turns"
+                    f"control '{kind}' missing for {g.cell_label}: "
+                    f"arm '{g.name}' has no '{kind}' arm with the same {_cell_words(g)}"
                 )
         for arm in arms:
             if not exp.has_train(arm.name):
@@ -338,9 +343,9 @@ def check_equal_budgets(exp: Experiment) -> Check:
     for arm in exp.arms.values():
         if arm.budgets is None:
             problems.append(f"arm '{arm.name}': no budgets declared in experiment.json")
-    groups: dict[str, list[Arm]] = {}
+    groups: dict[tuple, list[Arm]] = {}
     for arm in exp.arms.values():
-        groups.setdefault(json.dumps(arm.turns, sort_keys=True, default=str), []).append(arm)
+        groups.setdefault(arm.cell, []).append(arm)
     for members in groups.values():
         ref = exp.base_for(members[0]) or members[0]
         if ref.budgets is None:
@@ -362,7 +367,12 @@ def check_equal_budgets(exp: Experiment) -> Check:
                 )
     detail = f"identical budgets across {len(exp.arms)} arms"
     if len(groups) > 1:
-        detail = f"identical budgets within each of {len(groups)} turn groups ({len(exp.arms)} arms)"
+        what = (
+            "cells (turns, context)"
+            if any(a.context_tokens is not None for a in exp.arms.values())
+            else "turn groups"
+        )
+        detail = f"identical budgets within each of {len(groups)} {what} ({len(exp.arms)} arms)"
     return _check("equal_budgets", problems, detail)
 
 
@@ -464,8 +474,8 @@ def check_sft_control(exp: Experiment) -> Check:
     if not rl:
         problems.append("no RL arm (kind grpo*) to compare with the sft arm")
     for g in rl:
-        if not exp.same_turns(g, "sft"):
-            problems.append(f"arm '{g.name}' (turns={g.turns!r}) has no sft arm with the same turns")
+        if not exp.same_cell(g, "sft"):
+            problems.append(f"arm '{g.name}' ({g.cell_label}) has no sft arm with the same {_cell_words(g)}")
     for arm in sfts + [a for a in rl if a.kind != "grpo"]:
         if not exp.has_train(arm.name):
             problems.append(f"arm '{arm.name}': train run missing ({_rel(exp, arm.train_dir)}/run.json)")
@@ -482,7 +492,7 @@ def check_sft_control(exp: Experiment) -> Check:
     times = []
     for g in rl:
         parts = rl_training(exp, g)
-        for s in exp.same_turns(g, "sft"):
+        for s in exp.same_cell(g, "sft"):
             ts = train_seconds(exp, s)
             if ts is None or parts["rl"] is None:
                 problems.append(

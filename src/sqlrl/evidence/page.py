@@ -21,7 +21,9 @@ from sqlrl.evidence.analysis import (
     TURN_USE_HEADERS,
     TURN_USE_NOTE,
     base_comparisons,
+    cell_flag,
     find_comparison,
+    has_context_axis,
     num,
     turn_use_rows,
 )
@@ -212,6 +214,7 @@ def _accuracy_section(analysis: dict) -> list[str]:
     level = int(round(100 * params["ci"]))
     out: list[str] = []
     acc_rows = []
+    axis = has_context_axis(analysis)  # the context column only for a matrix with that axis
     for arm in arms:
         ts = arm.get("test_suite")
         excl = arm.get("excluded") or {}
@@ -220,6 +223,7 @@ def _accuracy_section(analysis: dict) -> list[str]:
                 arm_label(arm, colors),
                 esc(arm["kind"]),
                 esc(arm["turns"]),
+                *([esc(arm["context_tokens"] or "-")] if axis else []),
                 esc(acc_ci(arm)),
                 esc(pct(ts["value"])) if ts else "-",
                 esc(pct(arm.get("executable_rate"))),
@@ -234,6 +238,7 @@ def _accuracy_section(analysis: dict) -> list[str]:
                 "arm",
                 "kind",
                 "turns",
+                *(["context tokens"] if axis else []),
                 f"execution match ({level}% CI)",
                 "test-suite match",
                 "executable",
@@ -241,7 +246,7 @@ def _accuracy_section(analysis: dict) -> list[str]:
                 "excluded",
             ],
             acc_rows,
-            {3, 4, 5, 6},
+            {3, 4, 5, 6, 7} if axis else {3, 4, 5, 6},
         )
     )
     chart_rows = [
@@ -278,7 +283,7 @@ def _paired_section(analysis: dict) -> list[str]:
     cmp_rows, forest = [], []
     for row in analysis["comparisons"]:
         label = f"{row['b']} vs {row['a']}"
-        flag = ' <span class="muted">(different turns)</span>' if row.get("turns_differ") else ""
+        flag = f' <span class="muted">{cell_flag(row)}</span>' if cell_flag(row) else ""
         if row.get("available"):
             cmp_rows.append(
                 [

@@ -30,7 +30,9 @@ from sqlrl.evidence.analysis import (
     TURN_USE_NOTE,
     analyze,
     base_comparisons,
+    cell_flag,
     find_comparison,
+    has_context_axis,
     sft_comparisons,
     turn_use_rows,
 )
@@ -54,13 +56,14 @@ from sqlrl.evidence.sections import breakdown_markdown
 
 
 def results_table_md(exp_dir: str | Path | Experiment | dict, **kw: Any) -> str:
-    """README-ready Markdown table: arm | accuracy (95% CI) | Δ vs Base (95% CI) | McNemar p | device minutes | steps."""
+    """README-ready Markdown table: arm | accuracy (95% CI) | Δ vs Base (95% CI) | McNemar p | device
+    minutes | steps, with `turns | context tokens` after the arm when the matrix has a context axis."""
     analysis = exp_dir if isinstance(exp_dir, dict) else analyze(exp_dir, **kw)
     level = int(round(100 * analysis["params"]["ci"]))
-    lines = [
-        f"| arm | accuracy ({level}% CI) | Δ vs Base ({level}% CI) | McNemar p | device minutes | steps |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
+    axis = has_context_axis(analysis)
+    cols = ["arm", *(["turns", "context tokens"] if axis else [])]
+    cols += [f"accuracy ({level}% CI)", f"Δ vs Base ({level}% CI)", "McNemar p", "device minutes", "steps"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     for arm in analysis["arms"]:
         b = analysis["base_of"].get(arm["name"])
         row = find_comparison(analysis, b, arm["name"]) if b else None
@@ -71,6 +74,7 @@ def results_table_md(exp_dir: str | Path | Experiment | dict, **kw: Any) -> str:
             + " | ".join(
                 [
                     md_cell(arm["name"]),
+                    *([str(arm["turns"]), str(arm["context_tokens"] or "-")] if axis else []),
                     acc_ci(arm),
                     diff_ci(row),
                     fmt_p(row["p_value"]) if row and row.get("available") else "-",
@@ -110,7 +114,7 @@ def render_markdown(analysis: dict, links: dict[str, dict[str, str]]) -> str:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in analysis["comparisons"]:
-        label = f"{row['b']} vs {row['a']}" + (" (different turns)" if row.get("turns_differ") else "")
+        label = " ".join(x for x in (f"{row['b']} vs {row['a']}", cell_flag(row)) if x)
         if row.get("available"):
             out.append(
                 f"| {md_cell(label)} | {row['n']} | {diff_ci(row)} | {row['b_only']} | {row['a_only']} | "
@@ -151,18 +155,17 @@ def render_markdown(analysis: dict, links: dict[str, dict[str, str]]) -> str:
             "|" + " --- |" * len(TURN_USE_HEADERS),
         ]
         out += ["| " + " | ".join(md_cell(c) for c in r) + " |" for r in tu]
-    out += [
-        "",
-        "## Provenance",
-        "",
-        "| arm | kind | turns | model identity | eval machine | fingerprint | budgets | files |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    axis = has_context_axis(analysis)
+    heads = ["arm", "kind", "turns", *(["context tokens"] if axis else [])]
+    heads += ["model identity", "eval machine", "fingerprint", "budgets", "files"]
+    out += ["", "## Provenance", "", "| " + " | ".join(heads) + " |", "|" + " --- |" * len(heads)]
     for arm in analysis["arms"]:
         lk = links.get(arm["name"], {})
         files = " ".join(f"[{k}]({quote(v)})" for k, v in lk.items()) or "-"
         out.append(
-            f"| {md_cell(arm['name'])} | {arm['kind']} | {arm['turns']} | `{short(arm['model'].get('identity'), 16)}` | "
+            f"| {md_cell(arm['name'])} | {arm['kind']} | {arm['turns']} | "
+            + (f"{arm['context_tokens'] or '-'} | " if axis else "")
+            + f"`{short(arm['model'].get('identity'), 16)}` | "
             f"{md_cell(machine_str(arm['machine']))} | `{short(arm['fingerprint'])}` | "
             f"{md_cell(budgets_str(arm['budgets']))} | {files} |"
         )

@@ -2,7 +2,7 @@
 
 An RL arm's training time is its whole training: a `grpo` arm's own train run, a `grpo_sft` arm's GRPO
 run plus the SFT run it started from (`init_run`: experiment.json's `init_run`, else its train run.json's
-`init_sft.run`, else the sft arm of its turns, as in folders written before the matrix recorded it).
+`init_sft.run`, else the sft arm of its cell, as in folders written before the matrix recorded it).
 `rl_training` returns the parts, `time_problem` the one line refusing a control that trained less.
 Times are run.json `train_seconds` (else `gpu_minutes`); absent or unreadable files read as None.
 """
@@ -39,12 +39,12 @@ def train_seconds(exp: Experiment, arm: Arm) -> float | None:
 def init_run(exp: Experiment, arm: Arm) -> tuple[Path | None, dict | None]:
     """(folder, run.json) of the SFT run a grpo_sft arm started from: experiment.json's `init_run`, else
     its train run.json's `init_sft.run`, else (folders written before either existed) the sft arm of its
-    turns, whose final weights grpo_sft then started from."""
+    cell, whose final weights grpo_sft then started from."""
     declared = arm.spec.get("init_run") or ((exp.train_run(arm.name) or {}).get("init_sft") or {}).get("run")
     if isinstance(declared, str) and declared:
         d = Path(declared) if Path(declared).is_absolute() else exp.dir / declared
     else:
-        same = [s for s in exp.same_turns(arm, "sft") if s.train_dir is not None]
+        same = [s for s in exp.same_cell(arm, "sft") if s.train_dir is not None]
         if not same:
             return None, None
         d = same[0].train_dir

@@ -9,8 +9,9 @@ tolerant: an absent or unreadable file reads as None. A large JSONL file may be 
 What is covered:
 - a folder that is not an experiment folder (missing, not a directory, no experiment.json, one that is
   not a JSON object, `arms` not a mapping of objects) raises `ExperimentError` (CLI exit 2);
-- arm lookups by kind and turn group (`primary`, `same_turns`, `base_for`), used by the gate, the report
-  and `sqlrl seeds` alike.
+- arm lookups by kind and cell (`primary`, `same_cell`, `base_for`), used by the gate, the report and
+  `sqlrl seeds` alike. An arm's cell is its (turns, context_tokens) from experiment.json; context_tokens
+  is None for an arm of a matrix without a context axis (and for every folder written before it existed).
 
 What is not:
 - no file is validated beyond being JSON; judging the contents is the evidence gate's job;
@@ -35,7 +36,7 @@ class ExperimentError(ValueError):
 
 @dataclass
 class Arm:
-    """One arm of experiment.json: its kind, turns, declared budgets and resolved run folders."""
+    """One arm of experiment.json: its kind, cell (turns, context_tokens), declared budgets and run folders."""
 
     name: str
     kind: str
@@ -44,6 +45,20 @@ class Arm:
     train_dir: Path | None
     eval_dir: Path | None
     spec: dict
+    context_tokens: Any = None
+
+    @property
+    def cell(self) -> tuple[str, str]:
+        """The comparison group: arms are compared, and must have equal budgets, within one cell."""
+        return json.dumps(self.turns, sort_keys=True, default=str), json.dumps(
+            self.context_tokens, default=str
+        )
+
+    @property
+    def cell_label(self) -> str:
+        """`turns=3`, or `turns=3, context_tokens=2048` for an arm of a context axis."""
+        ctx = "" if self.context_tokens is None else f", context_tokens={self.context_tokens!r}"
+        return f"turns={self.turns!r}{ctx}"
 
 
 def _resolve_run(exp_dir: Path, spec: dict, key: str, arm: str, sub: str) -> Path | None:
@@ -95,6 +110,7 @@ class Experiment:
                 train_dir=_resolve_run(self.dir, spec, "train_run", name, "train"),
                 eval_dir=_resolve_run(self.dir, spec, "eval_run", name, "eval"),
                 spec=spec,
+                context_tokens=spec.get("context_tokens"),
             )
         self._cache: dict[tuple, Any] = {}
 
@@ -116,17 +132,17 @@ class Experiment:
         arms = self.arms_of(kind)
         return arms[0] if arms else None
 
-    def same_turns(self, arm: Arm, kind: str) -> list[Arm]:
-        """Arms of `kind` evaluated with the same `turns` as `arm` (its comparison group)."""
-        return [a for a in self.arms.values() if a.kind == kind and a.turns == arm.turns]
+    def same_cell(self, arm: Arm, kind: str) -> list[Arm]:
+        """Arms of `kind` evaluated in the same cell (turns and context length) as `arm`."""
+        return [a for a in self.arms.values() if a.kind == kind and a.cell == arm.cell]
 
     def base_for(self, arm: Arm) -> Arm | None:
-        """The base arm `arm` is compared against: the primary base if it has the same turns, else the
-        first base arm with the same turns, else None."""
+        """The base arm `arm` is compared against: the primary base if it is in the same cell, else the
+        first base arm in the same cell, else None."""
         primary = self.primary("base")
-        if primary is not None and primary.turns == arm.turns:
+        if primary is not None and primary.cell == arm.cell:
             return primary
-        bases = self.same_turns(arm, "base")
+        bases = self.same_cell(arm, "base")
         return bases[0] if bases else None
 
     def _json(self, path: Path | None) -> Any:

@@ -18,7 +18,8 @@ p < 0.01 in every seed. Compared arms: each folder's primary arm of each kind (`
 What is covered: numbers recomputed from the results.jsonl files, deterministically (bootstrap seed 0,
 10,000 resamples by default).
 What is not: with two to five seeds the hierarchical interval may be too narrow; no correction for
-multiple comparisons; turn groups other than the first are not summarised.
+multiple comparisons; cells other than the first (a matrix's other turn budgets and context lengths:
+the primary arm of a kind is its first) are not summarised.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """One arm of the experiment matrix (`matrix.py`): its config, its training and its evaluation.
 
-- `arm_config(cfg, kind, turns)`: the run config of an arm kind (controls set lr 0 or the reward);
+- `arm_name(kind, turns, context)`: `<kind>[_t<turns>][_c<context>]` (no `_t` for 1 turn, no `_c` when the
+  matrix has no context axis); `arm_config(cfg, kind, turns, context)`: the run config of an arm kind in
+  that cell (controls set lr 0 or the reward; `context` sets agent.max_context_tokens);
 - `run_arm(...)`: train (unless base) and evaluate one arm into `arms/<arm>/{train,eval}`, keeping what
   is finished and resuming an unfinished training run from its last checkpoint;
 - `grpo_sft` trains GRPO (the `grpo` arm's settings) from SFT weights. With `sft.init_steps = 0` they are
@@ -26,8 +28,18 @@ from sqlrl.training.budget import Unfinished, check_time
 log = logging.getLogger(__name__)
 
 
-def arm_config(cfg: Config, kind: str, turns: int) -> Config:
-    agent = {"turns": turns}
+def cell_suffix(turns: int, context: int | None = None) -> str:
+    """The arm-name suffix of a (turns, context) cell: `_t3` for 3 turns, `_c2048` for a context length of the
+    `experiment.context_tokens` axis; "" for one turn without a context axis (`context` None)."""
+    return ("" if turns == 1 else f"_t{turns}") + ("" if context is None else f"_c{context}")
+
+
+def arm_name(kind: str, turns: int, context: int | None = None) -> str:
+    return kind + cell_suffix(turns, context)
+
+
+def arm_config(cfg: Config, kind: str, turns: int, context: int | None = None) -> Config:
+    agent: dict = {"turns": turns} if context is None else {"turns": turns, "max_context_tokens": context}
     if kind == "no_update":
         return cfg.replace(agent=agent, grpo={"control": "no-update", "lr": 0.0, "reward": "execution"})
     if kind == "validity":
@@ -37,20 +49,23 @@ def arm_config(cfg: Config, kind: str, turns: int) -> Config:
     return cfg.replace(agent=agent, grpo={"control": "none", "reward": "execution"})
 
 
-def sft_run_config(cfg: Config, turns: int) -> Config:
-    """The config of an SFT run of the matrix (the sft arm, grpo_sft's own stage): single-turn."""
-    return arm_config(cfg, "sft", turns).replace(agent={"turns": 1})
+def sft_run_config(cfg: Config, turns: int, context: int | None = None) -> Config:
+    """The config of an SFT run of the matrix (the sft arm, grpo_sft's own stage): single-turn, with the
+    cell's context length (examples over it are dropped and counted)."""
+    return arm_config(cfg, "sft", turns, context).replace(agent={"turns": 1})
 
 
-def init_dir(out: Path, turns: int, sft: SFTConfig) -> Path:
-    """The SFT run folder grpo_sft (of `turns`) starts from: its own stage, or the sft arm's training."""
-    suffix = "" if turns == 1 else f"_t{turns}"
+def init_dir(out: Path, turns: int, sft: SFTConfig, context: int | None = None) -> Path:
+    """The SFT run folder grpo_sft (of the cell) starts from: its own stage, or the sft arm's training."""
+    suffix = cell_suffix(turns, context)
     if sft.init_steps > 0:
         return out / "arms" / f"grpo_sft{suffix}" / "sft_init"
     return out / "arms" / f"sft{suffix}" / "train"
 
 
-def sft_stage(cfg: Config, sft: SFTConfig, stage_dir: Path, turns: int, name: str, command, deadline) -> None:
+def sft_stage(
+    cfg: Config, sft: SFTConfig, stage_dir: Path, turns: int, name: str, command, deadline, context=None
+) -> None:
     """Run, resume or keep grpo_sft's own SFT stage (`sft.init_steps` steps) in `stage_dir`."""
     from sqlrl.generation.device import free_memory
     from sqlrl.training.sft import train_sft
@@ -64,7 +79,12 @@ def sft_stage(cfg: Config, sft: SFTConfig, stage_dir: Path, turns: int, name: st
     log.info(f"[experiment] {name}: {'resuming' if resume else 'running'} its SFT stage -> {stage_dir}")
     stage = dataclasses.replace(sft, steps=sft.init_steps)
     res = train_sft(
-        sft_run_config(cfg, turns), stage, stage_dir, resume=resume, command=command, deadline=deadline
+        sft_run_config(cfg, turns, context),
+        stage,
+        stage_dir,
+        resume=resume,
+        command=command,
+        deadline=deadline,
     )
     free_memory()
     if not res["finished"]:
@@ -95,6 +115,7 @@ def train_arm(
     deadline: float | None,
     sft: SFTConfig,
     progress,
+    context: int | None = None,
 ) -> tuple[dict, int]:
     """Train one arm into `arms/<name>/train`: GRPO, SFT (`sft`, single-turn) or GRPO from SFT weights
     (`grpo_sft`); returns (the trainer's result, the arm's steps)."""
@@ -102,17 +123,22 @@ def train_arm(
     from sqlrl.training.trainer import train
 
     train_dir = out / "arms" / name / "train"
-    acfg = arm_config(cfg, kind, turns)
+    acfg = arm_config(cfg, kind, turns, context)
     if kind == "sft":
         res = train_sft(
-            sft_run_config(cfg, turns), sft, train_dir, resume=resume, command=command, deadline=deadline
+            sft_run_config(cfg, turns, context),
+            sft,
+            train_dir,
+            resume=resume,
+            command=command,
+            deadline=deadline,
         )
         return res, sft.steps
     init = None
     if kind == "grpo_sft":
-        init = init_dir(out, turns, sft)
+        init = init_dir(out, turns, sft, context)
         if sft.init_steps > 0:
-            sft_stage(cfg, sft, init, turns, name, command, deadline)
+            sft_stage(cfg, sft, init, turns, name, command, deadline, context)
         elif not (init / "final" / "identity.json").is_file():
             raise ConfigError(
                 f"arm {name} starts from the sft arm's final weights, but {init / 'final'} holds none; list "
@@ -138,25 +164,28 @@ def run_arm(
     deadline: float | None,
     progress=None,
     sft: SFTConfig | None = None,
+    context: int | None = None,
 ) -> dict:
     """Train (unless base) and evaluate one arm, skipping what is finished; returns its experiment.json
-    entry (`progress`: the matrix's `ArmProgress`)."""
+    entry (`progress`: the matrix's `ArmProgress`; `context`: the cell's context length, None without a
+    context axis, when the entry has no `context_tokens` key)."""
     from sqlrl.agent.loop import Budgets
     from sqlrl.evaluation.runner import load_policy, run_eval
     from sqlrl.generation.device import free_memory
 
     sft = sft or SFTConfig()
     arm_dir = out / "arms" / name
-    budgets = Budgets.from_config(arm_config(cfg, kind, turns).agent)
+    budgets = Budgets.from_config(arm_config(cfg, kind, turns, context).agent)
     entry = {
         "kind": kind,
         "turns": turns,
+        **({} if context is None else {"context_tokens": context}),
         "budgets": budgets.to_dict(),
         "train_run": None,
         "eval_run": f"arms/{name}/eval",
     }
     if kind == "grpo_sft":
-        entry["init_run"] = init_dir(out, turns, sft).relative_to(out).as_posix()
+        entry["init_run"] = init_dir(out, turns, sft, context).relative_to(out).as_posix()
     model_for_eval = cfg.model.name
     if kind != "base":
         train_dir = arm_dir / "train"
@@ -183,6 +212,7 @@ def run_arm(
                 deadline=deadline,
                 sft=sft,
                 progress=opener,
+                context=context,
             )
             free_memory()
             if not res["finished"]:

@@ -1,28 +1,27 @@
 """`sqlrl experiment CONFIG.toml`: the equal-budget arm matrix, and `sqlrl quickstart` (the main job).
 
-Arms, all with the same model, locked task ids, dataset fingerprint, prompts, turns, token and SQL
-budgets and the same number of steps, prompts and rollouts:
-- `base`: the model as loaded, no training;
-- `grpo`: GRPO with the execution-match reward;
-- `no_update`: the same loop with learning rate 0 (weights must stay bit-identical);
-- `validity`: GRPO with the validity-only reward (1 when the SQL executes).
-Opt-in (`experiment.arms`): `sft`, the SFT-only control (`training/sft.py` on the training golds, budget
-in [sft]), and `grpo_sft`, GRPO as `grpo` from SFT weights: the `sft` arm's, or with `sft.init_steps > 0`
-its own SFT stage's, so the sft control can cover its whole training time. With `turns = [1, 3]` the matrix is run once per turn budget (arm names get a `_t3` suffix).
+Arms, with the same model, tasks, fingerprint, prompts, budgets, steps, prompts and rollouts: `base`
+(no training), `grpo` (execution-match reward), `no_update` (learning rate 0: weights stay
+bit-identical), `validity` (validity-only reward: 1 when the SQL executes). Opt-in (`experiment.arms`):
+`sft`, the SFT-only control (`training/sft.py` on the training golds, budget in [sft]), and `grpo_sft`,
+GRPO as `grpo` from SFT weights: the `sft` arm's, or with `sft.init_steps > 0` its own SFT stage's, so
+the sft control can cover its whole training time. The matrix runs once per cell of its axes:
+`turns = [1, 3]` (arm names get a `_t3` suffix) times `context_tokens = [2048, 4096]`
+(agent.max_context_tokens per cell, arm names get `_c2048`; empty = the agent's own, no suffix).
 
 Every arm is a normal run folder (train and/or eval) under `arms/<arm>/` (`arms.py`), linked by
-`experiment.json`. Then the weight audit (base vs GRPO vs No-update, reloaded identity), the leakage audit (gold
-mutation, on a slice of the evaluation tasks, per turn budget) and the report with the evidence gate.
+`experiment.json`. Then the weight audit (base vs GRPO vs No-update of the first cell, reloaded identity),
+the leakage audit (gold mutation, on a slice of the evaluation tasks, per cell) and the report with the
+evidence gate.
 
 `--seeds 0,1,2` runs the whole matrix once per training seed (`run.seed`; the split stays
 `data.split_seed`) into `OUT/seed<k>/`, one after the other under one time budget, then writes
 `OUT/seeds.{json,md,html}` with `sqlrl seeds` (`seeds.py`: the across-seed verdict).
 
-The command is resumable: a finished arm (its `summary.json` exists) is skipped, an unfinished
-training run resumes from its last checkpoint. This is how long experiments fit into time-limited
-sessions. Guaranteed: arms with different budgets, tasks or fingerprints are refused, naming the
-difference. Not guaranteed: that a quickstart-sized experiment supports any claim ("no claim" is then
-the honest outcome).
+Resumable: a finished arm (its `summary.json` exists) is skipped, an unfinished training run resumes
+from its last checkpoint. Guaranteed: arms with different budgets, tasks or fingerprints are refused,
+naming the difference. Not guaranteed: that a quickstart-sized experiment supports any claim ("no
+claim" is then the honest outcome).
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from pathlib import Path
 from sqlrl.artifacts import git_commit, holds_run_lock, machine_info, read_json, write_json_atomic
 from sqlrl.config import Config, ConfigError, from_dict
 from sqlrl.config_tables import SFTConfig, sft_from_dict
-from sqlrl.experiment.arms import arm_config, run_arm
+from sqlrl.experiment.arms import arm_config, arm_name, cell_suffix, run_arm
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +56,21 @@ class ExperimentConfig:
     claim that RL beats supervised fine-tuning. Also: grpo_sft (needs sft before it unless sft.init_steps > 0)."""
     turns: tuple[int, ...] = (1,)
     """Turn budgets; the matrix runs once per value (1 = single-turn)."""
+    context_tokens: tuple[int, ...] = ()
+    """Context lengths (agent.max_context_tokens); the matrix runs once per value and turn budget, arm names
+    get a `_c<tokens>` suffix. Empty: the agent's own max_context_tokens, no suffix."""
     leakage_tasks: int = 16
-    """Evaluation tasks used by the gold-mutation leakage audit (per turn budget)."""
+    """Evaluation tasks used by the gold-mutation leakage audit (per cell: turn budget and context)."""
     smoke: bool = False
     """Mark the experiment as a smoke run: the gate will never turn it into a claim."""
     extra: dict = field(default_factory=dict)
     """Free-form notes copied into experiment.json."""
     sft: SFTConfig = field(default_factory=SFTConfig)
     """The sft arm's training budget: the run file's [sft] table (not a key of [experiment])."""
+
+    def cells(self) -> list[tuple[int, int | None]]:
+        """The matrix's (turns, context) cells in run order; context None without a context axis."""
+        return [(t, c) for t in self.turns for c in (self.context_tokens or (None,))]
 
 
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tuple[Config, ExperimentConfig]:
@@ -85,6 +91,7 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tup
         name=str(exp_raw.get("name", path.stem)),
         arms=tuple(exp_raw.get("arms", DEFAULT_ARMS)),
         turns=tuple(int(t) for t in exp_raw.get("turns", (cfg.agent.turns,))),
+        context_tokens=_context_axis(exp_raw.get("context_tokens", []), cfg, path),
         leakage_tasks=int(exp_raw.get("leakage_tasks", 16)),
         smoke=bool(exp_raw.get("smoke", False)),
         extra=dict(exp_raw.get("extra", {})),
@@ -107,6 +114,29 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tup
     if any(t < 1 for t in exp.turns):
         raise ConfigError(f"{path}: experiment.turns must be >= 1")
     return cfg, exp
+
+
+def _context_axis(value, cfg: Config, path: Path) -> tuple[int, ...]:
+    """experiment.context_tokens as a tuple of ints, or ConfigError saying what is wrong and how to fix it."""
+    where = f"{path}: experiment.context_tokens"
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(c, int) and not isinstance(c, bool) for c in value
+    ):
+        raise ConfigError(f"{where} must be a list of whole token counts, e.g. [2048, 4096]; got {value!r}")
+    if any(c <= 0 for c in value):
+        raise ConfigError(f"{where} = {list(value)}: every context length must be a positive token count")
+    if len(set(value)) < len(value):
+        dup = sorted({c for c in value if list(value).count(c) > 1})
+        raise ConfigError(
+            f"{where} = {list(value)} lists {dup} twice: each value makes its own arms, list it once"
+        )
+    low = [c for c in value if c <= cfg.agent.max_new_tokens]
+    if low:
+        raise ConfigError(
+            f"{where} = {list(value)}: {low} cannot hold the prompt and one reply of agent.max_new_tokens = "
+            f"{cfg.agent.max_new_tokens} tokens; use context lengths above {cfg.agent.max_new_tokens}"
+        )
+    return tuple(value)
 
 
 def _experiment_state(
@@ -148,6 +178,7 @@ def _experiment_state(
             "experiment": {
                 "arms": list(exp.arms),
                 "turns": list(exp.turns),
+                **({"context_tokens": list(exp.context_tokens)} if exp.context_tokens else {}),
                 "leakage_tasks": exp.leakage_tasks,
                 "extra": exp.extra,
                 **({"sft": dataclasses.asdict(exp.sft)} if {"sft", "grpo_sft"} & set(exp.arms) else {}),
@@ -171,17 +202,17 @@ def _experiment_state(
 
 
 class ArmProgress:
-    """The experiment's progress plan: per turn budget and arm, its training steps (not for base) and
-    evaluated tasks, then the leakage audit; one line (`evaluation.progress.Progress`) over all of it."""
+    """The experiment's progress plan: per cell (turn budget, context) and arm, its training steps (not for
+    base) and evaluated tasks, then the cell's leakage audit; one line (`evaluation.progress.Progress`)."""
 
     def __init__(self, cfg: Config, exp: ExperimentConfig, n_eval: int, title: str):
         from sqlrl.evaluation.progress import Part, Progress
 
         self.index: dict[tuple[str, str], int] = {}
         parts: list[Part] = []
-        arms = [(t, k) for t in exp.turns for k in exp.arms]
-        for i, (turns, kind) in enumerate(arms, 1):
-            name = f"{kind}{'' if turns == 1 else f'_t{turns}'}"
+        arms = [(t, c, k) for t, c in exp.cells() for k in exp.arms]
+        for i, (turns, context, kind) in enumerate(arms, 1):
+            name = arm_name(kind, turns, context)
             head = f"arm {i} of {len(arms)} {name}:"
             if kind != "base":
                 self.index[(name, "train")] = len(parts)
@@ -189,9 +220,10 @@ class ArmProgress:
                 parts.append(Part(f"{head} train", "step", steps))
             self.index[(name, "eval")] = len(parts)
             parts.append(Part(f"{head} evaluate", "task", n_eval))
-        for turns in exp.turns:
-            self.index[(f"t{turns}", "leakage")] = len(parts)
-            parts.append(Part(f"leakage audit (turns {turns}):", "task", 2 * min(exp.leakage_tasks, n_eval)))
+        for turns, context in exp.cells():
+            self.index[(_cell_key(turns, context), "leakage")] = len(parts)
+            what = f"turns {turns}" + ("" if context is None else f", context {context}")
+            parts.append(Part(f"leakage audit ({what}):", "task", 2 * min(exp.leakage_tasks, n_eval)))
         self.line = Progress(title, parts)
         self.arm = ""
 
@@ -203,19 +235,26 @@ class ArmProgress:
         return lambda total, initial: self.line.open(i, total, initial)
 
 
-def _leakage_for_turns(cfg: Config, exp: ExperimentConfig, out: Path, turns: int, eval_tasks: list) -> None:
-    """The leakage audit of one turn budget with the base model, into leakage[_t<turns>].json (once)."""
+def _cell_key(turns: int, context: int | None) -> str:
+    """A cell's key in leakage.json's `per_turn_budget` and the progress plan: `t3`, `t3_c2048`."""
+    return f"t{turns}" + ("" if context is None else f"_c{context}")
+
+
+def _leakage_for_cell(
+    cfg: Config, exp: ExperimentConfig, out: Path, turns: int, context: int | None, eval_tasks: list
+) -> None:
+    """The leakage audit of one cell with the base model, into leakage<suffix>.json (once; `_t3_c2048`)."""
     from sqlrl.agent.envs import make_env
     from sqlrl.agent.loop import Budgets
     from sqlrl.evaluation.runner import load_policy
     from sqlrl.evidence.leakage import leakage_audit
     from sqlrl.generation.device import free_memory
 
-    suffix = "" if turns == 1 else f"_t{turns}"
+    suffix = cell_suffix(turns, context)
     leak_path = out / f"leakage{suffix}.json"
     if leak_path.exists():
         return
-    budgets = Budgets.from_config(arm_config(cfg, "base", turns).agent)
+    budgets = Budgets.from_config(arm_config(cfg, "base", turns, context).agent)
     policy = load_policy(
         cfg.model.name,
         device=cfg.run.device,
@@ -236,9 +275,9 @@ def _leakage_for_turns(cfg: Config, exp: ExperimentConfig, out: Path, turns: int
     free_memory()
 
 
-def _combine_leakage(out: Path, turns: tuple[int, ...]) -> None:
-    """leakage.json: the verdict over every turn budget's audit."""
-    parts = {f"t{t}": read_json(out / f"leakage{'' if t == 1 else f'_t{t}'}.json") for t in turns}
+def _combine_leakage(out: Path, cells: list[tuple[int, int | None]]) -> None:
+    """leakage.json: the verdict over every cell's audit (`per_turn_budget` keyed `t1`, `t1_c2048`, ...)."""
+    parts = {_cell_key(t, c): read_json(out / f"leakage{cell_suffix(t, c)}.json") for t, c in cells}
     write_json_atomic(
         out / "leakage.json",
         {
@@ -270,10 +309,10 @@ def _audit_still_holds(audit: Path, trained: Path, no_update: Path) -> bool:
 
 
 def _audit_weights(cfg: Config, exp: ExperimentConfig, out: Path) -> None:
-    """weights_audit.json: base vs GRPO vs No-update of the first turn budget, and the reloaded identity."""
+    """weights_audit.json: base vs GRPO vs No-update of the first cell, and the reloaded identity."""
     from sqlrl.evidence.weights import audit_weights
 
-    suffix = "" if exp.turns[0] == 1 else f"_t{exp.turns[0]}"
+    suffix = cell_suffix(*exp.cells()[0])
     base_path = load_model_path(cfg.model.name)
     trained = out / "arms" / f"grpo{suffix}" / "train" / "final"
     no_upd = out / "arms" / f"no_update{suffix}" / "train" / "final"
@@ -307,11 +346,11 @@ def _run_matrix(
     command: list[str] | None,
     deadline: float | None,
 ) -> None:
-    """Every arm of every turn budget, then that budget's leakage audit; experiment.json after each arm."""
-    for turns in exp.turns:
-        suffix = "" if turns == 1 else f"_t{turns}"
+    """Every arm of every cell, then that cell's leakage audit; experiment.json after each arm."""
+    for turns, context in exp.cells():
+        suffix = cell_suffix(turns, context)
         for kind in exp.arms:
-            name = f"{kind}{suffix}"
+            name = arm_name(kind, turns, context)
             progress.arm = name
             state["arms"][name] = run_arm(
                 cfg,
@@ -325,14 +364,15 @@ def _run_matrix(
                 deadline=deadline,
                 progress=progress,
                 sft=exp.sft,
+                context=context,
             )
             write_json_atomic(out / "experiment.json", state)
-        leak = progress.index[(f"t{turns}", "leakage")]
+        leak = progress.index[(_cell_key(turns, context), "leakage")]
         if (out / f"leakage{suffix}.json").exists():
             progress.line.skip(leak)
         else:
             handle = progress.line.open(leak)
-            _leakage_for_turns(cfg, exp, out, turns, eval_tasks)
+            _leakage_for_cell(cfg, exp, out, turns, context, eval_tasks)
             handle.update(progress.line.parts[leak].total)
 
 
@@ -345,7 +385,7 @@ def run_experiment(
     report: bool = True,
     deadline: float | None = None,
 ) -> dict:
-    """Run (or resume) the arm matrix into `out_dir`: every arm per turn budget, the leakage audits, the
+    """Run (or resume) the arm matrix into `out_dir`: every arm per cell, the leakage audits, the
     weight audit, then (with `report`) the report. Returns {"out": ..., "report": write_report's paths}.
     The model name is resolved first (`ModelError` in seconds): a wrong one leaves no folder behind."""
     from sqlrl.generation.models import check_model
@@ -399,7 +439,7 @@ def _run_locked(
         )
     finally:
         progress.line.finish()
-    _combine_leakage(out, exp.turns)
+    _combine_leakage(out, exp.cells())
     if "grpo" in exp.arms:
         _audit_weights(cfg, exp, out)
     state["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -441,10 +481,9 @@ def disk_needed(cfg: Config, exp: ExperimentConfig, params: int) -> tuple[int, s
     bfloat16 for sure: `model.dtype` or a CUDA `run.device`; a patch over the base is smaller), plus the
     checkpoints (float32 weights + AdamW state) training keeps."""
     own_stage = "grpo_sft" in exp.arms and exp.sft.init_steps > 0  # grpo_sft's SFT stage: one more run
-    stored = (sum(1 for k in exp.arms if k in ("grpo", "validity", "sft", "grpo_sft")) + own_stage) * len(
-        exp.turns
-    )
-    trained = (sum(1 for k in exp.arms if k != "base") + own_stage) * len(exp.turns)
+    cells = len(exp.cells())
+    stored = (sum(1 for k in exp.arms if k in ("grpo", "validity", "sft", "grpo_sft")) + own_stage) * cells
+    trained = (sum(1 for k in exp.arms if k != "base") + own_stage) * cells
     g, r = cfg.grpo, cfg.run
     half = r.final_dtype == "auto" and (
         cfg.model.dtype == "bfloat16" or (cfg.model.dtype == "auto" and r.device == "cuda")
