@@ -188,6 +188,13 @@ def test_install_reports_unmet_requirements_unless_overridden(tmp_path):
         assert r.returncode == want, r.stdout + r.stderr
         if want:
             assert "fakea 1.0 has requirement fakeb>=3, but you have fakeb 2.0" in r.stderr
+            r = _env_sh(
+                ["--gpu-install", str(out), str(target)],
+                lock,
+                VERL_IMPORT_CHECK="fakea",
+                VERL_ALLOW_UNMET="1",
+            )
+            assert r.returncode == 0 and "fakeb>=3" in r.stderr  # reported, then the install goes on
 
 
 def test_fetch_checks_files_already_there(tmp_path, wheelset):
