@@ -54,6 +54,40 @@ preflight() {
   return $ok
 }
 if [ "${1:-}" = preflight ]; then preflight; exit $?; fi
+# veRL + vLLM + Ray (the wheels of scripts/verl-gpu.lock) travel like the model: parts of .stage/verl, made
+# here by `scripts/verl-env.sh --gpu-fetch ../verl-wheels` then `scripts/verl-env.sh --gpu-pack ../verl-wheels
+# .stage/verl 18M` (docs/verl.md, "GPU environment").
+#   here:  bash scripts/gpu.sh verl preflight          sizes per call; parts against MANIFEST and the lock
+#   there: bash scripts/gpu.sh verl stage NN [NN ...]  (carry .stage/verl/partNN) copies them to $S/verl-parts
+#          bash scripts/gpu.sh verl install            (carry the last part and .stage/verl/MANIFEST) joins,
+#          checks and installs into $S/verl-site once per machine; then PYTHONPATH=$S/verl-site:/tmp/site:src
+verl_cmd() {  # VERL_PARTS (default .stage/verl) and VERL_LOCK (scripts/verl-gpu.lock): another set, e.g. in tests
+  local parts=${VERL_PARTS:-.stage/verl} lock=${VERL_LOCK:-scripts/verl-gpu.lock} dst=$S/verl-parts limit=67108864 tree part n want got
+  case "${1:-}" in
+    preflight)
+      tree=$(git ls-files -z -co --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
+      n=$(ls "$parts"/part* 2>/dev/null | wc -l)
+      [ "$n" -gt 0 ] && [ -s "$parts/MANIFEST" ] || { echo "verl preflight: no parts or MANIFEST in $parts (scripts/verl-env.sh --gpu-pack DIR $parts 18M)"; return 1; }
+      part=$(ls -l "$parts"/part* | awk '{if ($5>m) m=$5} END {print m}')
+      echo "working tree $tree B; $n parts in $parts, largest $part B; a staging call carries $((tree + part)) B of $limit"
+      [ $((tree + part)) -le $limit ] || { echo "verl preflight: a staging call needs $((tree + part)) B > 64 MiB: pack smaller parts"; return 1; }
+      want=$(awk '$1=="sha256"{print $2}' "$parts/MANIFEST"); got=$(cat "$parts"/part* | sha256sum | cut -d' ' -f1)
+      [ "$want" = "$got" ] || { echo "verl preflight: parts give $got, MANIFEST says $want"; return 1; }
+      want=$(awk '$1=="lock"{print $2}' "$parts/MANIFEST"); got=$(sha256sum "$lock" | cut -d' ' -f1)
+      [ "$want" = "$got" ] || { echo "verl preflight: parts were packed from another lock: re-pack"; return 1; }
+      echo "verl preflight ok: parts join to the MANIFEST, packed from this lock; $n calls (verl stage NN ..., then verl install)" ;;
+    stage)
+      shift; mkdir -p "$dst"
+      for n in "$@"; do cp "$parts/part$n" "$dst/"; done
+      echo "verl staged: $(ls "$dst" | wc -l) parts, $(du -cb "$dst"/part* | tail -1 | cut -f1) bytes" ;;
+    install)
+      if [ -f "$S/verl.done" ]; then echo "verl: installed in $S/verl-site"; return 0; fi
+      mkdir -p "$dst"; cp "$parts"/part* "$parts/MANIFEST" "$dst/" 2>/dev/null || true
+      bash scripts/verl-env.sh --gpu-install "$dst" "$S/verl-site" && touch "$S/verl.done" && rm -rf "$dst" ;;
+    *) echo "usage: gpu.sh verl preflight|stage NN [NN ...]|install" >&2; return 2 ;;
+  esac
+}
+if [ "${1:-}" = verl ]; then shift; verl_cmd "$@"; exit $?; fi
 mkdir -p "$S/parts"
 export SQLRL_CACHE=$S/models PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 cmd=$1; shift
@@ -256,5 +290,5 @@ PY
     tar czf "$dest/exp.tgz" -C "$S" --exclude='*.safetensors' --exclude='*.pt' --exclude='.goldcache' \
       --exclude='.gold_real' --exclude='.gold_mutated' --exclude='tokenizer.json' $dirs
     ls -la "$dest" ;;
-  *) echo "usage: gpu.sh preflight|stage NN|tree|setup|bench|oomcheck|engine BENCH.json|experiment SECONDS|evalrun RUN DEST|curriculum SECONDS|go DEST [SECONDS]|scoretime DEST [SECONDS]|finished EXP [TURNS]|pack DIR [EXPDIRS]" >&2; exit 2 ;;
+  *) echo "usage: gpu.sh preflight|verl preflight|verl stage NN ...|verl install|stage NN|tree|setup|bench|oomcheck|engine BENCH.json|experiment SECONDS|evalrun RUN DEST|curriculum SECONDS|go DEST [SECONDS]|scoretime DEST [SECONDS]|finished EXP [TURNS]|pack DIR [EXPDIRS]" >&2; exit 2 ;;
 esac

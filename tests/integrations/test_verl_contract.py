@@ -1,6 +1,6 @@
-"""Contract tests of the veRL 0.8.0 integration (src/sqlrl/integrations/verl/).
+"""Contract tests of the veRL 0.9.1 integration (src/sqlrl/integrations/verl/).
 
-They need veRL, which pins numpy<2 and so lives in its own venv: run them with
+They need veRL, which pins transformers<5.11 and so lives in its own venv: run them with
 `scripts/verl-env.sh --test` (or `.venv-verl/bin/python -m pytest tests/integrations`). In the main venv
 every test but the import test is skipped with the reason below.
 """
@@ -76,6 +76,17 @@ def test_default_config_passes_verl_validation_and_maps_fields():
     assert (d["trainer"]["n_gpus_per_node"], d["trainer"]["nnodes"]) == (4, 2)
     assert d["trainer"]["total_training_steps"] == cfg.grpo.steps
     assert d["reward"]["custom_reward_function"]["name"] == "compute_score"
+
+
+@needs_verl
+def test_config_selects_the_trainer_that_takes_the_managers_batch():
+    """veRL 0.9.1 runs its V1 trainer by default, which reads rollouts from a TransferQueue; the batch that
+    SqlrlAgentLoopManager.generate_sequences returns is taken only by the PPO trainer of main_ppo_v0."""
+    from sqlrl.integrations.verl import VERL_VERSION, build_verl_config
+
+    assert verl.__version__ == VERL_VERSION == "0.9.1"
+    d = build_verl_config(_cfg(), n_gpus_per_node=1, nnodes=1, model_path="/models/qwen")
+    assert d["trainer"]["use_v1"] is False
 
 
 def test_reward_function_file_loads_by_path_like_verl_does():

@@ -1,4 +1,4 @@
-"""Contract test of `sqlrl export` for veRL 0.8.0 FSDP checkpoints (src/sqlrl/integrations/fsdp_export.py).
+"""Contract test of `sqlrl export` for veRL 0.9.1 FSDP checkpoints (src/sqlrl/integrations/fsdp_export.py).
 
 A REAL sharded checkpoint is made on the CPU: 2 processes (torch.distributed, gloo, world size 2) wrap a
 tiny random Qwen2 model in FSDP1 (veRL's default ``strategy: fsdp``, with a device mesh as veRL passes it)

@@ -19,7 +19,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     """`sqlrl verl-config CONFIG.toml -o verl.yaml [--gpus-per-node 8 --nnodes 1 ...]`."""
     p = argparse.ArgumentParser(
         prog="sqlrl verl-config",
-        description="Map a sqlrl TOML run config to a veRL 0.8.0 GRPO config (validated by veRL itself).",
+        description="Map a sqlrl TOML run config to a veRL 0.9.1 GRPO config (validated by veRL itself).",
     )
     p.add_argument("config", help="sqlrl TOML run file")
     p.add_argument("-o", "--out", required=True, help="output YAML (veRL config)")

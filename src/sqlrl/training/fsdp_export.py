@@ -1,4 +1,4 @@
-"""Export a veRL 0.8.0 FSDP checkpoint (sharded, one file per rank) to a Hugging Face folder.
+"""Export a veRL 0.9.1 FSDP checkpoint (sharded, one file per rank) to a Hugging Face folder.
 
 veRL's ``FSDPCheckpointManager.save_checkpoint`` (FSDP1 ``strategy: fsdp`` and FSDP2 ``strategy: fsdp2``)
 writes, into ``<trainer.default_local_dir>/global_step_N/actor/``::

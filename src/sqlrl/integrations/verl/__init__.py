@@ -1,4 +1,4 @@
-"""veRL 0.8.0 integration: the same environment, agent and reward, trained by veRL past one machine.
+"""veRL 0.9.1 integration: the same environment, agent and reward, trained by veRL past one machine.
 
 sqlrl never writes its own distributed engine. Past one machine, veRL (FSDP actor + vLLM rollout + Ray)
 runs the GRPO update, and sqlrl supplies:
@@ -17,7 +17,7 @@ What is covered:
   of these names here, which is how veRL's hydra ``_target_`` and ``load_class_from_fqn`` find them.
 
 What is not:
-- Versions other than ``verl==0.8.0``. veRL pins numpy<2, so it lives in its own venv
+- Versions other than ``verl==0.9.1``. veRL pins transformers<5.11, so it lives in its own venv
   (``scripts/verl-env.sh`` -> ``.venv-verl``).
 """
 

@@ -37,7 +37,7 @@ def compute_sqlrl_grpo_advantage(
     config=None,
     **kwargs,
 ):
-    """veRL's GRPO outcome advantage (`core_algos.compute_grpo_outcome_advantage`, 0.8.0) over the
+    """veRL's GRPO outcome advantage (`core_algos.compute_grpo_outcome_advantage`, 0.9.1) over the
     trajectories that are not excluded; registered with veRL as `sqlrl_grpo`.
 
     A trajectory is excluded when its `response_mask` is all zero: `SqlrlAgentLoopManager` zeroes it for

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 PACKAGE = "sqlrl.integrations.verl"
-VERL_VERSION = "0.8.0"
+VERL_VERSION = "0.9.1"
 AGENT_NAME = "sqlrl_agent"
 DATA_SOURCE = "sqlrl"
 ADV_ESTIMATOR = "sqlrl_grpo"
@@ -36,7 +36,7 @@ def require_verl():
     except Exception as e:  # ImportError, or a broken dependency raising something else at import time
         raise VerlUnavailable(
             f"veRL is not importable here ({type(e).__name__}: {e}); it lives in a separate venv because "
-            "verl 0.8.0 pins numpy<2: run scripts/verl-env.sh and use .venv-verl/bin/python"
+            "veRL 0.9.1 pins transformers<5.11: run scripts/verl-env.sh and use .venv-verl/bin/python"
         ) from e
     return verl
 

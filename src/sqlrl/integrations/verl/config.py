@@ -12,7 +12,7 @@ What is covered:
 - The reward function is this package's ``reward.py`` (veRL loads it by file path).
 
 What is not:
-- Versions other than ``verl==0.8.0`` (keys may be renamed: the merge then fails loudly).
+- Versions other than ``verl==0.9.1`` (keys may be renamed: the merge then fails loudly).
 - ``model.lora_rank > 0`` with vLLM is only validated where vLLM is importable.
 """
 
@@ -175,6 +175,10 @@ def verl_overrides(
             "test_freq": -1,
             "val_before_train": False,
             "critic_warmup": 0,
+            # veRL's PPO trainer (main_ppo_v0), which builds the configured agent loop manager and takes
+            # the batch its generate_sequences returns; the V1 trainer (veRL's default) reads rollouts from
+            # a TransferQueue instead, which SqlrlAgentLoopManager does not write
+            "use_v1": False,
             **({"default_local_dir": default_local_dir} if default_local_dir else {}),
         },
     }
