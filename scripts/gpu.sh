@@ -9,6 +9,8 @@
 #          git archive --format=tar.gz -o .stage/tree.tgz HEAD -- . ':!results'   (committed code only)
 #          tar czf .stage/spider.tgz -C ../shared/data spider
 #          bash scripts/gpu.sh preflight   (sizes per call, parts' sha256, tree.tgz = HEAD; before any call)
+#          or, smaller uploads: bash scripts/gpu.sh slim (results/ stays here), parts.sh split qwen.gguf
+#          .stage/q50x 56M, GPU_PARTS=.stage/q50x on every call (9 parts); bash scripts/gpu.sh unslim after
 #          pip download --no-deps --python-version 3.12 ... -d .whl gguf==0.19.0 sqlglot==30.30.0
 #   there: bash scripts/gpu.sh stage 00   (carry .stage/q50/part00)   ... one call per part
 #          bash scripts/gpu.sh setup      (carry last part, MANIFEST, spider.tgz, .whl)
@@ -25,6 +27,7 @@ TAG=${GPU_MODEL:-0.5b}                       # model size tag: 0.5b (default) or
 MODEL=qwen2.5-coder-$TAG-instruct            # built-in model name (sqlrl model list)
 PARTS=.stage/q50                             # the GGUF's parts here (0.5b: q50, a historical name)
 [ "$TAG" = 0.5b ] || PARTS=.stage/q${TAG//[.b]/}   # 1.5b: .stage/q15
+PARTS=${GPU_PARTS:-$PARTS}                   # GPU_PARTS: another split, e.g. .stage/q50x (56M parts, after `slim`)
 CONFIG=${GPU_CONFIG:-configs/spider-$TAG-gpu.toml}   # GPU_CONFIG: another run file, e.g. configs/spider-0.5b-gpu-sft.toml
 # Here, before a GPU session: check that every call's upload fits the device tool's 64 MiB (working tree
 # + carried files), that the parts join to the manifest's sha256 and that the tree archive is HEAD's.
@@ -47,13 +50,33 @@ preflight() {
     git archive --format=tar HEAD -- . ':!results' | tar -t | sort > /tmp/gpu_head.lst
     tar -tzf .stage/tree.tgz | sort > /tmp/gpu_tgz.lst
     if cmp -s /tmp/gpu_head.lst /tmp/gpu_tgz.lst && [ "$(stat -c %Y .stage/tree.tgz)" -ge "$(git log -1 --format=%ct)" ] \
-       && git diff --quiet HEAD; then echo "tree.tgz: HEAD's file list, made after HEAD's commit, tree clean"
+       && git diff --quiet HEAD -- . ':!results'; then echo "tree.tgz: HEAD's file list, made after HEAD's commit, tree clean"
     else echo "preflight: remake .stage/tree.tgz from a clean HEAD: git archive --format=tar.gz -o .stage/tree.tgz HEAD -- . ':!results'"; ok=1; fi
   fi
   [ $ok = 0 ] && echo "preflight ok: $((n - 1)) staging calls (cp $PARTS/partNN), then go with the last part"
   return $ok
 }
-if [ "${1:-}" = preflight ]; then preflight; exit $?; fi
+# Here, before a GPU session: `slim` stops results/ (about 50 MB of committed results, never read there: runs
+# use .stage/tree.tgz, which excludes it) from travelling with every call, so parts can be about 56 MiB
+# instead of 18 (measured: an untracked, ignored results/ arrives empty). It untracks results/ in the
+# index and ignores it in .git/info/exclude; nothing is committed, and no commit may be made until
+# `unslim` restores both (slim refuses staged changes, unslim checks that results/ is tracked again).
+slim() {
+  git diff --cached --quiet || { echo "slim: the index has staged changes; commit or unstage them first"; return 1; }
+  grep -qx '/results/' .git/info/exclude 2>/dev/null && { echo "slim: already slim (bash scripts/gpu.sh unslim)"; return 1; }
+  git rm -r -q --cached results && echo '/results/' >> .git/info/exclude
+  echo "slim: results/ untracked and ignored until 'bash scripts/gpu.sh unslim'; do not commit meanwhile"
+}
+unslim() {
+  git reset -q -- results && sed -i '\#^/results/$#d' .git/info/exclude
+  git diff --cached --quiet -- results && [ -n "$(git ls-files results | head -1)" ] \
+    && echo "unslim: results/ tracked again" || { echo "unslim: results/ is not as committed: git status results"; return 1; }
+}
+case "${1:-}" in
+  preflight) preflight; exit $? ;;
+  slim) slim; exit $? ;;
+  unslim) unslim; exit $? ;;
+esac
 # veRL + vLLM + Ray (the wheels of scripts/verl-gpu.lock) travel like the model: parts of .stage/verl, made
 # here by `scripts/verl-env.sh --gpu-fetch ../verl-wheels` then `scripts/verl-env.sh --gpu-pack ../verl-wheels
 # .stage/verl 18M` (docs/verl.md, "GPU environment").
@@ -290,5 +313,5 @@ PY
     tar czf "$dest/exp.tgz" -C "$S" --exclude='*.safetensors' --exclude='*.pt' --exclude='.goldcache' \
       --exclude='.gold_real' --exclude='.gold_mutated' --exclude='tokenizer.json' $dirs
     ls -la "$dest" ;;
-  *) echo "usage: gpu.sh preflight|verl preflight|verl stage NN ...|verl install|stage NN|tree|setup|bench|oomcheck|engine BENCH.json|experiment SECONDS|evalrun RUN DEST|curriculum SECONDS|go DEST [SECONDS]|scoretime DEST [SECONDS]|finished EXP [TURNS]|pack DIR [EXPDIRS]" >&2; exit 2 ;;
+  *) echo "usage: gpu.sh preflight|verl preflight|verl stage NN ...|verl install|stage NN|tree|setup|bench|oomcheck|engine BENCH.json|experiment SECONDS|evalrun RUN DEST|curriculum SECONDS|go DEST [SECONDS]|scoretime DEST [SECONDS]|finished EXP [TURNS]|pack DIR [EXPDIRS]|slim|unslim" >&2; exit 2 ;;
 esac

@@ -268,3 +268,42 @@ def test_gpu_sh_finished_wants_every_arm(tmp_path, arms_done, go_arms, finished)
         ["bash", "scripts/gpu.sh", "finished", "exp1", "1"], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert r.returncode == (0 if finished else 1), r.stdout + r.stderr
+
+
+def test_gpu_sh_slim_and_unslim_round_trip(tmp_path):
+    """`slim` makes results/ neither tracked nor listed as an untracked file (so it does not travel to the
+    device), refuses twice and with staged changes; `unslim` restores the index exactly."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "results" / "r1").mkdir(parents=True)
+    (repo / "scripts" / "gpu.sh").write_bytes((ROOT / "scripts" / "gpu.sh").read_bytes())
+    (repo / "results" / "r1" / "a.json").write_text("{}")
+    (repo / "src.txt").write_text("x")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "x"], check=True)
+    env = {**os.environ, "SQLRL_SCRATCH": str(tmp_path / "scratch")}
+
+    def gpu(*args):
+        return subprocess.run(
+            ["bash", "scripts/gpu.sh", *args], cwd=repo, env=env, capture_output=True, text=True
+        )
+
+    def travelling():
+        out = subprocess.run([*git, "ls-files", "-co", "--exclude-standard"], capture_output=True, text=True)
+        return sorted(out.stdout.split())
+
+    assert travelling() == ["results/r1/a.json", "scripts/gpu.sh", "src.txt"]
+    assert gpu("slim").returncode == 0
+    assert travelling() == ["scripts/gpu.sh", "src.txt"]
+    assert (repo / "results" / "r1" / "a.json").is_file()  # nothing here is deleted
+    assert gpu("slim").returncode == 1  # already slim
+    assert gpu("unslim").returncode == 0
+    assert travelling() == ["results/r1/a.json", "scripts/gpu.sh", "src.txt"]
+    status = subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True).stdout
+    assert status == ""
+    (repo / "src.txt").write_text("y")
+    subprocess.run([*git, "add", "src.txt"], check=True)
+    r = gpu("slim")
+    assert r.returncode == 1 and "staged changes" in r.stdout
