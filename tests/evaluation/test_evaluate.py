@@ -324,6 +324,7 @@ def test_eval_summary_reports_how_the_turns_were_used(shop_tasks, sandbox, tmp_p
     assert u["n"] == 3 and u["turns_used"] == {"1": 1, "2": 1, "3": 1}
     # two trajectories proposed >= 2 queries; only the London one repeated its first (whitespace, ';')
     assert u["multi_query"] == 2 and u["repeat_first"] == 1 and u["repeat_first_rate"] == 0.5
+    assert u["reinspect_first"] == 1  # London executed its first query twice
     # one failed execution (no such column amont), followed by FINAL with another query
     assert u["after_error"] == {
         "n": 1,

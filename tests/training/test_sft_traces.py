@@ -287,3 +287,28 @@ def test_sft_on_traces_with_smollm2_lowers_the_reply_loss(tmp_path):
 
     before, after = loss("smollm2-135m-instruct"), loss(res["final"])
     assert after < 0.5 * before, (before, after)
+
+
+def test_the_matrix_runs_trace_sft_only_at_the_turns_it_teaches(tmp_path):
+    from sqlrl.experiment.matrix import load_experiment
+
+    p = tmp_path / "e.toml"
+    p.write_text(
+        "[experiment]\narms = ['base', 'sft']\nturns = [1, 3]\n[agent]\nturns = 3\n[sft]\ntrace_turns = 3\n"
+    )
+    with pytest.raises(C.ConfigError, match=r"experiment.turns = \[1, 3\]; set experiment.turns = \[3\]"):
+        load_experiment(p)
+    assert load_experiment(p, ["experiment.turns=[3]"])[1].sft.trace_turns == 3
+    # without an SFT arm the traces are not built, whatever the turns
+    assert load_experiment(p, ["experiment.arms=['base','grpo']"])[1].turns == (1, 3)
+
+
+def test_the_multi_turn_warm_start_config_validates():
+    from sqlrl.experiment.matrix import load_experiment
+
+    root = Path(__file__).resolve().parents[2]
+    cfg, exp = load_experiment(root / "configs" / "spider-0.5b-gpu-mt-warm.toml")
+    assert exp.turns == (3,) and cfg.agent.turns == 3 and exp.sft.trace_turns == 3
+    assert exp.arms == ("base", "grpo", "no_update", "validity", "sft", "grpo_sft")
+    assert exp.sft.init_steps == 240 and exp.sft.steps >= exp.sft.init_steps
+    assert "NOT YET RUN" in (root / "configs" / "spider-0.5b-gpu-mt-warm.toml").read_text().splitlines()[0]

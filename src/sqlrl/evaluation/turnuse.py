@@ -5,6 +5,8 @@ unscorable golds are left out), from the finished trajectories:
 - `turns_used`: {turns: trajectories} (a reply that cost a turn counts, whatever its action);
 - `repeat_first`: trajectories with >= 2 queries proposed in which a later query is identical to the
   first (whitespace-normalised, trailing semicolons ignored), out of `multi_query` such trajectories;
+  `reinspect_first`: those in which the identical query was executed again (a later inspect turn),
+  the turns spent re-running one query rather than FINAL with it;
 - `after_error`: inspect turns whose execution failed (sandbox status not ok) and that were followed
   by a reply: `n`, `final` (that reply was FINAL), `final_unchanged` (FINAL keeping the failed query:
   no SQL, or the same SQL), `rewritten` (a different query, inspect or FINAL);
@@ -35,7 +37,7 @@ def turn_use(results: list[dict], trajectories: list) -> dict:
     scored = {r["task_id"]: r for r in results if r.get("reward") is not None}
     used: Counter = Counter()
     by_turns: dict[int, dict] = {}
-    multi = repeat = 0
+    multi = repeat = rerun = 0
     err_n = err_final = err_kept = err_rewritten = 0
     for tr in trajectories:
         r = scored.get(tr.task_id)
@@ -50,6 +52,7 @@ def turn_use(results: list[dict], trajectories: list) -> dict:
         if len(sqls) >= 2:
             multi += 1
             repeat += int(sqls[0] in sqls[1:])
+            rerun += int(any(t.action == "inspect" and _norm(t.sql) == sqls[0] for t in tr.turns[1:]))
         for prev, nxt in zip(tr.turns, tr.turns[1:]):
             status = (prev.sql_result or {}).get("status")
             if prev.action != "inspect" or status in (None, "ok"):
@@ -68,6 +71,8 @@ def turn_use(results: list[dict], trajectories: list) -> dict:
         "multi_query": multi,
         "repeat_first": repeat,
         "repeat_first_rate": _rate(repeat, multi),
+        "reinspect_first": rerun,
+        "reinspect_first_rate": _rate(rerun, multi),
         "after_error": {
             "n": err_n,
             "final": err_final,
