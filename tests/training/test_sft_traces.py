@@ -26,6 +26,8 @@ from sqlrl.tasks.data import PrivateTask, SpiderData, embedded_root
 from sqlrl.training.sft_traces import build_text2sql_traces, kind_counts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiment"))
+from test_experiment import tiny_model_dir  # noqa: E402, F401  (a module-scoped fixture)
 from test_trainer import tiny_factory  # noqa: E402
 
 RUN = Budgets(turns=1, max_new_tokens=256, max_context_tokens=30000, max_schema_chars=300)
@@ -312,3 +314,38 @@ def test_the_multi_turn_warm_start_config_validates():
     assert exp.arms == ("base", "grpo", "no_update", "validity", "sft", "grpo_sft")
     assert exp.sft.init_steps == 240 and exp.sft.steps >= exp.sft.init_steps
     assert "NOT YET RUN" in (root / "configs" / "spider-0.5b-gpu-mt-warm.toml").read_text().splitlines()[0]
+
+
+@pytest.mark.slow
+def test_a_3_turn_matrix_runs_grpo_from_a_trace_warm_start(tiny_model_dir, tmp_path):  # noqa: F811
+    """The tiny random Qwen2 of the experiment tests: sft (control) and grpo_sft (own trace SFT stage,
+    then GRPO) at 3 turns; both SFT runs train on traces and every evaluation reports its turn use."""
+    from sqlrl.experiment.matrix import ExperimentConfig, run_experiment
+
+    cfg = C.from_dict(
+        {
+            "model": {"name": tiny_model_dir},
+            "data": {"path": "embedded", "max_train_tasks": 6, "max_eval_tasks": 3},
+            "agent": {"turns": 3, "max_new_tokens": 160, "max_schema_chars": 300, "max_context_tokens": 4096},
+            "grpo": {"steps": 1, "prompts_per_step": 2, "group_size": 2, "micro_batch": 4},
+            "run": {"device": "cpu", "loggers": [], "sandbox_workers": 1, "checkpoint_every": 1},
+        }
+    )
+    sft = T.sft_from_dict(
+        {"steps": 2, "init_steps": 1, "batch_size": 2, "micro_batch": 2, "lr": 1e-3, "trace_turns": 3}
+    )
+    exp = ExperimentConfig(
+        name="tiny-mt", arms=("base", "sft", "grpo_sft"), turns=(3,), leakage_tasks=1, smoke=True, sft=sft
+    )
+    out = tmp_path / "exp"
+    run_experiment(cfg, exp, out, report=True)
+    for folder in ("arms/sft_t3/train", "arms/grpo_sft_t3/sft_init"):
+        run = json.loads((out / folder / "run.json").read_text())
+        assert (
+            run["status"] == "finished"
+            and run["examples"] == 6
+            and sum(run["trace_mix"]["built"].values()) == 6
+        )
+    for arm in ("base_t3", "sft_t3", "grpo_sft_t3"):
+        u = json.loads((out / f"arms/{arm}/eval/summary.json").read_text())["turn_use"]
+        assert u["n"] == 3 and sum(u["turns_used"].values()) == 3
