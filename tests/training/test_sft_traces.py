@@ -262,15 +262,25 @@ def test_sft_on_traces_records_the_mix_and_trains(tmp_path):
 
 @pytest.mark.slow
 def test_sft_on_traces_with_smollm2_lowers_the_reply_loss(tmp_path):
-    """SmolLM2-135M-Instruct (fetched on first use), 6 training golds of the embedded slice as 3-turn
-    traces, 6 steps of LoRA (rank 16), merged at export: the loss on the replies falls."""
+    """SmolLM2-135M-Instruct (fetched on first use), 2 training golds of the embedded slice as 3-turn
+    traces (check and fix_error), 4 steps of LoRA (rank 16), merged at export: the reply loss falls."""
     import torch
 
     from sqlrl.generation.models import load_model
     from sqlrl.training.sft import answer_loss_sum, collate, train_sft
 
-    cfg = _cfg().replace(model={"name": "smollm2-135m-instruct", "lora_rank": 16})
-    sft = T.sft_from_dict({"steps": 6, "batch_size": 6, "micro_batch": 1, "lr": 2e-3, "trace_turns": 3})
+    cfg = _cfg(max_train_tasks=2).replace(model={"name": "smollm2-135m-instruct", "lora_rank": 16})
+    sft = T.sft_from_dict(
+        {
+            "steps": 4,
+            "batch_size": 2,
+            "micro_batch": 2,
+            "lr": 2e-3,
+            "trace_turns": 3,
+            "trace_kinds": ["check", "fix_error"],
+            "trace_weights": [1.0, 1.0],
+        }
+    )
     res = train_sft(cfg, sft, tmp_path / "sft", progress=False)
     assert res["finished"] and res["weights_changed"]
     ids = json.loads((tmp_path / "sft" / "split.json").read_text())["task_ids"]
@@ -282,7 +292,7 @@ def test_sft_on_traces_with_smollm2_lowers_the_reply_loss(tmp_path):
             examples, _, _ = build_text2sql_traces(
                 tasks, m.tokenizer, Budgets.from_config(cfg.agent), sft, e, 0
             )
-        assert len(examples) == 6
+        assert len(examples) == 2
         with torch.no_grad():
             total, n, _ = answer_loss_sum(m.model, *collate(examples, m.tokenizer.eos_token_id, "cpu"))
         return float(total) / n

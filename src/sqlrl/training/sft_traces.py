@@ -284,13 +284,11 @@ def build_text2sql_traces(tasks, tokenizer, budgets, sft, env, seed: int) -> tup
     moved: Counter = Counter()
     last_why: dict[str, str] = {}
     left = pool
-    short = 0  # traces the kinds so far could not build: shared out over the later kinds
     for j, kind in enumerate(order):
-        if short:
-            need = kind_counts(len(left), tuple(order[j:]), tuple(weight[k] for k in order[j:]))[kind]
-        else:
+        if len(left) == sum(want[k] for k in order[j:]):
             need = want[kind]
-        short += need
+        else:  # an earlier kind fell short: the tasks left are shared out by the weights still to come
+            need = kind_counts(len(left), tuple(order[j:]), tuple(weight[k] for k in order[j:]))[kind]
         keep = []
         for t in left:
             if need <= 0:
@@ -304,7 +302,6 @@ def build_text2sql_traces(tasks, tokenizer, budgets, sft, env, seed: int) -> tup
             else:
                 examples.append(ex)
                 need -= 1
-        short -= sum(1 for e in examples if e["format"] == kind)
         left = keep
     for t in left:  # tasks no kind could use: counted by the reason of the last kind tried
         dropped[last_why.get(t.task_id, "no_kind_fits")] += 1
