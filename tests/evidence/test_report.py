@@ -342,3 +342,22 @@ def test_training_section_plots_step_and_scoring_time(synthetic_report) -> None:
     assert scoring[: scoring.index("</svg>")].count("not recorded") == 1
     step = training[training.index('aria-label="step time (s)"') :]
     assert "not recorded" not in step[: step.index("</svg>")] and "<polyline" in step[: step.index("</svg>")]
+
+
+def test_turn_use_rows_show_the_evaluation_figures_after_errors_and_by_turns() -> None:
+    from sqlrl.evidence.analysis import TURN_USE_HEADERS, turn_use_rows
+
+    u = {"n": 4, "stop_reasons": {"final": 3, "max_turns": 1}, "mean_turns": 1.75, "revised": 1}
+    u.update(revised_correct=1, repeated=0)
+    ev = {
+        "after_error": {"n": 2, "final": 1, "rewritten": 2},
+        "accuracy_by_turns": {"1": {"n": 2, "accuracy": 0.5}, "3": {"n": 2, "accuracy": 1.0}},
+    }
+    arms = [
+        {"name": "grpo_t3", "turns": 3, "turn_use": {**u, "eval": ev}},
+        {"name": "base_t3", "turns": 3, "turn_use": u},
+    ]
+    rows = turn_use_rows({"arms": arms})
+    assert len(rows[0]) == len(TURN_USE_HEADERS)
+    assert rows[0][-2:] == ["2: FINAL 1, rewritten 2", "1: 50% of 2, 3: 100% of 2"]
+    assert rows[1][-2:] == ["-", "-"]  # an evaluation written before summary.json had turn_use
