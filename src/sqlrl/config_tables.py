@@ -16,7 +16,14 @@ from typing import Any, Literal
 
 from sqlrl.config import COMMAND_TABLES, ConfigError, parse_section
 
-__all__ = ["CurriculumConfig", "SFTConfig", "StageConfig", "curriculum_from_dict", "sft_from_dict"]
+__all__ = [
+    "TRACE_KINDS",
+    "CurriculumConfig",
+    "SFTConfig",
+    "StageConfig",
+    "curriculum_from_dict",
+    "sft_from_dict",
+]
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,18 @@ class SFTConfig:
     multi-turn prompt for this many turns, answered with SUBMIT and the solution (what the agent reads
     as submit_solution). 0 = single-turn examples only. Without it a warm-started model answers a
     multi-turn prompt in the single-turn format, which the agent reads as execute_sql, and never submits."""
+    trace_turns: int = 0
+    """Text-to-SQL only: 0 = single-turn answer examples; T >= 2 = multi-turn traces in the agent's protocol
+    for T turns (`training/sft_traces.py`): replies are training targets, observations the real sandbox's.
+    The matrix needs experiment.turns = [T] (GRPO and evaluation at the turn budget the traces teach)."""
+    trace_kinds: tuple[str, ...] = ("final", "check", "peek", "repair", "fix_error")
+    """Trace kinds mixed when trace_turns >= 2: `final` (FINAL gold at once), `check` (run the gold,
+    observe, FINAL), `peek` (SELECT * LIMIT 3 of a table the gold uses, observe, FINAL), `repair` (a
+    curriculum mutation of the gold whose result differs, observe, FINAL), `fix_error` (the gold with a
+    misspelled column, observe the error, FINAL)."""
+    trace_weights: tuple[float, ...] = (1.0, 1.0, 1.0, 2.0, 1.0)
+    """Share of each trace kind (same order and length as trace_kinds; >= 0, normalised): exact counts
+    by largest remainder; tasks a kind cannot use go to the kinds that can (run.json `trace_mix`)."""
     init_steps: int = 0
     """The matrix's `grpo_sft` arm: 0 = GRPO starts from the `sft` arm's final weights; > 0 = it first runs
     its own SFT stage (these settings, steps = init_steps, the same seed) in arms/grpo_sft/sft_init, then
@@ -110,7 +129,44 @@ def sft_from_dict(raw: Any, source: str = "<dict>") -> SFTConfig:
         s.submit_turns == 0 or s.submit_turns >= 2,
         f"sft.submit_turns = {s.submit_turns}: 0 (single-turn examples only) or the multi-turn budget, >= 2",
     )
+    _check_traces(s, need)
     return s
+
+
+TRACE_KINDS = ("final", "check", "peek", "repair", "fix_error")
+
+
+def _check_traces(s: SFTConfig, need) -> None:
+    need(
+        s.trace_turns == 0 or s.trace_turns >= 2,
+        f"sft.trace_turns = {s.trace_turns}: 0 (single-turn examples) or the agent's multi-turn budget, >= 2",
+    )
+    bad = [k for k in s.trace_kinds if k not in TRACE_KINDS]
+    need(not bad, f"sft.trace_kinds has unknown kinds {bad}; choose among {list(TRACE_KINDS)}")
+    need(
+        len(set(s.trace_kinds)) == len(s.trace_kinds) and bool(s.trace_kinds),
+        f"sft.trace_kinds = {list(s.trace_kinds)}: list each kind once, at least one",
+    )
+    need(
+        len(s.trace_weights) == len(s.trace_kinds),
+        f"sft.trace_weights has {len(s.trace_weights)} entries for {len(s.trace_kinds)} trace_kinds; "
+        "give one weight per kind, in the same order",
+    )
+    need(
+        all(w >= 0 for w in s.trace_weights) and sum(s.trace_weights) > 0,
+        f"sft.trace_weights = {list(s.trace_weights)}: weights must be >= 0 with a positive sum",
+    )
+    if s.trace_turns:
+        need(
+            s.submit_turns == 0,
+            "sft.trace_turns (text-to-SQL traces) and sft.submit_turns (debugging tasks) exclude each other; "
+            "set one of them to 0",
+        )
+        need(
+            any(k != "final" and w > 0 for k, w in zip(s.trace_kinds, s.trace_weights)),
+            "sft.trace_weights give weight only to `final`: no trace would use a second turn; weight "
+            "check, peek, repair or fix_error",
+        )
 
 
 def curriculum_from_dict(raw: Any, source: str = "<dict>") -> CurriculumConfig:

@@ -291,3 +291,51 @@ def test_partial_predictions_of_another_model_are_not_reused(tmp_path, caplog):
         out = _eval(part, other)
     assert other.prompts == 5 and "resumed_tasks" not in out.summary
     assert "another model, task set or budgets; starting over" in caplog.text
+
+
+MULTI = {
+    # turn 0, turn 1, turn 2 replies per question
+    "How many customers are there?": ["FINAL\n```sql\nSELECT count(*) FROM customer\n```"],  # 1 turn, right
+    "List customer names in London.": [  # repeats its first query, then FINAL: 3 turns, wrong
+        "```sql\nSELECT name FROM customer WHERE city = 'Paris'\n```",
+        "```sql\nSELECT name FROM customer  WHERE city = 'Paris';\n```",
+        "FINAL",
+    ],
+    "What is the total order amount?": [  # an error, then a corrected FINAL: 2 turns, right
+        "```sql\nSELECT sum(amont) FROM orders\n```",
+        "FINAL\n```sql\nSELECT sum(amount) FROM orders\n```",
+    ],
+}
+
+
+def multi_answer(text, turn):
+    for q, replies in MULTI.items():
+        if q in text:
+            return replies[turn]
+    return "?"
+
+
+def test_eval_summary_reports_how_the_turns_were_used(shop_tasks, sandbox, tmp_path):
+    budgets = Budgets(turns=3)
+    out = evaluate_tasks(
+        shop_tasks, ScriptedPolicy(multi_answer), sandbox, GoldCache(tmp_path / "gc"), budgets, progress=False
+    )
+    u = out.summary["turn_use"]
+    assert u["n"] == 3 and u["turns_used"] == {"1": 1, "2": 1, "3": 1}
+    # two trajectories proposed >= 2 queries; only the London one repeated its first (whitespace, ';')
+    assert u["multi_query"] == 2 and u["repeat_first"] == 1 and u["repeat_first_rate"] == 0.5
+    assert u["reinspect_first"] == 1  # London executed its first query twice
+    # one failed execution (no such column amont), followed by FINAL with another query
+    assert u["after_error"] == {
+        "n": 1,
+        "final": 1,
+        "final_rate": 1.0,
+        "final_unchanged": 0,
+        "rewritten": 1,
+        "rewritten_rate": 1.0,
+    }
+    assert u["accuracy_by_turns"] == {
+        "1": {"n": 1, "correct": 1, "accuracy": 1.0},
+        "2": {"n": 1, "correct": 1, "accuracy": 1.0},
+        "3": {"n": 1, "correct": 0, "accuracy": 0.0},
+    }

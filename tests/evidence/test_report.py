@@ -370,3 +370,22 @@ def test_no_context_axis_keeps_the_tables(synthetic_report) -> None:
     exp, _ = synthetic_report
     md = Path(write_report(exp, n_boot=200)["markdown"]).read_text(encoding="utf-8")
     assert "context" not in md
+
+
+def test_turn_use_rows_show_the_evaluation_figures_after_errors_and_by_turns() -> None:
+    from sqlrl.evidence.analysis import TURN_USE_HEADERS, turn_use_rows
+
+    u = {"n": 4, "stop_reasons": {"final": 3, "max_turns": 1}, "mean_turns": 1.75, "revised": 1}
+    u.update(revised_correct=1, repeated=0)
+    ev = {
+        "after_error": {"n": 2, "final": 1, "rewritten": 2},
+        "accuracy_by_turns": {"1": {"n": 2, "accuracy": 0.5}, "3": {"n": 2, "accuracy": 1.0}},
+    }
+    arms = [
+        {"name": "grpo_t3", "turns": 3, "turn_use": {**u, "eval": ev}},
+        {"name": "base_t3", "turns": 3, "turn_use": u},
+    ]
+    rows = turn_use_rows({"arms": arms})
+    assert len(rows[0]) == len(TURN_USE_HEADERS)
+    assert rows[0][-2:] == ["2: FINAL 1, rewritten 2", "1: 50% of 2, 3: 100% of 2"]
+    assert rows[1][-2:] == ["-", "-"]  # an evaluation written before summary.json had turn_use

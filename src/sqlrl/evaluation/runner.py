@@ -8,7 +8,9 @@ and writes the reward into a separate field.
 Writes to the run folder: `run.json` (provenance), `trajectories.jsonl`, `results.jsonl`,
 `summary.json` (see docs/DESIGN.md "Run folders"; `by_hardness`: accuracy per official Spider hardness
 of the gold, `sqlrl.tasks.hardness`; `bird_execution_match`: BIRD's set-of-rows metric,
-`sqlrl.reward.bird`; `by_difficulty`: both metrics per BIRD difficulty, on BIRD splits only).
+`sqlrl.reward.bird`; `by_difficulty`: both metrics per BIRD difficulty, on BIRD splits only;
+`turn_use`: turns used, repeated first queries, replies after an error, accuracy by turns used,
+`sqlrl.evaluation.turnuse`).
 Guaranteed: every task of the split appears in `results.jsonl` exactly once, scored or excluded with
 its reason. Not guaranteed: identical numbers across machines in bf16 (see `sqlrl.agent.loop`).
 """
@@ -27,6 +29,7 @@ from pathlib import Path
 from sqlrl.agent.envs import make_env
 from sqlrl.agent.loop import Budgets, Sampling, Trajectory
 from sqlrl.artifacts import git_commit, holds_run_lock, machine_info, write_json_atomic, write_jsonl
+from sqlrl.evaluation.turnuse import turn_use
 from sqlrl.generation.device import pick_device
 from sqlrl.tasks.bird import accuracy_by_difficulty
 from sqlrl.tasks.data import resolve_data_root, select_tasks
@@ -142,6 +145,7 @@ def evaluate_tasks(
             }
         )
     summary = summarize(results, trajectories, kind=kind)
+    summary["turn_use"] = turn_use(results, trajectories)
     summary["by_hardness"] = accuracy_by_hardness(results, {t.public.task_id: t.gold_sql for t in tasks})
     by_difficulty = accuracy_by_difficulty(results)
     if by_difficulty is not None:

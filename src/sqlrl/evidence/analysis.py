@@ -258,6 +258,8 @@ def _arm_info(exp: Experiment, name: str, *, n_boot: int, seed: int, ci: float) 
             d[1] += 1
         info["per_db"] = per_db
         info["turn_use"] = turn_use(results, exp.trajectories(name)) if (arm.turns or 1) > 1 else None
+        if info["turn_use"] is not None:  # the evaluation's own figures (summary.json), when it has them
+            info["turn_use"]["eval"] = summary.get("turn_use")
     train_run = exp.train_run(name) if arm.train_dir is not None else None
     steps = exp.steps(name) if arm.train_dir is not None else None
     gm, gsrc = _gpu_minutes(exp, name) if arm.train_dir is not None else (None, "")
@@ -424,14 +426,30 @@ TURN_USE_HEADERS = [
     "mean turns",
     "revised after feedback",
     "one query repeated",
+    "after an error",
+    "accuracy by turns used",
 ]
 
 
 TURN_USE_NOTE = (
     "Over scored tasks. Revised after feedback: the final SQL differs from the first query proposed (with how "
     "many of those are correct). One query repeated: two or more queries, all identical. Many repeats and few "
-    "FINAL replies mean the turns were spent re-running one query, not debugging."
+    "FINAL replies mean the turns were spent re-running one query, not debugging. After an error: failed "
+    "executions followed by a reply, how many of those replies were FINAL and how many wrote another query "
+    "(summary.json turn_use; '-' for evaluations without it)."
 )
+
+
+def _eval_turn_use(ev: dict | None) -> tuple[str, str]:
+    """The 'after an error' and 'accuracy by turns used' cells from summary.json's turn_use."""
+    if not ev:
+        return "-", "-"
+    ae = ev.get("after_error") or {}
+    err = f"{ae['n']}: FINAL {ae['final']}, rewritten {ae['rewritten']}" if ae.get("n") else "none"
+    acc = ", ".join(
+        f"{k}: {100 * c['accuracy']:.0f}% of {c['n']}" for k, c in (ev.get("accuracy_by_turns") or {}).items()
+    )
+    return err, acc or "-"
 
 
 def turn_use_rows(analysis: dict) -> list[list[str]]:
@@ -461,6 +479,7 @@ def turn_use_rows(analysis: dict) -> list[list[str]]:
                 mt,
                 rev,
                 share(u["repeated"]),
+                *_eval_turn_use(u.get("eval")),
             ]
         )
     return rows

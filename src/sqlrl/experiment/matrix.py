@@ -113,6 +113,11 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tup
         )
     if any(t < 1 for t in exp.turns):
         raise ConfigError(f"{path}: experiment.turns must be >= 1")
+    if sft.trace_turns and {"sft", "grpo_sft"} & set(exp.arms) and set(exp.turns) != {sft.trace_turns}:
+        raise ConfigError(
+            f"{path}: sft.trace_turns = {sft.trace_turns} teaches the {sft.trace_turns}-turn protocol, but "
+            f"experiment.turns = {list(exp.turns)}; set experiment.turns = [{sft.trace_turns}]"
+        )
     return cfg, exp
 
 

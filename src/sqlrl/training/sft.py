@@ -3,12 +3,13 @@
 Data (`data.kind`):
 - `text2sql`: each training task (the tasks GRPO samples, gold audit passed) is one example: the
   text-to-SQL agent's single-turn prompt, answered "```sql\n<gold>\n```" + end-of-turn (`sft_data.py`);
-  the matrix's `sft` arm (SFT-only control) and `grpo_sft` arm (GRPO from its weights) run this.
+  the matrix's `sft` arm (SFT-only control) and `grpo_sft` arm (GRPO from its weights) run this. With
+  `sft.trace_turns` = T >= 2: one T-turn trace of the agent's protocol per task (`sft_traces.py`).
 - `debug`: each training-split debugging task: the prompt is exactly the single-turn prompt the agent
   builds (`agent.debugging.build_debug_messages`), the target the reference solution as the agent's
   answer (one ```sql block per solution entry) plus end-of-turn. With `sft.submit_turns` = T >= 2 every
   reference appears again after the multi-turn prompt for T turns, answered "SUBMIT" + the same blocks.
-Cross-entropy on target tokens only, averaged over all target tokens of an optimizer step.
+Cross-entropy on target tokens only (replies, never observations), averaged over an optimizer step.
 
 What is covered:
 - Only training references are used: `data.train_split` must differ from `data.eval_split`, and no
@@ -17,9 +18,8 @@ What is covered:
 - Every target round-trips: decoding its token ids and parsing them with the agent's parser gives back
   the reference; examples that do not, that exceed the agent's budgets (`max_new_tokens`,
   `max_context_tokens`), or whose gold is unscorable are dropped and counted in run.json (never truncated).
-- The run folder is that of `sqlrl train` (`runfolder.py`): config.json (run config + [sft]), run.json
-  (with train_seconds and gpu_minutes), steps.jsonl, split.json, checkpoints/, final/ with identity.json;
-  `--resume` continues after a kill from the last complete checkpoint.
+- The run folder is that of `sqlrl train` (`runfolder.py`: config.json, run.json with train_seconds,
+  steps.jsonl, split.json, checkpoints/, final/); `--resume` continues from the last checkpoint.
 Not covered: that imitation of references helps; a short CPU run proves nothing.
 """
 
@@ -157,7 +157,8 @@ def build_sft_examples(tasks, tokenizer, budgets, submit_turns: int = 0) -> tupl
 
 
 def collate(examples: list[dict], pad_id: int, device):
-    """Right-padded input ids, attention mask and labels (-100 on prompt and padding)."""
+    """Right-padded input ids, attention mask and labels (-100 on prompt, padding, and target tokens
+    whose `target_mask` entry is 0)."""
     import torch
 
     T = max(len(e["prompt_ids"]) + len(e["target_ids"]) for e in examples)
@@ -170,8 +171,17 @@ def collate(examples: list[dict], pad_id: int, device):
         n, p = len(seq), len(e["prompt_ids"])
         ids[b, :n] = torch.tensor(seq)
         attn[b, :n] = 1
-        labels[b, p:n] = torch.tensor(e["target_ids"])
+        tgt = torch.tensor(e["target_ids"])
+        if e.get("target_mask") is not None:  # multi-turn traces: observations are not trained
+            tgt = tgt.masked_fill(torch.tensor(e["target_mask"]) == 0, -100)
+        labels[b, p:n] = tgt
     return ids.to(device), attn.to(device), labels.to(device)
+
+
+def trained_tokens(example: dict) -> int:
+    """Target tokens the loss covers: all of them, or those with `target_mask` 1."""
+    mask = example.get("target_mask")
+    return len(example["target_ids"]) if mask is None else sum(mask)
 
 
 def answer_loss_sum(model, ids, attn, labels, autocast_dtype=None):
@@ -202,8 +212,12 @@ def answer_loss_sum(model, ids, attn, labels, autocast_dtype=None):
 
 def resolved(cfg: Config, sft: SFTConfig) -> dict:
     """The run's config as config.json holds it; sft.init_steps is the matrix's grpo_sft setting, not
-    this run's, so it is left out (changing it does not change an SFT run)."""
-    table = {k: v for k, v in dataclasses.asdict(sft).items() if k != "init_steps"}
+    this run's, so it is left out (changing it does not change an SFT run), and so are the trace_*
+    settings while trace_turns = 0 (they change nothing then)."""
+    skip = {"init_steps"} | (
+        {"trace_turns", "trace_kinds", "trace_weights"} if not sft.trace_turns else set()
+    )
+    table = {k: v for k, v in dataclasses.asdict(sft).items() if k not in skip}
     return {**cfg.resolve(), "sft": table}
 
 
@@ -234,14 +248,42 @@ def load_sft_tasks(cfg: Config):
     return select_tasks(train, cfg.data.max_train_tasks, cfg.run.seed), all_tasks, file
 
 
-def load_sft_data(cfg: Config, out: Path) -> dict:
+def load_sft_data(cfg: Config, out: Path, sft: SFTConfig | None = None) -> dict:
     """The training references of either data kind, checked to be training data only:
-    {tasks, split (split.json), data (path), gold_audit, build(tokenizer, budgets, submit_turns)}."""
+    {tasks, split (split.json), data (path), gold_audit, build(tokenizer, budgets, submit_turns)};
+    with `sft.trace_turns` >= 2 (text-to-SQL) `build` makes multi-turn traces (`sft_traces.py`) on
+    the real sandbox and records their mix in the returned dict's "trace_mix"."""
     if cfg.data.kind == "text2sql":
-        tasks, split, root, audit = load_text2sql_sft(cfg, out)
+        tasks, split, root, audit, source = load_text2sql_sft(cfg, out)
+        record: dict = {}
 
         def build(tokenizer, budgets, submit_turns):
-            return build_text2sql_examples(tasks, tokenizer, budgets)
+            if sft is None or not sft.trace_turns:
+                return build_text2sql_examples(tasks, tokenizer, budgets)
+            from sqlrl.agent.envs import make_env
+            from sqlrl.training.sft_traces import build_text2sql_traces
+
+            with make_env(
+                workers=cfg.run.sandbox_workers,
+                timeout_s=cfg.agent.sql_timeout_s,
+                gold_cache=source.gold_cache,
+                reward="execution",
+                test_suite=False,
+            ) as env:
+                examples, dropped, mix = build_text2sql_traces(
+                    tasks, tokenizer, budgets, sft, env, cfg.run.seed
+                )
+            record["trace_mix"] = mix
+            return examples, dropped
+
+        return {
+            "tasks": tasks,
+            "split": split,
+            "data": root,
+            "gold_audit": audit,
+            "build": build,
+            "record": record,
+        }
 
         return {"tasks": tasks, "split": split, "data": root, "gold_audit": audit, "build": build}
     tasks, all_tasks, file = load_sft_tasks(cfg)
@@ -277,7 +319,7 @@ def sft_step(model, optimizer, scheduler, params, batch, sft: SFTConfig, pad_id:
     answer tokens, gradient norm)."""
     import torch
 
-    n_tok = sum(len(e["target_ids"]) for e in batch)
+    n_tok = sum(trained_tokens(e) for e in batch)
     model.train()
     optimizer.zero_grad(set_to_none=True)
     loss_sum, correct, counted = 0.0, 0, 0
@@ -295,6 +337,24 @@ def sft_step(model, optimizer, scheduler, params, batch, sft: SFTConfig, pad_id:
     step_schedule(scheduler, optimizer_stepped=stepped)
     optimizer.zero_grad(set_to_none=True)
     return loss_sum, correct, counted, grad_norm
+
+
+def check_sft_settings(cfg: Config, sft: SFTConfig, budgets) -> None:
+    """Refuse [sft] settings that do not fit the data kind or the budgets, before any model is loaded."""
+    if cfg.data.kind != "text2sql" and sft.trace_turns:
+        raise ConfigError(
+            f"sft.trace_turns = {sft.trace_turns} builds text-to-SQL traces, but data.kind = {cfg.data.kind!r}; "
+            "use sft.submit_turns for debugging tasks, or set sft.trace_turns = 0"
+        )
+    if cfg.data.kind == "text2sql" and sft.submit_turns:
+        raise ConfigError(
+            "sft.submit_turns is for debugging tasks; text-to-SQL SFT uses sft.trace_turns for the "
+            "multi-turn protocol: set sft.submit_turns = 0"
+        )
+    if sft.trace_turns:
+        from sqlrl.training.sft_traces import check_trace_budgets
+
+        check_trace_budgets(budgets, sft)
 
 
 @holds_run_lock("out_dir")
@@ -324,12 +384,8 @@ def train_sft(
     check_run_folder(out, mine, resume, "sft")
 
     budgets = Budgets.from_config(cfg.agent)
-    if cfg.data.kind == "text2sql" and sft.submit_turns:
-        raise ConfigError(
-            "sft.submit_turns is for debugging tasks; text-to-SQL SFT trains the single-turn answer "
-            "only: set sft.submit_turns = 0"
-        )
-    data = load_sft_data(cfg, out)
+    check_sft_settings(cfg, sft, budgets)
+    data = load_sft_data(cfg, out, sft)
     out.mkdir(parents=True, exist_ok=True)
     tasks = data["tasks"]
     device, gen_dtype = seed_and_device(cfg)
@@ -371,6 +427,7 @@ def train_sft(
         "examples": len(examples),
         "examples_per_category": dict(Counter(e["category"] for e in examples)),
         "examples_per_format": dict(Counter(e["format"] for e in examples)),
+        **data.get("record", {}),
         "dropped": dropped,
         "budgets": budgets.to_dict(),
         "resumed_from_step": start_step if resume else None,

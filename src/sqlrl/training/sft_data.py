@@ -113,9 +113,10 @@ def build_text2sql_examples(tasks, tokenizer, budgets) -> tuple[list[dict], dict
     return examples, dict(dropped)
 
 
-def load_text2sql_sft(cfg, out: Path) -> tuple[list, dict, str, dict]:
-    """(training tasks with scorable golds, split.json record, data root, gold audit summary) of a
-    Spider-layout `data.path`; raises `ValueError` for golds that could be evaluation golds."""
+def load_text2sql_sft(cfg, out: Path) -> tuple[list, dict, str, dict, object]:
+    """(training tasks with scorable golds, split.json record, data root, gold audit summary, the
+    `Text2SQLTraining` they come from) of a Spider-layout `data.path`; raises `ValueError` for golds
+    that could be evaluation golds."""
     from sqlrl.agent.envs import Text2SQLTraining
 
     d = cfg.data
@@ -134,4 +135,4 @@ def load_text2sql_sft(cfg, out: Path) -> tuple[list, dict, str, dict]:
         "eval_db_ids": list(eval_dbs),
     }
     audit = {k: v for k, v in data.gold_audit.items() if k != "per_task"}
-    return data.tasks, split, str(data.root), audit
+    return data.tasks, split, str(data.root), audit, data
