@@ -14,7 +14,8 @@ What is covered:
 - keys that are output columns, keys that are not (appended to the projection), `LIMIT n, m`, OFFSET;
 - the gold must agree with its own full result under the rule, or there is no cut;
 - a fetch stopped by its LIMIT inside the last run's ties gives no cut (over 10,000 tied rows);
-- `fetch_cuts`: one batched gold-cache fetch per scoring call; an exception is infrastructure.
+- `fetch_cuts`: one batched gold-cache fetch per scoring call; an exception is infrastructure;
+- in a gold holding `--`, the inserted keys and LIMIT follow a newline (no line comment hides them).
 
 What is not:
 - no cut (ties at the cut are then not relaxed: a possible false negative, never a false positive)
@@ -78,7 +79,12 @@ def _cut_query(gold_sql: str, tie_rows: int) -> CutQuery | None:
     if not (isinstance(lit, sqlglot.exp.Literal) and not lit.is_string and str(lit.this).isdigit()):
         return q
     limit = q.offset + int(lit.this) + tie_rows
-    return CutQuery(f"{q.sql} LIMIT {limit}", q.offset, q.extra_keys, limit)
+    return CutQuery(f"{q.sql}{_sep(gold_sql)}LIMIT {limit}", q.offset, q.extra_keys, limit)
+
+
+def _sep(gold_sql: str) -> str:
+    """What joins an insertion to the gold's text: a newline when a line comment could swallow it."""
+    return "\n" if "--" in gold_sql else " "
 
 
 def _unbounded(gold_sql: str) -> CutQuery | None:
@@ -129,7 +135,9 @@ def _unbounded(gold_sql: str) -> CutQuery | None:
         return None
     extra = "".join(f", {term} AS sqlrl_cut_key_{i}" for i, term in enumerate(terms))
     at = top[frm].start
-    return CutQuery(gold_sql[:at].rstrip() + extra + " " + gold_sql[at:cut_at].rstrip(), off, len(terms))
+    sep = _sep(gold_sql)
+    head = gold_sql[:at].rstrip() + ("\n" if sep == "\n" else "")
+    return CutQuery(head + extra + sep + gold_sql[at:cut_at].rstrip(), off, len(terms))
 
 
 def _order_terms(sql: str, toks: list, order_tok: Any, limit_tok: Any) -> list[str]:

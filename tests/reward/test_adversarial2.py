@@ -1,0 +1,102 @@
+"""Adversarial cases against the reward and the sandbox, tried as an attacker and a careless user would.
+
+Each table lists cases with the verdict worked out by hand; the databases are real SQLite files (a
+toy one here, the shared Spider ones where present). Cases tried that already held on main are in
+`HELD` (kept so that they keep holding); the others each failed on main before their fix.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from sqlrl.reward import cut as cut_module
+from sqlrl.reward.evaluator import Evaluator
+from sqlrl.sql.sandbox import Sandbox
+from sqlrl.tasks.data import PrivateTask, PublicTask
+from sqlrl.tasks.goldcache import GoldCache
+
+SPIDER = Path(__file__).resolve().parents[3] / "shared" / "data" / "spider" / "database"
+needs_spider = pytest.mark.skipif(not (SPIDER / "department_management").is_dir(), reason="no Spider data")
+
+# ordered by age DESC: F 50 | C 40, E 40 | A 30, B 30 | D 25
+ROWS = [("A", 30), ("B", 30), ("C", 40), ("D", 25), ("E", 40), ("F", 50)]
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("adv2") / "toy" / "toy.sqlite"
+    path.parent.mkdir()
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (name TEXT, age INTEGER)")
+    con.executemany("INSERT INTO t VALUES (?, ?)", ROWS)
+    con.commit()
+    con.close()
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(workers=1) as sb:
+        yield sb
+
+
+def _task(db: str, gold_sql: str) -> PrivateTask:
+    return PrivateTask(PublicTask("t/00000", Path(db).stem, "q?", "", "", db), gold_sql)
+
+
+def _score(sandbox, db: str, gold_sql: str, preds: list[str], gold_cache=None) -> list:
+    with gold_cache or GoldCache(executor=sandbox) as gc:
+        ev = Evaluator(sandbox, gc)
+        return [(r.status, r.value) for r in ev.score_many([(p, _task(db, gold_sql)) for p in preds])]
+
+
+MATCH, MISMATCH = ("match", 1.0), ("mismatch", 0.0)
+
+# --------------------------------------------------------------------------- the LIMIT cut and comments
+
+# A line comment in the gold must not swallow the keys or the LIMIT the cut's full query inserts:
+# (gold, (columns, rows) of its cut query on the toy table with no tie rows past the window, so the
+# inserted LIMIT is the gold's offset + count)
+COMMENTED_GOLDS = [
+    # the key (age) is not an output column: it is inserted before FROM, after the comment
+    ("SELECT name -- who\nFROM t ORDER BY age DESC LIMIT 1", (2, 1)),
+    # the LIMIT is appended after a comment that ends the text before it
+    ("SELECT name, age FROM t ORDER BY age DESC -- oldest first\nLIMIT 1", (2, 1)),
+    ("SELECT name FROM t ORDER BY age DESC -- oldest first\nLIMIT 2", (2, 2)),
+    ("SELECT name FROM t ORDER BY age DESC -- oldest first\nLIMIT 2 OFFSET 1", (2, 3)),
+    ("SELECT name FROM t ORDER BY age /* c */ DESC LIMIT 1", (2, 1)),  # block comment: held on main
+    ("SELECT name, age FROM t WHERE name <> '--' ORDER BY age LIMIT 3", (2, 3)),  # held on main
+]
+
+
+@pytest.mark.parametrize("gold,want", COMMENTED_GOLDS)
+def test_cut_query_survives_line_comments(toy, gold, want):
+    q = cut_module._cut_query(gold, 0)
+    assert q is not None and q.limit is not None
+    con = sqlite3.connect(toy)
+    rows = con.execute(q.sql).fetchall()
+    con.close()
+    assert (len(rows[0]), len(rows)) == want
+
+
+def test_tie_at_the_cut_is_relaxed_with_a_commented_gold(toy, sandbox):
+    # C and E tie at 40 behind F 50: with LIMIT 2 either may stand second
+    gold = "SELECT name -- who\nFROM t ORDER BY age DESC LIMIT 2"
+    preds = [
+        "SELECT 'F' UNION ALL SELECT 'C'",
+        "SELECT 'F' UNION ALL SELECT 'E'",
+        "SELECT 'F' UNION ALL SELECT 'A'",
+    ]
+    assert _score(sandbox, toy, gold, preds) == [MATCH, MATCH, MISMATCH]
+
+
+@needs_spider
+def test_tie_with_a_commented_gold_on_spider(sandbox):
+    # head: K. J. Choi and Billy Mayfair are both 69, the oldest
+    db = str(SPIDER / "department_management" / "department_management.sqlite")
+    gold = "SELECT name -- the oldest head\nFROM head ORDER BY age DESC LIMIT 1"
+    preds = ["SELECT 'K. J. Choi'", "SELECT 'Billy Mayfair'", "SELECT 'Sergio García'"]
+    assert _score(sandbox, db, gold, preds) == [MATCH, MATCH, MISMATCH]
