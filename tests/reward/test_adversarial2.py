@@ -7,6 +7,7 @@ toy one here, the shared Spider ones where present). Cases tried that already he
 
 from __future__ import annotations
 
+import marshal
 import sqlite3
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from sqlrl.reward import cut as cut_module
 from sqlrl.reward.evaluator import Evaluator
+from sqlrl.sql.engine import fits_caps
 from sqlrl.sql.sandbox import Sandbox
 from sqlrl.tasks.data import PrivateTask, PublicTask
 from sqlrl.tasks.goldcache import GoldCache
@@ -100,3 +102,51 @@ def test_tie_with_a_commented_gold_on_spider(sandbox):
     gold = "SELECT name -- the oldest head\nFROM head ORDER BY age DESC LIMIT 1"
     preds = ["SELECT 'K. J. Choi'", "SELECT 'Billy Mayfair'", "SELECT 'Sergio García'"]
     assert _score(sandbox, db, gold, preds) == [MATCH, MATCH, MISMATCH]
+
+
+# --------------------------------------------------------------------------- caps: gold vs prediction
+
+
+def _exact_size(columns: list, rows: list) -> int:
+    """The smallest byte cap under which the sandbox returns a result whole: the marshalled names plus
+    each marshalled row (near the cap the sandbox measures row by row)."""
+    return len(marshal.dumps(columns)) + sum(len(marshal.dumps(r)) for r in rows)
+
+
+@pytest.mark.parametrize("slack,want", [(0, MATCH), (1, MATCH), (-1, ("gold_unscorable", None))])
+def test_gold_over_the_sandbox_byte_cap_is_unscorable(toy, slack, want):
+    # the gold cache keeps results up to 8 MiB; a sandbox capped lower must not score a gold it could
+    # never return whole as a mismatch (an identical prediction was exec_error / too_large, 0)
+    gold = "SELECT name, age FROM t"
+    size = _exact_size(["name", "age"], ROWS)
+    with Sandbox(workers=1, max_result_bytes=size + slack) as sb, GoldCache(workers=1) as gc:
+        got = Evaluator(sb, gc).score_many([(gold, _task(toy, gold))])[0]
+    assert (got.status, got.value) == want
+    if got.status == "gold_unscorable":
+        assert got.parts["reason"] == "gold_too_large"
+
+
+@needs_spider
+def test_spider_gold_over_a_lower_byte_cap(sandbox):
+    # takes: 30,000 rows, about 0.9 MB marshalled; a prediction sandbox capped at 200 KB
+    db = str(SPIDER / "college_2" / "college_2.sqlite")
+    gold = "SELECT * FROM takes"
+    with Sandbox(workers=1, max_result_bytes=200_000) as sb, GoldCache(workers=1) as gc:
+        got = Evaluator(sb, gc).score(gold, _task(db, gold))
+    assert (got.status, got.value, got.parts["reason"]) == ("gold_unscorable", None, "gold_too_large")
+
+
+@pytest.mark.parametrize(
+    "columns,rows,max_rows,max_bytes,want",
+    [
+        (["a"], [(1,), (2,)], 2, 10**6, "ok"),
+        (["a"], [(1,), (2,)], 1, 10**6, "too_many_rows"),
+        # names 8 bytes (list header 5, "a" 3), each row 7 (tuple header 2, int 5): 22 fits, 21 does not
+        (["a"], [(1,), (2,)], 2, 22, "ok"),
+        (["a"], [(1,), (2,)], 2, 21, "too_large"),
+        (["x" * 100], [], 0, 50, "too_large"),  # the names alone
+        ([], [], 0, 10, "ok"),
+    ],
+)
+def test_fits_caps(columns, rows, max_rows, max_bytes, want):
+    assert fits_caps(columns, rows, max_rows, max_bytes) == want

@@ -204,6 +204,32 @@ def fetch_rows(cur: sqlite3.Cursor, cfg: dict, deadline: Deadline, used: int = 0
         chunk = max(1, min(chunk * 4, 16384, (max_bytes - nbytes) // per_row + 1))
 
 
+class _ListCursor:
+    """A cursor over rows already fetched (what `fits_caps` replays `fetch_rows` on)."""
+
+    def __init__(self, rows: list) -> None:
+        self.rows, self.at = rows, 0
+
+    def fetchmany(self, n: int) -> list:
+        part = self.rows[self.at : self.at + n]
+        self.at += len(part)
+        return part
+
+
+def fits_caps(columns: list, rows: list, max_rows: int, max_result_bytes: int) -> str:
+    """The status ("ok", "too_many_rows" or "too_large") that `fetch_result` gives a statement returning
+    exactly `columns` and `rows` under these caps: the same code measures, so a result that fits here
+    fits when a statement returns it (a gold cached under larger caps, checked against a prediction's)."""
+    cols = list(columns or [])
+    head = len(marshal.dumps(cols))
+    if head > max_result_bytes:
+        return "too_large"
+    deadline = Deadline()
+    deadline.t = float("inf")
+    cfg = {"max_rows": int(max_rows), "max_result_bytes": int(max_result_bytes)}
+    return fetch_rows(_ListCursor([tuple(r) for r in rows]), cfg, deadline, used=head)[0]
+
+
 def run_one(
     conns: OrderedDict,
     cfg: dict,
