@@ -33,6 +33,12 @@ def cli_main(argv: list[str] | None = None) -> int:
     if not os.path.isfile(args.db):
         print(f"sqlrl reward: database not found: {args.db}", file=sys.stderr)
         return 2
+    from sqlrl.tasks.dbcheck import database_problem
+
+    problem = database_problem(args.db)
+    if problem is not None:
+        print(f"sqlrl reward: database {args.db} is damaged: {problem}; restore the file", file=sys.stderr)
+        return 2
     if not args.gold.strip():
         print("sqlrl reward: --gold is empty", file=sys.stderr)
         return 2

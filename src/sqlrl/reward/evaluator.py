@@ -45,7 +45,7 @@ from sqlrl.reward.scoring import (
     worker_reward,
 )
 from sqlrl.reward.shape import GoldShape, gold_shape, remove_distinct
-from sqlrl.sql.engine import fits_caps
+from sqlrl.sql.engine import fits_caps, seconds
 from sqlrl.sql.sandbox import execute_each
 from sqlrl.tasks.data import PublicTask
 
@@ -167,11 +167,8 @@ class Evaluator:
         self.gold_cache = gold_cache
         self.kind = kind
         self.test_suite = test_suite
-        if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(
-                f"Evaluator: timeout_s must be > 0 seconds (or None: the sandbox's), got {timeout_s!r}"
-            )
-        self.timeout_s = float(timeout_s) if timeout_s is not None else None  # predictions' limit
+        # predictions' limit (None: the sandbox's); NaN or infinity would switch the deadline off
+        self.timeout_s = seconds(timeout_s, "Evaluator: timeout_s") if timeout_s is not None else None
         self.dedup = int(memo_entries) > 0
         self.executions = 0  # statements sent to the sandbox (predictions and variants)
         self.duplicate_hits = 0  # pairs answered with a copy of an identical pair's reward

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlrl.sql.engine import seconds
 from sqlrl.sql.result import MAX_RESULT_BYTES, MAX_ROWS
 from sqlrl.tasks.data import file_sha256
 from sqlrl.tasks.goldaudit import GoldAudit, audit_golds
@@ -190,10 +191,8 @@ class GoldCache:
         max_rows: int = MAX_ROWS,
         max_result_bytes: int = MAX_RESULT_BYTES,
     ):
-        if timeout_s <= 0:
-            raise ValueError("timeout_s must be > 0")
         self.cache_dir = Path(cache_dir).expanduser().resolve() if cache_dir is not None else None
-        self.timeout_s = float(timeout_s)
+        self.timeout_s = seconds(timeout_s, "GoldCache: timeout_s")  # NaN / inf would never stop a gold
         self.workers = int(workers)
         self.retries = int(retries)
         self.max_rows = int(max_rows)
