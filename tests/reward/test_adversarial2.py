@@ -150,3 +150,51 @@ def test_spider_gold_over_a_lower_byte_cap(sandbox):
 )
 def test_fits_caps(columns, rows, max_rows, max_bytes, want):
     assert fits_caps(columns, rows, max_rows, max_bytes) == want
+
+
+# --------------------------------------------------------------------------- ties on a key not in the output
+
+# ORDER BY a key that is not an output column, no LIMIT: rows tied on the key may come in any order
+# (toy, by age DESC: F 50 | C 40, E 40 | A 30, B 30 | D 25), and nothing else is relaxed.
+UNSEEN_KEY_CASES = [
+    ("SELECT name FROM t ORDER BY age DESC", "SELECT name FROM t ORDER BY age DESC, name DESC", MATCH),
+    ("SELECT name FROM t ORDER BY age DESC", "SELECT name FROM t ORDER BY age DESC, name ASC", MATCH),
+    ("SELECT name FROM t ORDER BY age DESC", "VALUES ('F'), ('E'), ('C'), ('B'), ('A'), ('D')", MATCH),
+    ("SELECT name FROM t ORDER BY age DESC", "VALUES ('F'), ('E'), ('A'), ('C'), ('B'), ('D')", MISMATCH),
+    ("SELECT name FROM t ORDER BY age DESC", "SELECT name FROM t ORDER BY age ASC", MISMATCH),
+    ("SELECT name FROM t ORDER BY age DESC", "SELECT name FROM t ORDER BY name", MISMATCH),
+    ("SELECT name FROM t ORDER BY age DESC", "SELECT name FROM t", MISMATCH),  # insertion order A..F
+    ("SELECT name FROM t ORDER BY age DESC", "VALUES ('F'), ('E'), ('C'), ('B'), ('A')", MISMATCH),
+    ("SELECT name FROM t ORDER BY age DESC", "VALUES ('F'), ('E'), ('C'), ('B'), ('A'), ('A')", MISMATCH),
+    # two keys, the second breaking no tie here: (age DESC, name) is already a total order
+    (
+        "SELECT name FROM t ORDER BY age DESC, name",
+        "SELECT name FROM t ORDER BY age DESC, name DESC",
+        MISMATCH,
+    ),
+    # the same gold with a trailing semicolon and a line comment
+    (
+        "SELECT name -- who\nFROM t ORDER BY age DESC;",
+        "SELECT name FROM t ORDER BY age DESC, name DESC",
+        MATCH,
+    ),
+]
+
+
+@pytest.mark.parametrize("gold,pred,want", UNSEEN_KEY_CASES)
+def test_ties_on_a_key_not_in_the_output(toy, sandbox, gold, pred, want):
+    assert _score(sandbox, toy, gold, [pred])[0] == want
+
+
+@needs_spider
+def test_ties_on_a_key_not_in_the_output_on_spider(sandbox):
+    # head, by age DESC: K. J. Choi and Billy Mayfair both 69; Tiger Woods and Franklin Langham both 67
+    db = str(SPIDER / "department_management" / "department_management.sqlite")
+    gold = "SELECT name FROM head ORDER BY age DESC"
+    preds = [
+        "SELECT name FROM head ORDER BY age DESC, name ASC",
+        "SELECT name FROM head ORDER BY age DESC, name DESC",
+        "SELECT name FROM head ORDER BY age ASC",
+        "SELECT name FROM head ORDER BY age DESC, name LIMIT 9",
+    ]
+    assert _score(sandbox, db, gold, preds) == [MATCH, MATCH, MISMATCH, MISMATCH]
