@@ -198,3 +198,141 @@ def test_ties_on_a_key_not_in_the_output_on_spider(sandbox):
         "SELECT name FROM head ORDER BY age DESC, name LIMIT 9",
     ]
     assert _score(sandbox, db, gold, preds) == [MATCH, MATCH, MISMATCH, MISMATCH]
+
+
+# --------------------------------------------------------------------------- cases that held on main
+
+EXEC_ERROR, UNSCORABLE = ("exec_error", 0.0), ("gold_unscorable", None)
+# department_management.head, by age: 69 K. J. Choi, Billy Mayfair | 68 Sergio García | 67 Tiger Woods,
+# Franklin Langham | 56 | 53 | 52 | 50 | 43; born_state: 4 California, 2 Alabama, 2 Connecticut, ...
+HELD = [
+    # ORDER BY: direction, subqueries, compound, ORDER BY <n>, LIMIT/OFFSET, ties at the cut
+    ("SELECT name FROM head ORDER BY age DESC", "SELECT name FROM head ORDER BY age ASC", MISMATCH),
+    ("SELECT name FROM (SELECT name FROM head ORDER BY age)", "SELECT name FROM head ORDER BY name", MATCH),
+    (
+        "SELECT name FROM head WHERE age > 60 UNION SELECT name FROM head WHERE age < 45 ORDER BY name",
+        "SELECT name FROM head WHERE age > 60 UNION SELECT name FROM head WHERE age < 45 ORDER BY name DESC",
+        MISMATCH,
+    ),
+    (
+        "SELECT name FROM head WHERE age > 60 UNION SELECT name FROM head WHERE age < 45 ORDER BY name",
+        "SELECT name FROM head WHERE age > 60 OR age < 45 ORDER BY name",
+        MATCH,
+    ),
+    (
+        "SELECT name, age FROM head ORDER BY 2 DESC LIMIT 3",
+        "SELECT name, age FROM head ORDER BY age DESC, name LIMIT 3",
+        MATCH,
+    ),
+    ("SELECT name, age FROM head ORDER BY 2 DESC LIMIT 1", "SELECT 'Sergio García', 68.0", MISMATCH),
+    ("SELECT name, age FROM head ORDER BY 2 DESC LIMIT 1", "SELECT 'Billy Mayfair', 69", MATCH),
+    (
+        "SELECT name FROM head ORDER BY age DESC LIMIT 1",
+        "SELECT name FROM head ORDER BY age DESC LIMIT 1 OFFSET 2",
+        MISMATCH,
+    ),
+    (
+        "SELECT name FROM head ORDER BY age DESC LIMIT 2",
+        "SELECT name FROM head ORDER BY age DESC LIMIT 1, 2",
+        MISMATCH,
+    ),
+    ("SELECT name FROM head ORDER BY age DESC LIMIT 2", "SELECT name FROM head WHERE age = 69", MATCH),
+    (
+        "SELECT name FROM head ORDER BY age DESC LIMIT 1",
+        "SELECT name FROM head ORDER BY age DESC LIMIT 0",
+        MISMATCH,
+    ),
+    (
+        "SELECT name FROM head ORDER BY age DESC LIMIT 1",
+        "SELECT name FROM head ORDER BY age DESC LIMIT 1 OFFSET 100",
+        MISMATCH,
+    ),
+    (
+        "SELECT name FROM head ORDER BY name COLLATE NOCASE",
+        "SELECT name FROM head ORDER BY name DESC",
+        MISMATCH,
+    ),
+    (
+        "SELECT name FROM head ORDER BY name COLLATE NOCASE",
+        "SELECT name FROM head ORDER BY lower(name)",
+        MATCH,
+    ),
+    # multisets, DISTINCT, columns
+    ("SELECT born_state FROM head", "SELECT DISTINCT born_state FROM head", MISMATCH),
+    ("SELECT DISTINCT born_state FROM head", "SELECT born_state FROM head", MISMATCH),
+    (
+        "SELECT born_state, count(*) FROM head GROUP BY born_state",
+        "SELECT DISTINCT born_state, 1 FROM head",
+        MISMATCH,
+    ),
+    (
+        "SELECT name FROM head WHERE age = 67",
+        "SELECT name FROM head WHERE age = 67 UNION ALL SELECT name FROM head WHERE age = 67",
+        MISMATCH,
+    ),
+    ("SELECT name, age FROM head", "SELECT name FROM head", MISMATCH),
+    ("SELECT name, age FROM head", "SELECT age, name FROM head", MATCH),
+    # NULL, '', 0, types
+    ("SELECT count(*) FROM head WHERE age > 100", "SELECT NULL", MISMATCH),
+    ("SELECT max(age) FROM head WHERE age > 100", "SELECT name FROM head WHERE age > 100", MISMATCH),
+    ("SELECT max(age) FROM head WHERE age > 100", "SELECT NULL", MATCH),
+    ("SELECT max(age) FROM head WHERE age > 100", "SELECT ''", MISMATCH),
+    ("SELECT max(age) FROM head WHERE age > 100", "SELECT 0", MISMATCH),
+    ("SELECT count(*) FROM head", "SELECT '10'", MISMATCH),
+    ("SELECT count(*) FROM head", "SELECT 10.0", MATCH),
+    ("SELECT count(*) FROM head", "SELECT count(*) + 1 FROM head", MISMATCH),
+    ("SELECT 1 / 0", "SELECT 0", MISMATCH),
+    ("SELECT 1 / 0", "SELECT NULL", MATCH),
+    ("SELECT x'00'", "SELECT 0", MISMATCH),
+    ("SELECT x'41'", "SELECT 'A'", MISMATCH),
+    ("SELECT -0.0", "SELECT 0", MATCH),
+    # numbers: integers exact, tolerance for non-integral floats only (rel 1e-6, abs 1e-9)
+    ("SELECT 9007199254740993", "SELECT 9007199254740992.0", MISMATCH),
+    ("SELECT 9223372036854775807", "SELECT 9223372036854775806", MISMATCH),
+    ("SELECT 1e308 * 10", "SELECT 9e999", MATCH),  # both +inf
+    ("SELECT 1e308 * 10", "SELECT 'inf'", MISMATCH),
+    ("SELECT -1e308 * 10", "SELECT 1e308 * 10", MISMATCH),
+    ("SELECT 0.1", "SELECT 0.1000002", MISMATCH),
+    ("SELECT 0.1", "SELECT 0.10000001", MATCH),
+    ("SELECT 1e-12", "SELECT 0", MATCH),  # |1e-12 - 0| < abs_tol 1e-9
+    ("SELECT 0.5", "SELECT 1", MISMATCH),
+    ("SELECT 2.5", "SELECT 2", MISMATCH),
+    ("SELECT avg(age) FROM head", "SELECT avg(age) + 0.0001 FROM head", MISMATCH),
+    ("SELECT avg(age) FROM head", "SELECT sum(age) / 10.0 FROM head", MATCH),
+    # text: exact (case, trailing space, Unicode normalisation)
+    (
+        "SELECT name FROM head WHERE name = 'Tiger Woods'",
+        "SELECT upper(name) FROM head WHERE name = 'Tiger Woods'",
+        MISMATCH,
+    ),
+    (
+        "SELECT name FROM head WHERE name = 'Tiger Woods'",
+        "SELECT name || ' ' FROM head WHERE name = 'Tiger Woods'",
+        MISMATCH,
+    ),
+    ("SELECT '\u00e9'", "SELECT 'e\u0301'", MISMATCH),
+    # gold failures are excluded, never a mismatch
+    ("SELECT name FROM nosuch", "SELECT name FROM head", UNSCORABLE),
+    ("SELECT name FROM head WHERE 0", "SELECT name FROM head", UNSCORABLE),
+    ("SELECT name FROM head ORDER BY age LIMIT 0", "SELECT name FROM head", UNSCORABLE),
+    # statements, comments, side effects, denied features, odd text
+    ("SELECT name FROM head", "SELECT name FROM head; DROP TABLE head", EXEC_ERROR),
+    ("SELECT name FROM head", "SELECT name FROM head; -- ; SELECT 1", MATCH),
+    ("SELECT name FROM head", "SELECT name FROM head /* ; SELECT 1 */ ;", MATCH),
+    ("SELECT name FROM head", "PRAGMA reverse_unordered_selects = 1", EXEC_ERROR),
+    ("SELECT name FROM head", "CREATE TEMP VIEW v AS SELECT name FROM head", EXEC_ERROR),
+    ("SELECT name FROM head", "ATTACH ':memory:' AS m", EXEC_ERROR),
+    ("SELECT name FROM head", "SELECT value FROM json_each('[1]')", EXEC_ERROR),
+    ("SELECT name FROM head", "SELECT load_extension('x')", EXEC_ERROR),
+    ("SELECT name FROM head", "WITH x AS (SELECT 1) DELETE FROM head", EXEC_ERROR),
+    ("SELECT name FROM head", "SELECT name FROM head WHERE name = '\ud800'", EXEC_ERROR),
+    ("SELECT name FROM head", "SELECT name FROM head\x00", EXEC_ERROR),
+    ("SELECT name FROM head", "\ufeffSELECT name FROM head", MATCH),
+]
+
+
+@needs_spider
+@pytest.mark.parametrize("gold,pred,want", HELD)
+def test_held_on_spider(sandbox, gold, pred, want):
+    db = str(SPIDER / "department_management" / "department_management.sqlite")
+    assert _score(sandbox, db, gold, [pred])[0] == want
