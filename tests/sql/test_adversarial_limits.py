@@ -123,3 +123,18 @@ def test_cli_names_a_truncated_database(tmp_path, db):
     bad.write_bytes(data[: len(data) // 2])
     p = _cli("reward", "--db", str(bad), "--gold", "SELECT x FROM t", "--pred", "SELECT x FROM t")
     assert p.returncode == 2 and "is damaged: truncated" in p.stderr
+
+
+@pytest.mark.parametrize("cap", ["max_rows", "max_result_bytes", "max_value_bytes", "max_sql_chars"])
+def test_sandbox_refuses_negative_caps(cap):
+    # max_rows=-1 gave "more than -1 rows; the first -1 are kept" for every statement
+    with pytest.raises(ValueError, match="must be >= 0"):
+        Sandbox(workers=1, **{cap: -1})
+
+
+def test_reward_cli_says_why_a_gold_is_excluded(db):
+    p = _cli("reward", "--db", db, "--gold", "SELEC x FROM t", "--pred", "SELECT x FROM t", "--json")
+    assert p.returncode == 0 and '"gold_unscorable"' in p.stdout
+    assert 'the gold is excluded (gold_error): syntax_error: near "SELEC": syntax error' in p.stderr
+    p = _cli("reward", "--db", db, "--gold", "SELECT x FROM t WHERE 0", "--pred", "SELECT x FROM t", "--json")
+    assert "the gold is excluded (gold_empty): no rows" in p.stderr

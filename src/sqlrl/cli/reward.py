@@ -60,6 +60,12 @@ def cli_main(argv: list[str] | None = None) -> int:
     )
     with Sandbox(workers=1) as sandbox, GoldCache(workers=1) as gold_cache:
         reward = Evaluator(sandbox, gold_cache, kind=args.kind).score(args.pred, task)
+        if reward.status == "gold_unscorable":  # say why: the gold's own error, not just its reason
+            why = getattr(gold_cache.get(db, args.gold), "message", "") or "no rows"
+            print(
+                f"sqlrl reward: the gold is excluded ({reward.parts.get('reason')}): {why[:500]}",
+                file=sys.stderr,
+            )
     out = {"value": reward.value, "status": reward.status, "parts": reward.parts}
     print(json.dumps(out, default=str) if args.json else json.dumps(out, indent=2, default=str))
     return 0

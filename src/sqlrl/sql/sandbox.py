@@ -128,6 +128,10 @@ class Sandbox:
         self.max_rows = int(max_rows)
         self.max_result_bytes = int(max_result_bytes)
         self.max_sql_chars = int(max_sql_chars)
+        if min(self.max_rows, self.max_result_bytes, self.max_sql_chars, int(max_value_bytes)) < 0:
+            raise ValueError(
+                "Sandbox: max_rows, max_result_bytes, max_value_bytes and max_sql_chars must be >= 0"
+            )
         self.chunk_size = max(1, int(chunk_size))
         self.ref_budget = max(1, int(ref_budget))
         self._cfg = {
