@@ -336,3 +336,16 @@ HELD = [
 def test_held_on_spider(sandbox, gold, pred, want):
     db = str(SPIDER / "department_management" / "department_management.sqlite")
     assert _score(sandbox, db, gold, [pred])[0] == want
+
+
+# --------------------------------------------------------------------------- a gold Python cannot encode
+
+
+@pytest.mark.parametrize("cache_dir", [False, True])
+def test_gold_with_a_lone_surrogate_is_a_gold_error(toy, sandbox, tmp_path, cache_dir):
+    # the gold cache's key hashed the SQL as strict UTF-8 and raised: infra_error for every prediction;
+    # the gold is a bad gold (SQLite cannot run it), excluded as gold_error
+    gold = "SELECT name FROM t WHERE name = '\ud800'"
+    with GoldCache(tmp_path / "gc" if cache_dir else None, executor=sandbox) as gc:
+        got = Evaluator(sandbox, gc).score_many([("SELECT name FROM t", _task(toy, gold))])[0]
+    assert (got.status, got.value, got.parts.get("reason")) == ("gold_unscorable", None, "gold_error")

@@ -359,7 +359,7 @@ class GoldCache:
         self._checked_dirs.add(folder)
 
     def key(self, db_path: str | os.PathLike, sql: str) -> tuple[str, str]:
-        return file_sha256(db_path), hashlib.sha256(sql.encode("utf-8")).hexdigest()
+        return file_sha256(db_path), hashlib.sha256(sql.encode("utf-8", "surrogatepass")).hexdigest()
 
     def _lookup(self, key: tuple[str, str]) -> GoldResult | None:
         hit = self._mem.get(key)
@@ -438,7 +438,7 @@ class GoldCache:
         if h is None:
             if len(self._sql_shas) >= _SQL_SHAS_MAX:
                 self._sql_shas.clear()
-            h = self._sql_shas[sql] = hashlib.sha256(sql.encode("utf-8")).hexdigest()
+            h = self._sql_shas[sql] = hashlib.sha256(sql.encode("utf-8", "surrogatepass")).hexdigest()
         return h
 
     def get_many(
