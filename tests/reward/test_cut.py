@@ -206,7 +206,9 @@ def test_issue_examples_on_spider(sandbox):
                 "SELECT a, count(*) AS sqlrl_cut_key_0 FROM t ORDER BY count(*) DESC LIMIT 10001", 0, 1, 10001
             ),
         ),
-        ("SELECT a FROM t ORDER BY b", None),  # no LIMIT/OFFSET
+        # no LIMIT/OFFSET, the key not an output column: the whole gold with its key, for the ties
+        ("SELECT a FROM t ORDER BY b", CutQuery("SELECT a, b AS sqlrl_cut_key_0 FROM t ORDER BY b", 0, 1)),
+        ("SELECT a, b FROM t ORDER BY b", None),  # no LIMIT/OFFSET, the key an output column
         ("SELECT a FROM t LIMIT 3", None),  # no ORDER BY
         ("SELECT DISTINCT a FROM t ORDER BY b LIMIT 1", None),  # a hidden key would change DISTINCT
         (

@@ -33,6 +33,12 @@ def cli_main(argv: list[str] | None = None) -> int:
     if not os.path.isfile(args.db):
         print(f"sqlrl reward: database not found: {args.db}", file=sys.stderr)
         return 2
+    from sqlrl.tasks.dbcheck import database_problem
+
+    problem = database_problem(args.db)
+    if problem is not None:
+        print(f"sqlrl reward: database {args.db} is damaged: {problem}; restore the file", file=sys.stderr)
+        return 2
     if not args.gold.strip():
         print("sqlrl reward: --gold is empty", file=sys.stderr)
         return 2
@@ -54,6 +60,12 @@ def cli_main(argv: list[str] | None = None) -> int:
     )
     with Sandbox(workers=1) as sandbox, GoldCache(workers=1) as gold_cache:
         reward = Evaluator(sandbox, gold_cache, kind=args.kind).score(args.pred, task)
+        if reward.status == "gold_unscorable":  # say why: the gold's own error, not just its reason
+            why = getattr(gold_cache.get(db, args.gold), "message", "") or "no rows"
+            print(
+                f"sqlrl reward: the gold is excluded ({reward.parts.get('reason')}): {why[:500]}",
+                file=sys.stderr,
+            )
     out = {"value": reward.value, "status": reward.status, "parts": reward.parts}
     print(json.dumps(out, default=str) if args.json else json.dumps(out, indent=2, default=str))
     return 0

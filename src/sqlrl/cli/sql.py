@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -26,8 +27,19 @@ def cli_main(argv: list[str]) -> int:
     if not os.path.isfile(a.db):
         print(f"sqlrl sql: no database file at {a.db}", file=sys.stderr)
         return 2
-    if a.timeout <= 0:
-        print("sqlrl sql: --timeout must be > 0", file=sys.stderr)
+    if not (math.isfinite(a.timeout) and a.timeout > 0):
+        print(
+            f"sqlrl sql: --timeout must be a finite number of seconds > 0, got {a.timeout}", file=sys.stderr
+        )
+        return 2
+    if a.max_rows < 0 or a.show_rows < 0:
+        print("sqlrl sql: --max-rows and --show-rows must be >= 0", file=sys.stderr)
+        return 2
+    from sqlrl.tasks.dbcheck import database_problem
+
+    problem = database_problem(a.db)
+    if problem is not None:
+        print(f"sqlrl sql: database {a.db} is damaged: {problem}; restore the file", file=sys.stderr)
         return 2
     with Sandbox(workers=1, timeout_s=a.timeout, max_rows=a.max_rows) as sb:
         res = sb.execute(a.db, a.sql)

@@ -1,5 +1,5 @@
-"""Where a gold's top-level ORDER BY ... LIMIT/OFFSET cuts its full ordered result, and which rows may
-stand in for the ones it kept.
+"""Where a gold's top-level ORDER BY ... LIMIT/OFFSET cuts its full ordered result, which rows may
+stand in for the ones it kept, and (keys not in the output, no LIMIT) which rows tie on an unseen key.
 
 The gold cache runs `cut_query(gold).sql` (the gold without its LIMIT/OFFSET, its sort keys appended
 as extra output columns when they are not output columns, and `LIMIT offset + n + CUT_TIE_ROWS` for a
@@ -12,9 +12,10 @@ hold ANY rows of the full result with that key, each predicted row its own row o
 
 What is covered:
 - keys that are output columns, keys that are not (appended to the projection), `LIMIT n, m`, OFFSET;
-- the gold must agree with its own full result under the rule, or there is no cut;
-- a fetch stopped by its LIMIT inside the last run's ties gives no cut (over 10,000 tied rows);
-- `fetch_cuts`: one batched gold-cache fetch per scoring call; an exception is infrastructure.
+  keys that are not and no LIMIT/OFFSET: the whole gold with its keys, one window, no pools;
+- no cut unless the gold agrees with its full result, nor for a fetch stopped inside the ties;
+- `fetch_cuts`: one batched fetch per scoring call (an exception is infrastructure); in a gold with
+  `--`, the inserted keys and LIMIT follow a newline (no line comment hides them).
 
 What is not:
 - no cut (ties at the cut are then not relaxed: a possible false negative, never a false positive)
@@ -78,7 +79,12 @@ def _cut_query(gold_sql: str, tie_rows: int) -> CutQuery | None:
     if not (isinstance(lit, sqlglot.exp.Literal) and not lit.is_string and str(lit.this).isdigit()):
         return q
     limit = q.offset + int(lit.this) + tie_rows
-    return CutQuery(f"{q.sql} LIMIT {limit}", q.offset, q.extra_keys, limit)
+    return CutQuery(f"{q.sql}{_sep(gold_sql)}LIMIT {limit}", q.offset, q.extra_keys, limit)
+
+
+def _sep(gold_sql: str) -> str:
+    """What joins an insertion to the gold's text: a newline when a line comment could swallow it."""
+    return "\n" if "--" in gold_sql else " "
 
 
 def _unbounded(gold_sql: str) -> CutQuery | None:
@@ -87,7 +93,8 @@ def _unbounded(gold_sql: str) -> CutQuery | None:
     from sqlglot.tokens import TokenType as T
 
     shape = gold_shape(gold_sql)
-    if not (shape.parsed and shape.order_matters and (shape.has_limit or shape.has_offset)):
+    bounded = shape.has_limit or shape.has_offset
+    if not (shape.parsed and shape.order_matters and (bounded or shape.key_columns is None)):
         return None
     offset = sqlglot.parse_one(gold_sql, read="sqlite").args.get("offset")
     off = 0
@@ -109,9 +116,11 @@ def _unbounded(gold_sql: str) -> CutQuery | None:
         elif depth == 0:
             top.append(t)
     limit = next((i for i, t in enumerate(top) if t.token_type == T.LIMIT), None)
-    if limit is None:
+    if (limit is None) == bounded:
         return None
-    cut_at = top[limit].start
+    if limit is None:  # no LIMIT: the whole result, its keys appended (up to a trailing semicolon)
+        limit = next((i for i, t in enumerate(top) if t.token_type == T.SEMICOLON), len(top))
+    cut_at = top[limit].start if limit < len(top) else len(gold_sql)
     if shape.key_columns is not None:
         return CutQuery(gold_sql[:cut_at].rstrip(), off, 0)
     kinds = [t.token_type for t in top]
@@ -124,21 +133,23 @@ def _unbounded(gold_sql: str) -> CutQuery | None:
     frm = next((i for i, k in enumerate(kinds) if k == T.FROM and i > first_select), None)
     if order is None or frm is None or frm > order:
         return None
-    terms = _order_terms(gold_sql, toks, top[order], top[limit])
+    terms = _order_terms(gold_sql, toks, top[order].end, cut_at)
     if not terms:
         return None
     extra = "".join(f", {term} AS sqlrl_cut_key_{i}" for i, term in enumerate(terms))
     at = top[frm].start
-    return CutQuery(gold_sql[:at].rstrip() + extra + " " + gold_sql[at:cut_at].rstrip(), off, len(terms))
+    sep = _sep(gold_sql)
+    head = gold_sql[:at].rstrip() + ("\n" if sep == "\n" else "")
+    return CutQuery(head + extra + sep + gold_sql[at:cut_at].rstrip(), off, len(terms))
 
 
-def _order_terms(sql: str, toks: list, order_tok: Any, limit_tok: Any) -> list[str]:
-    """The ORDER BY terms' text between the two tokens, without ASC/DESC and NULLS FIRST/LAST."""
+def _order_terms(sql: str, toks: list, after: int, before: int) -> list[str]:
+    """The ORDER BY terms' text between the two positions, without ASC/DESC and NULLS FIRST/LAST."""
     from sqlglot.tokens import TokenType as T
 
     terms: list[list] = [[]]
     depth = 0
-    inside = [t for t in toks if order_tok.end < t.start < limit_tok.start]
+    inside = [t for t in toks if after < t.start < before]
     for t in inside:
         if t.token_type == T.L_PAREN:
             depth += 1

@@ -45,6 +45,7 @@ from sqlrl.reward.scoring import (
     worker_reward,
 )
 from sqlrl.reward.shape import GoldShape, gold_shape, remove_distinct
+from sqlrl.sql.engine import fits_caps, seconds
 from sqlrl.sql.sandbox import execute_each
 from sqlrl.tasks.data import PublicTask
 
@@ -56,12 +57,20 @@ _WORKER_GOLD_MAX_CELLS = 200_000
 _SCORER = "sqlrl.reward.scoring:score_in_worker"
 
 
-def _gold_scorable(gold: Any, max_rows: int | None = None) -> tuple[bool, str | None]:
+def _gold_scorable(
+    gold: Any, max_rows: int | None = None, max_bytes: int | None = None
+) -> tuple[bool, str | None]:
     """(scorable?, reason); a gold with more rows than the predictions' sandbox keeps (`max_rows`) is
-    unscorable (`gold_too_many_rows`): no prediction could match it."""
+    unscorable (`gold_too_many_rows`): no prediction could match it. With `max_bytes` (the sandbox's
+    byte cap, given when it is below the gold cache's), a gold whose result the sandbox would not
+    return whole (`sqlrl.sql.engine.fits_caps`) is unscorable too (`gold_too_large`)."""
     n = getattr(gold, "row_count", None)
     if isinstance(max_rows, int) and isinstance(n, int) and n > max_rows:
         return False, "gold_too_many_rows"
+    rows = getattr(gold, "rows", None)
+    if isinstance(max_bytes, int) and rows and getattr(gold, "status", None) == "ok":
+        if fits_caps(getattr(gold, "columns", None) or [], rows, len(rows), max_bytes) != "ok":
+            return False, "gold_too_large"
     scorable = getattr(gold, "scorable", None)
     if scorable is None:
         status = getattr(gold, "status", None)
@@ -158,11 +167,8 @@ class Evaluator:
         self.gold_cache = gold_cache
         self.kind = kind
         self.test_suite = test_suite
-        if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(
-                f"Evaluator: timeout_s must be > 0 seconds (or None: the sandbox's), got {timeout_s!r}"
-            )
-        self.timeout_s = float(timeout_s) if timeout_s is not None else None  # predictions' limit
+        # predictions' limit (None: the sandbox's); NaN or infinity would switch the deadline off
+        self.timeout_s = seconds(timeout_s, "Evaluator: timeout_s") if timeout_s is not None else None
         self.dedup = int(memo_entries) > 0
         self.executions = 0  # statements sent to the sandbox (predictions and variants)
         self.duplicate_hits = 0  # pairs answered with a copy of an identical pair's reward
@@ -209,9 +215,15 @@ class Evaluator:
         and reports per pair."""
         self._resolved = None
         wanted = list(dict.fromkeys(self._check_task(t) for t in tasks))
-        cap = getattr(self.sandbox, "max_rows", None)
+        cap, bcap = getattr(self.sandbox, "max_rows", None), self._byte_cap()
         golds = zip(wanted, self._gold_results(wanted))
-        fetch_cuts({k: g for k, g in golds if _gold_scorable(g, cap)[0]}, self._gold_results)
+        fetch_cuts({k: g for k, g in golds if _gold_scorable(g, cap, bcap)[0]}, self._gold_results)
+
+    def _byte_cap(self) -> int | None:
+        """The sandbox's byte cap when a gold may be over it: below the gold cache's, or the cache's unknown."""
+        mine = getattr(self.sandbox, "max_result_bytes", None)
+        theirs = getattr(self.gold_cache, "max_result_bytes", None)
+        return mine if isinstance(mine, int) and not (isinstance(theirs, int) and theirs <= mine) else None
 
     def score(self, final_sql: str | None, task: Any) -> Reward:
         return self.score_many([(final_sql, task)])[0]
@@ -272,7 +284,7 @@ class Evaluator:
         dups: list[tuple[int, tuple]] = []  # (position, key) of repeats of a pending pair
         # _gold_scorable per gold object: `fetched` holds them all, so an id stays theirs in this call
         verdicts: dict[int, tuple[bool, str | None]] = {}
-        cap = getattr(self.sandbox, "max_rows", None)  # the row cap of a prediction
+        cap, bcap = getattr(self.sandbox, "max_rows", None), self._byte_cap()  # a prediction's caps
         for i, ((final_sql, _), (db_path, gold_sql)) in enumerate(zip(items, checked)):
             try:
                 gold = fetched[i] if fetched is not None else self.gold_cache.get(db_path, gold_sql)
@@ -284,10 +296,10 @@ class Evaluator:
             if fetched is not None:
                 hit = verdicts.get(id(gold))
                 if hit is None:
-                    hit = verdicts[id(gold)] = _gold_scorable(gold, cap)
+                    hit = verdicts[id(gold)] = _gold_scorable(gold, cap, bcap)
                 scorable, why = hit
             else:
-                scorable, why = _gold_scorable(gold, cap)
+                scorable, why = _gold_scorable(gold, cap, bcap)
             if not scorable:
                 out[i] = Reward(None, "gold_unscorable", {**base, "reason": why or "gold_unscorable"})
             elif final_sql is None or not final_sql.strip().strip(";").strip():

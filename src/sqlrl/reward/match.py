@@ -14,7 +14,7 @@ What is covered:
 
 What is not:
 - without a cut, ties at a LIMIT/OFFSET cut are not relaxed, and without key columns in the output
-  neither are ties inside the result (conservative mismatches);
+  neither are ties inside the result (conservative mismatches; `sqlrl.reward.cut` says when);
 - a float-tolerance group over 64 rows may be a false negative, and so may a result past the
   permutation search bound (reason "permutation_bound"); neither is ever a false positive;
 - reward statuses and the scoring of (SQL, task) pairs: `sqlrl.reward.evaluator`.
@@ -148,9 +148,10 @@ def execution_match(
           other rows stand in: each predicted row there must be its own row of the full result
           carrying that key. A row that is not in the full result, or carries another key, never
           matches. Without a cut, no tie at the cut is relaxed (runs as in (a), or (c)).
-       c. Otherwise (a key is not in the output, e.g. `ORDER BY count(*)`, or the gold projects `*`)
-          the prediction must equal the gold as a sequence: ties in unseen keys are NOT relaxed (a
-          correct prediction ordering tied rows differently is a mismatch, conservative).
+       c. Keys not in the output (e.g. `ORDER BY count(*)`, or a projected `*`) and no LIMIT/OFFSET:
+          with a cut (the gold run with its keys appended) the runs are the cut's, as in (a): rows
+          tied on an unseen key may come in any order. Without one the prediction must equal the
+          gold as a sequence (ties NOT relaxed: a conservative mismatch).
        LIMIT without a top-level ORDER BY: plain multiset comparison of what was returned.
     5. Column permutation. The prediction may list the gold's columns in another order. Gold column
        j is *compatible* with predicted column i when their values, restricted to every compared

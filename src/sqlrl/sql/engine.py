@@ -8,6 +8,7 @@ Covered:
 - `run_one` (sandbox): a cached connection per file (LRU, keyed by path, inode, size and mtime),
   opened `file:PATH?mode=ro&immutable=1` with `query_only=1`, `trusted_schema=0`,
   `temp_store=MEMORY` set before `read_only_authorizer` is installed.
+- `seconds`: every time limit is a finite number of seconds > 0 (NaN or infinity is a ValueError).
 - `fetch_result` / `fetch_rows`: growing `fetchmany` chunks; more than `max_rows` rows ->
   `too_many_rows` (the first `max_rows` kept), more than `max_result_bytes` (marshalled size of the
   column names plus the rows) -> `too_large` (rows that fitted kept; no columns when the names alone
@@ -22,6 +23,7 @@ change while open: a file rewritten in place with the same size and mtime can gi
 from __future__ import annotations
 
 import marshal
+import math
 import os
 import sqlite3
 import time
@@ -33,6 +35,18 @@ from sqlrl.sql.guard import read_only_authorizer
 
 def _decode_replace(b: bytes) -> str:
     return b.decode("utf-8", "replace")
+
+
+def seconds(value: object, what: str) -> float:
+    """`value` as a time limit: a finite number of seconds above 0, else ValueError naming `what`
+    (NaN and infinity would switch the soft deadline and the watchdog off)."""
+    try:
+        t = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        t = math.nan
+    if isinstance(value, bool) or not (math.isfinite(t) and t > 0):
+        raise ValueError(f"{what} must be a finite number of seconds > 0, got {value!r}; pass e.g. 5")
+    return t
 
 
 class Deadline:
@@ -202,6 +216,32 @@ def fetch_rows(cur: sqlite3.Cursor, cfg: dict, deadline: Deadline, used: int = 0
         # grow the chunk, but never fetch (much) more than the byte budget left
         per_row = max(1, size // len(part))
         chunk = max(1, min(chunk * 4, 16384, (max_bytes - nbytes) // per_row + 1))
+
+
+class _ListCursor:
+    """A cursor over rows already fetched (what `fits_caps` replays `fetch_rows` on)."""
+
+    def __init__(self, rows: list) -> None:
+        self.rows, self.at = rows, 0
+
+    def fetchmany(self, n: int) -> list:
+        part = self.rows[self.at : self.at + n]
+        self.at += len(part)
+        return part
+
+
+def fits_caps(columns: list, rows: list, max_rows: int, max_result_bytes: int) -> str:
+    """The status ("ok", "too_many_rows" or "too_large") that `fetch_result` gives a statement returning
+    exactly `columns` and `rows` under these caps: the same code measures, so a result that fits here
+    fits when a statement returns it (a gold cached under larger caps, checked against a prediction's)."""
+    cols = list(columns or [])
+    head = len(marshal.dumps(cols))
+    if head > max_result_bytes:
+        return "too_large"
+    deadline = Deadline()
+    deadline.t = float("inf")
+    cfg = {"max_rows": int(max_rows), "max_result_bytes": int(max_result_bytes)}
+    return fetch_rows(_ListCursor([tuple(r) for r in rows]), cfg, deadline, used=head)[0]
 
 
 def run_one(

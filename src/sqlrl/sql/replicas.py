@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlrl.artifacts import sha256_file
+from sqlrl.sql.engine import seconds
 from sqlrl.sql.guard import POOL_FORBIDDEN_START, check_statement
 from sqlrl.sql.replica_files import (
     TemplateChanged,
@@ -136,8 +137,6 @@ class ReplicaPool:
     ) -> None:
         if replicas_per_db < 1 or workers < 1:
             raise ValueError("replicas_per_db and workers must be >= 1")
-        if timeout_s <= 0:
-            raise ValueError("timeout_s must be > 0")
         if not isinstance(templates, dict):
             tl = [os.fspath(p) for p in templates]
             templates = {os.path.splitext(os.path.basename(p))[0]: p for p in tl}
@@ -145,8 +144,12 @@ class ReplicaPool:
                 raise ValueError("template file stems must be unique (pass a dict to name them)")
         if not templates:
             raise ValueError("no templates")
-        self.timeout_s = float(timeout_s)
-        self.hard_timeout_s = float(hard_timeout_s) if hard_timeout_s else 2.0 * self.timeout_s + 1.0
+        self.timeout_s = seconds(timeout_s, "ReplicaPool: timeout_s")
+        self.hard_timeout_s = (
+            seconds(hard_timeout_s, "ReplicaPool: hard_timeout_s")
+            if hard_timeout_s
+            else 2.0 * self.timeout_s + 1.0
+        )
         if self.hard_timeout_s < self.timeout_s:
             raise ValueError("hard_timeout_s must be >= timeout_s")
         self.lease_timeout_s = float(lease_timeout_s)
@@ -316,7 +319,7 @@ class ReplicaPool:
         pre = _precheck(sql, self.max_sql_chars)
         if isinstance(pre, SQLResult):
             return pre
-        t = self.timeout_s if timeout_s is None else float(timeout_s)
+        t = self.timeout_s if timeout_s is None else seconds(timeout_s, "ReplicaPool.execute: timeout_s")
         hard = self._pool.hard_limit(t)
         w = self._workers[rep.worker]
         t0 = time.monotonic()

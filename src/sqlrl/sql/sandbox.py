@@ -29,7 +29,7 @@ import os
 from collections import OrderedDict, deque
 from typing import Any
 
-from sqlrl.sql.engine import Deadline, run_one
+from sqlrl.sql.engine import Deadline, run_one, seconds
 from sqlrl.sql.guard import check_statement
 from sqlrl.sql.result import MAX_RESULT_BYTES, MAX_ROWS, SQLResult, failure
 from sqlrl.sql.scoring import run_scored, score_batch
@@ -116,16 +116,22 @@ class Sandbox:
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
-        if timeout_s <= 0:
-            raise ValueError("timeout_s must be > 0")
         self.workers = int(workers)
-        self.timeout_s = float(timeout_s)
-        self.hard_timeout_s = float(hard_timeout_s) if hard_timeout_s else 2.0 * self.timeout_s + 1.0
+        self.timeout_s = seconds(timeout_s, "Sandbox: timeout_s")
+        self.hard_timeout_s = (
+            seconds(hard_timeout_s, "Sandbox: hard_timeout_s")
+            if hard_timeout_s
+            else 2.0 * self.timeout_s + 1.0
+        )
         if self.hard_timeout_s < self.timeout_s:
             raise ValueError("hard_timeout_s must be >= timeout_s")
         self.max_rows = int(max_rows)
         self.max_result_bytes = int(max_result_bytes)
         self.max_sql_chars = int(max_sql_chars)
+        if min(self.max_rows, self.max_result_bytes, self.max_sql_chars, int(max_value_bytes)) < 0:
+            raise ValueError(
+                "Sandbox: max_rows, max_result_bytes, max_value_bytes and max_sql_chars must be >= 0"
+            )
         self.chunk_size = max(1, int(chunk_size))
         self.ref_budget = max(1, int(ref_budget))
         self._cfg = {
@@ -168,7 +174,11 @@ class Sandbox:
         todo: list[tuple[int, str, str, float]] = []
         for i, item in enumerate(items):
             db_path, sql = item[0], item[1]
-            t = float(item[2]) if len(item) > 2 and item[2] is not None else self.timeout_s
+            t = (
+                seconds(item[2], "Sandbox: a timeout_s")
+                if len(item) > 2 and item[2] is not None
+                else self.timeout_s
+            )
             pre = check_statement(sql, self.max_sql_chars)
             if isinstance(pre, SQLResult):
                 results[i] = pre
@@ -215,7 +225,7 @@ class Sandbox:
         results: list[Any] = [None] * len(items)
         if not items:
             return results
-        t = self.timeout_s if timeout_s is None else float(timeout_s)
+        t = self.timeout_s if timeout_s is None else seconds(timeout_s, "Sandbox.execute_scored: timeout_s")
         todo = [(i, _abspath(it[0]), it[1], t, tuple(it[2]), it[3], None) for i, it in enumerate(items)]
         # As many chunks per worker as there are items for chunks of `_SCORE_MIN_CHUNK` (1 to
         # `_SCORE_CHUNKS_PER_WORKER`): every message costs both sides wake-ups, which a small call

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlrl.sql.engine import seconds
 from sqlrl.sql.result import MAX_RESULT_BYTES, MAX_ROWS
 from sqlrl.tasks.data import file_sha256
 from sqlrl.tasks.goldaudit import GoldAudit, audit_golds
@@ -190,10 +191,8 @@ class GoldCache:
         max_rows: int = MAX_ROWS,
         max_result_bytes: int = MAX_RESULT_BYTES,
     ):
-        if timeout_s <= 0:
-            raise ValueError("timeout_s must be > 0")
         self.cache_dir = Path(cache_dir).expanduser().resolve() if cache_dir is not None else None
-        self.timeout_s = float(timeout_s)
+        self.timeout_s = seconds(timeout_s, "GoldCache: timeout_s")  # NaN / inf would never stop a gold
         self.workers = int(workers)
         self.retries = int(retries)
         self.max_rows = int(max_rows)
@@ -360,7 +359,7 @@ class GoldCache:
         self._checked_dirs.add(folder)
 
     def key(self, db_path: str | os.PathLike, sql: str) -> tuple[str, str]:
-        return file_sha256(db_path), hashlib.sha256(sql.encode("utf-8")).hexdigest()
+        return file_sha256(db_path), hashlib.sha256(sql.encode("utf-8", "surrogatepass")).hexdigest()
 
     def _lookup(self, key: tuple[str, str]) -> GoldResult | None:
         hit = self._mem.get(key)
@@ -439,7 +438,7 @@ class GoldCache:
         if h is None:
             if len(self._sql_shas) >= _SQL_SHAS_MAX:
                 self._sql_shas.clear()
-            h = self._sql_shas[sql] = hashlib.sha256(sql.encode("utf-8")).hexdigest()
+            h = self._sql_shas[sql] = hashlib.sha256(sql.encode("utf-8", "surrogatepass")).hexdigest()
         return h
 
     def get_many(
