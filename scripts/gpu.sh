@@ -46,12 +46,14 @@ preflight() {
   ls .whl/*.whl > /dev/null 2>&1 || { echo "preflight: no wheels in .whl"; ok=1; }
   want=$(awk '$1=="sha256"{print $2}' "$PARTS/MANIFEST"); got=$(cat "$PARTS"/part* | sha256sum | cut -d' ' -f1)
   [ "$want" = "$got" ] && echo "parts join to $got" || { echo "preflight: parts give $got, MANIFEST says $want"; ok=1; }
+  # GPU_TREE_COMMIT: the commit the runs use (default HEAD), e.g. the first half's commit when a seed's
+  # matrix is split over two sessions, so that every arm of it runs the same code
+  local want_commit=${GPU_TREE_COMMIT:-HEAD} got_commit
   if [ -s .stage/tree.tgz ]; then
-    git archive --format=tar HEAD -- . ':!results' | tar -t | sort > /tmp/gpu_head.lst
-    tar -tzf .stage/tree.tgz | sort > /tmp/gpu_tgz.lst
-    if cmp -s /tmp/gpu_head.lst /tmp/gpu_tgz.lst && [ "$(stat -c %Y .stage/tree.tgz)" -ge "$(git log -1 --format=%ct)" ] \
-       && git diff --quiet HEAD -- . ':!results'; then echo "tree.tgz: HEAD's file list, made after HEAD's commit, tree clean"
-    else echo "preflight: remake .stage/tree.tgz from a clean HEAD: git archive --format=tar.gz -o .stage/tree.tgz HEAD -- . ':!results'"; ok=1; fi
+    got_commit=$(PYTHONPATH=src python3 -c "import sys; from sqlrl.artifacts import archive_commit as a; print(a(sys.argv[1]) or '')" .stage/tree.tgz)
+    if [ "$got_commit" = "$(git rev-parse "$want_commit")" ] && git diff --quiet HEAD -- . ':!results'; then
+      echo "tree.tgz: the archive of $want_commit ($got_commit), working tree clean"
+    else echo "preflight: remake .stage/tree.tgz from a clean tree: git archive --format=tar.gz -o .stage/tree.tgz $want_commit -- . ':!results'"; ok=1; fi
   fi
   [ $ok = 0 ] && echo "preflight ok: $((n - 1)) staging calls (cp $PARTS/partNN), then go with the last part"
   return $ok
