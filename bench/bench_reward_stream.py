@@ -144,6 +144,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    start_load = _load()
+    print(f"load average at the start (1, 5, 15 min): {start_load}", flush=True)
     run = Path(args.run)
     ds = SpiderData(args.data)
     tasks = {t.public.task_id: t for t in ds.load("train_spider")}
@@ -213,9 +215,19 @@ def main(argv: list[str] | None = None) -> int:
         f"{o['fast_part']['cpu_one_process_us_per_pair']['parent']}: at best "
         f"{o['fast_part']['bound_of_floor_one_process']} of the floor"
     )
+    out["load_average"] = {"start": start_load, "end": _load()}
+    print(f"load average at the end (1, 5, 15 min): {out['load_average']['end']}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0
+
+
+def _load() -> list[float] | None:
+    """The machine's load average (other jobs share its cores), None where the OS has none."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def compare_seconds(conns: dict, gc, task, sql: str | None) -> float:
