@@ -36,7 +36,9 @@ naive match wherever neither timed out), and for the fast part where ours spends
 bare executions, the workers' code (`score_batch` on the batches ours sends) and the parent's
 (`Evaluator.score_many` with those answers replayed), each alone in this process (`breakdown`);
 bare / (workers' + parent's) is what ours would reach of the floor with no IPC, no waiting and the
-cores shared perfectly: an upper bound on it.
+cores shared perfectly: an upper bound on it. And the floor's own premise (bare seconds / workers):
+the fast part's bare executions in one fresh process against the same dealt over `workers` fresh
+processes at once (`bare_split`: each process first-touches its own connections' pages).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import marshal
+import multiprocessing
 import os
 import sqlite3
 import statistics
@@ -51,6 +54,7 @@ import sys
 import tempfile
 import time
 from collections import OrderedDict, defaultdict
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -213,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         f"process: bare {o['fast_part']['cpu_one_process_us_per_pair']['bare']}, workers' code "
         f"{o['fast_part']['cpu_one_process_us_per_pair']['workers']}, parent's "
         f"{o['fast_part']['cpu_one_process_us_per_pair']['parent']}: at best "
-        f"{o['fast_part']['bound_of_floor_one_process']} of the floor"
+        f"{o['fast_part']['bound_of_floor_one_process']} of the floor; bare executions dealt over "
+        f"{args.workers} processes take {o['fast_part']['bare_split_over_one_process']}x the CPU of one"
     )
     out["load_average"] = {"start": start_load, "end": _load()}
     print(f"load average at the end (1, 5, 15 min): {out['load_average']['end']}")
@@ -287,6 +292,38 @@ def bare_floor(
         for r in call
     ]
     return bare_total, bare_slow, slow_keys, is_slow, floor, floor_fast, compare
+
+
+def _bare_part(items: list[tuple[str, str]]) -> float:
+    """CPU seconds of executing `items` bare, each once, in this (fresh) process, on connections opened
+    untimed as the floor's are: first touch of every page, as in a sandbox worker."""
+    conns: dict = {}
+    for db, _ in items:
+        if db not in conns:
+            bare_exec(conns, db, "SELECT 1")
+    t0 = time.process_time()
+    for db, sql in items:
+        bare_exec(conns, db, sql, TIMEOUT_S)
+    return time.process_time() - t0
+
+
+def bare_split(calls: list[list], tasks: dict, workers: int) -> tuple[float, float]:
+    """CPU seconds of the calls' distinct predictions executed bare (1) in one fresh process and (2) dealt
+    strided over `workers` fresh processes at once, as the sandbox deals them: what splitting the same
+    executions over processes with their own connections and page caches costs, before any IPC."""
+    parts: list[list] = [[] for _ in range(workers)]
+    everything: list = []
+    for call in calls:
+        d = list(dict.fromkeys((tasks[r["task_id"]].public.db_path, r["final_sql"]) for r in call))
+        everything += d
+        for k in range(workers):
+            parts[k] += d[k::workers]
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as ex:
+        one = ex.submit(_bare_part, everything).result()
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
+        split = sum(ex.map(_bare_part, parts))
+    return one, split
 
 
 class _InProcessSandbox:
@@ -415,6 +452,7 @@ def measure_arm(args, gc, tasks: dict, calls: list[list], kind: str, n_arm: int)
             got[who] = time_ours(calls, tasks, gc, args.workers, kind)
     got["fast"] = time_ours(fast_calls, tasks, gc, args.workers, kind)
     bd = breakdown(fast_calls, tasks, gc, kind)
+    bd["bare_one_process"], bd["bare_split"] = bare_split(fast_calls, tasks, args.workers)
     naive = got["naive"]
     naive_fast = sum(t for t, s in zip(naive["per_pair"], is_slow) if not s)
     agree = total = 0
@@ -459,6 +497,7 @@ def measure_arm(args, gc, tasks: dict, calls: list[list], kind: str, n_arm: int)
             "compare_us_per_pair": round(compare / n_fast * 1e6, 1),
             "cpu_one_process_us_per_pair": {k: round(v / n_fast * 1e6, 1) for k, v in bd.items()},
             "bound_of_floor_one_process": round(bd["bare"] / (bd["workers"] + bd["parent"]), 2),
+            "bare_split_over_one_process": round(bd["bare_split"] / bd["bare_one_process"], 2),
             "of_floor_plus_compare": round((floor_fast + compare / args.workers) / got["fast"]["total"], 2),
             "best_ratio_possible": round(naive_fast / max(1e-9, floor_fast), 2),
             "of_floor": round(floor_fast / got["fast"]["total"], 2),
@@ -505,6 +544,9 @@ def print_arm(arm: str, res: dict, exact: dict, args) -> None:
         f"    CPU per pair, each part alone in one process (best of 3): bare executions {cpu['bare']}, the "
         f"workers' code {cpu['workers']}, the parent's {cpu['parent']}: with no IPC, no waiting and "
         f"perfect sharing of the cores ours would reach {fp['bound_of_floor_one_process']} of the floor\n"
+        f"    the same bare executions, first touch, in one fresh process {cpu['bare_one_process']} us/pair of "
+        f"CPU, dealt over {args.workers} at once {cpu['bare_split']} "
+        f"({fp['bare_split_over_one_process']}x: own connections and page caches per process)\n"
         f"  verdicts agree with naive {res['verdict_agreement_with_naive']}",
         flush=True,
     )
@@ -529,8 +571,12 @@ def summarize_total(t: dict, workers: int) -> dict:
                 (t["fast_floor_s"] + t["fast_compare_s"] / workers) / t["fast_ours_s"], 2
             ),
             "cpu_one_process_us_per_pair": {
-                k: round(t[f"fast_cpu_{k}"] / t["fast_pairs"] * 1e6, 1) for k in ("bare", "workers", "parent")
+                k: round(t[f"fast_cpu_{k}"] / t["fast_pairs"] * 1e6, 1)
+                for k in ("bare", "workers", "parent", "bare_one_process", "bare_split")
             },
+            "bare_split_over_one_process": round(
+                t["fast_cpu_bare_split"] / t["fast_cpu_bare_one_process"], 2
+            ),
             "bound_of_floor_one_process": round(
                 t["fast_cpu_bare"] / (t["fast_cpu_workers"] + t["fast_cpu_parent"]), 2
             ),
