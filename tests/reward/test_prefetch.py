@@ -34,3 +34,35 @@ def test_prefetch_leaves_scoring_no_gold_to_fetch(tmp_path):
         assert gc.misses == 4  # nothing left to fetch
     # 'c' ties 'b' at the cut (x = 2): a legitimate tie; the broken gold is excluded, not scored 0
     assert [r.status for r in got] == ["match", "match", "gold_unscorable"]
+
+
+def test_prefetch_warms_the_sandbox_connections_once_per_database(tmp_path):
+    paths = []
+    for name in ("a", "b"):
+        path = tmp_path / name / f"{name}.sqlite"
+        path.parent.mkdir()
+        con = sqlite3.connect(path)
+        con.executescript("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (1), (2);")
+        con.commit()
+        con.close()
+        paths.append(str(path))
+    golds = ["SELECT x FROM t", "SELECT count(*) FROM t"]
+    tasks = [
+        PrivateTask(PublicTask(f"{p}/{k}", "db", "q?", "", "", p), g)
+        for p in paths
+        for k, g in enumerate(golds)
+    ]
+
+    class Recording(Sandbox):
+        warmed: list
+
+        def warm(self, db_paths):
+            self.warmed.append(list(db_paths))
+            return super().warm(db_paths)
+
+    with Recording(workers=2) as sb, GoldCache(tmp_path / "gc") as gc:
+        sb.warmed = []
+        Evaluator(sb, gc).prefetch(tasks + tasks[:1])
+        assert sb.warmed == [paths]  # one call, each database once, in first-seen order
+        got = Evaluator(sb, gc).score_many([("SELECT x FROM t", tasks[0]), ("SELECT 2", tasks[3])])
+    assert [r.status for r in got] == ["match", "match"]

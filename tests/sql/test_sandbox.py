@@ -637,3 +637,19 @@ def test_scored_run_queues_no_chunk_behind_a_busy_worker_in_the_tail():
     del run.state[b]  # one busy worker: queueing behind it leaves no worker idle
     run.top_up(a)
     assert (a.conn.sent, len(chunks)) == (2, 1)
+
+
+def test_warm_opens_each_database_in_every_idle_worker(files, tmp_path):
+    other = tmp_path / "other.sqlite"
+    _make_small_db(other)
+    missing = tmp_path / "missing.sqlite"
+    before = _sha(files["small"])
+    with Sandbox(workers=2, timeout_s=TIMEOUT_S, max_connections=2) as s:
+        # 2 databases (one named twice) x 2 workers; a missing file opens nowhere and raises nothing
+        assert s.warm([files["small"], other, str(files["small"]), missing]) == 4
+        # no more databases than each worker's connection cache holds: the first 2 distinct ones
+        assert s.warm([missing, files["small"], other]) == 2
+        assert s.warm([]) == 0
+        assert s.execute(files["small"], "SELECT count(*) FROM singer").rows == [(200,)]
+    assert not missing.exists()
+    assert _sha(files["small"]) == before

@@ -212,12 +212,16 @@ class Evaluator:
         """Fetch into the gold cache the gold results of `tasks` (PrivateTasks) and the full ordered
         results behind their LIMIT cuts, so that scoring them later pays for predictions only (the
         trainer runs this beside generation). Nothing is scored; what fails here, scoring meets again
-        and reports per pair."""
+        and reports per pair. With a sandbox that has `warm` (`Sandbox.warm`), its idle workers also
+        open the tasks' databases, so scoring pays for no connection set-up either."""
         self._resolved = None
         wanted = list(dict.fromkeys(self._check_task(t) for t in tasks))
         cap, bcap = getattr(self.sandbox, "max_rows", None), self._byte_cap()
         golds = zip(wanted, self._gold_results(wanted))
         fetch_cuts({k: g for k, g in golds if _gold_scorable(g, cap, bcap)[0]}, self._gold_results)
+        warm = getattr(self.sandbox, "warm", None)
+        if warm is not None:
+            warm(list(dict.fromkeys(db for db, _ in wanted)))
 
     def _byte_cap(self) -> int | None:
         """The sandbox's byte cap when a gold may be over it: below the gold cache's, or the cache's unknown."""

@@ -26,6 +26,8 @@ max_value_bytes=4 MiB, max_sql_chars=1_000_000, heap limit 512 MiB, RLIMIT_AS 2 
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from collections import OrderedDict, deque
 from typing import Any
 
@@ -38,6 +40,9 @@ from sqlrl.sql.workers import WorkerPool, close_at_exit, forget_at_exit, serve_b
 _SCORE_CHUNKS_PER_WORKER = 4  # execute_scored: chunks per worker (load balance vs round trips)
 _SCORE_DEPTH = 2  # execute_scored: chunks in flight per worker (the next one waits in its pipe)
 _SCORE_MIN_CHUNK = 16  # execute_scored: fewer chunks per worker rather than chunks smaller than this
+# `warm`: one statement that opens a database's connection and loads its schema (a read the authorizer
+# allows), run on every idle worker
+_WARM_SQL = "SELECT count(*) FROM sqlite_master"
 
 
 def _worker_main(conn: Any, cfg: dict, progress: Any) -> None:
@@ -245,6 +250,38 @@ class Sandbox:
             if r is None:  # only if the sandbox was closed under us
                 results[i] = failure("worker_crash", "sandbox closed during the call")
         return results
+
+    def warm(self, db_paths: list) -> int:
+        """Open the hardened read-only connection to each database (and load its schema) in every worker
+        that is idle now, so that the next statements on them pay neither: `Evaluator.prefetch` calls
+        it beside generation. At most `max_connections` databases (the workers' connection cache);
+        workers busy with another call are skipped, as are databases that fail to open (their
+        statements report it). Returns the number of (worker, database) connections ready."""
+        self._check_open()
+        paths = list(dict.fromkeys(_abspath(p) for p in db_paths))[: self._cfg["max_connections"]]
+        ws: list = []
+        while paths and len(ws) < len(self._all):
+            try:
+                ws.append(self._pool.idle.get_nowait())
+            except queue.Empty:
+                break
+        results: list[list] = [[None] * len(paths) for _ in ws]
+        batch = [(i, p, _WARM_SQL, self.timeout_s) for i, p in enumerate(paths)]
+
+        def one(k: int) -> None:
+            try:
+                self._pool.run_batch(ws[k], batch, results[k])
+            finally:
+                self._pool.idle.put(ws[k])
+
+        threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in range(1, len(ws))]
+        for th in threads:
+            th.start()
+        if ws:
+            one(0)
+        for th in threads:
+            th.join()
+        return sum(1 for rs in results for r in rs if r is not None and r.status == "ok")
 
     def close(self) -> None:
         if self._pool.close():
