@@ -175,3 +175,21 @@ def test_matrix_without_context_axis_records_no_context(scripted_matrix):
         "t1": {"passed": True, "tasks": 1}
     }
     assert "context tokens" not in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "line, needle",
+    [
+        ("turns = [1, 3, 1]", "experiment.turns = [1, 3, 1] lists [1] twice"),
+        (
+            'arms = ["base", "grpo", "grpo"]',
+            "experiment.arms = ['base', 'grpo', 'grpo'] lists ['grpo'] twice",
+        ),
+    ],
+)
+def test_a_value_listed_twice_on_an_axis_is_a_config_error(tmp_path, line, needle):
+    p = tmp_path / "e.toml"
+    p.write_text(f"[experiment]\n{line}\n")
+    with pytest.raises(C.ConfigError) as e:
+        load_experiment(p)
+    assert needle in str(e.value) and "list it once" in str(e.value)

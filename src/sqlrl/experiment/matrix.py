@@ -113,6 +113,13 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tup
         )
     if any(t < 1 for t in exp.turns):
         raise ConfigError(f"{path}: experiment.turns must be >= 1")
+    for key, values in (("turns", exp.turns), ("arms", exp.arms)):
+        dup = sorted({v for v in values if list(values).count(v) > 1}, key=str)
+        if dup:
+            raise ConfigError(
+                f"{path}: experiment.{key} = {list(values)} lists {dup} twice: each value makes its own "
+                "arms and run folders, list it once"
+            )
     if sft.trace_turns and {"sft", "grpo_sft"} & set(exp.arms) and set(exp.turns) != {sft.trace_turns}:
         raise ConfigError(
             f"{path}: sft.trace_turns = {sft.trace_turns} teaches the {sft.trace_turns}-turn protocol, but "
