@@ -30,12 +30,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from sqlrl.agent.envs import make_env
     from sqlrl.agent.loop import Budgets
     from sqlrl.experiment.arms import sft_run_config
     from sqlrl.experiment.matrix import load_experiment
     from sqlrl.training.sft_data import build_text2sql_examples, load_text2sql_sft
-    from sqlrl.training.sft_traces import build_text2sql_traces
+    from sqlrl.training.sft_traces import build_text2sql_traces, trace_env
 
     cfg, exp = load_experiment(a.config, [f'data.path="{a.spider_dir}"'])
     cfg = sft_run_config(cfg, exp.turns[0])
@@ -44,13 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tasks, _, _, audit, source = load_text2sql_sft(cfg, Path(tmp))
         single, _ = build_text2sql_examples(tasks, tok, budgets)
-        with make_env(
-            workers=cfg.run.sandbox_workers,
-            timeout_s=cfg.agent.sql_timeout_s,
-            gold_cache=source.gold_cache,
-            reward="execution",
-            test_suite=False,
-        ) as env:
+        with trace_env(cfg, source.gold_cache) as env:
             t0 = time.perf_counter()
             traces, dropped, mix = build_text2sql_traces(tasks, tok, budgets, exp.sft, env, cfg.run.seed)
             secs = time.perf_counter() - t0

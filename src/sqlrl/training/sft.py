@@ -260,16 +260,9 @@ def load_sft_data(cfg: Config, out: Path, sft: SFTConfig | None = None) -> dict:
         def build(tokenizer, budgets, submit_turns):
             if sft is None or not sft.trace_turns:
                 return build_text2sql_examples(tasks, tokenizer, budgets)
-            from sqlrl.agent.envs import make_env
-            from sqlrl.training.sft_traces import build_text2sql_traces
+            from sqlrl.training.sft_traces import build_text2sql_traces, trace_env
 
-            with make_env(
-                workers=cfg.run.sandbox_workers,
-                timeout_s=cfg.agent.sql_timeout_s,
-                gold_cache=source.gold_cache,
-                reward="execution",
-                test_suite=False,
-            ) as env:
+            with trace_env(cfg, source.gold_cache) as env:
                 examples, dropped, mix = build_text2sql_traces(
                     tasks, tokenizer, budgets, sft, env, cfg.run.seed
                 )

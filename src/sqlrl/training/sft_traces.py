@@ -243,6 +243,20 @@ class TraceBuilder:
         }, None
 
 
+def trace_env(cfg, gold_cache):
+    """The environment traces are rolled out in: the run's sandbox workers and statement time limit,
+    the execution reward over `gold_cache` (a context manager, `agent.envs.make_env`)."""
+    from sqlrl.agent.envs import make_env
+
+    return make_env(
+        workers=cfg.run.sandbox_workers,
+        timeout_s=cfg.agent.sql_timeout_s,
+        gold_cache=gold_cache,
+        reward="execution",
+        test_suite=False,
+    )
+
+
 def check_trace_budgets(budgets, sft) -> None:
     """Refuse budgets the traces cannot be built under (a `ConfigError`, before any model is loaded)."""
     if sft.trace_turns < 2:
