@@ -307,3 +307,26 @@ def test_gpu_sh_slim_and_unslim_round_trip(tmp_path):
     subprocess.run([*git, "add", "src.txt"], check=True)
     r = gpu("slim")
     assert r.returncode == 1 and "staged changes" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("arms_done", "finished"),
+    [
+        (["base_c2048", "grpo_c2048", "no_update_c2048", "validity_c2048"], True),
+        (["base", "grpo", "no_update", "validity"], False),  # names without the context axis
+        (["base_c2048", "grpo_c2048"], False),  # the default arms are all wanted
+    ],
+)
+def test_gpu_sh_finished_names_arms_like_the_matrix(tmp_path, arms_done, finished):
+    """A config with `experiment.context_tokens` and no `experiment.arms`: the matrix's arm names
+    (`_c<tokens>`) of its default arms (base, grpo, no_update, validity)."""
+    cfg = tmp_path / "ctx.toml"
+    cfg.write_text("[experiment]\ncontext_tokens = [2048]\n")
+    exp = tmp_path / "scratch" / "exp1"
+    exp.mkdir(parents=True)
+    (exp / "experiment.json").write_text(json.dumps({"finished": "x", "arms": dict.fromkeys(arms_done, {})}))
+    env = {**os.environ, "SQLRL_SCRATCH": str(tmp_path / "scratch"), "GPU_CONFIG": str(cfg), "GO_ARMS": ""}
+    r = subprocess.run(
+        ["bash", "scripts/gpu.sh", "finished", "exp1", "1"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert r.returncode == (0 if finished else 1), r.stdout + r.stderr
