@@ -61,16 +61,21 @@ preflight() {
 # Here, before a GPU session: `slim` stops results/ (about 50 MB of committed results, never read there: runs
 # use .stage/tree.tgz, which excludes it) from travelling with every call, so parts can be about 56 MiB
 # instead of 18 (measured: an untracked, ignored results/ arrives empty). It untracks results/ in the
-# index and ignores it in .git/info/exclude; nothing is committed, and no commit may be made until
-# `unslim` restores both (slim refuses staged changes, unslim checks that results/ is tracked again).
+# index and ignores it in the repository's info/exclude (`git rev-parse --git-path info/exclude`: in a
+# linked worktree that file is the main checkout's, shared by every worktree); nothing is committed, and no
+# commit may be made until `unslim` restores both (slim refuses staged changes, unslim checks that results/
+# is tracked again).
 slim() {
+  local ex; ex=$(git rev-parse --git-path info/exclude) || return 1
   git diff --cached --quiet || { echo "slim: the index has staged changes; commit or unstage them first"; return 1; }
-  grep -qx '/results/' .git/info/exclude 2>/dev/null && { echo "slim: already slim (bash scripts/gpu.sh unslim)"; return 1; }
-  git rm -r -q --cached results && echo '/results/' >> .git/info/exclude
+  grep -qx '/results/' "$ex" 2>/dev/null && { echo "slim: already slim (bash scripts/gpu.sh unslim)"; return 1; }
+  mkdir -p "$(dirname "$ex")" && echo '/results/' >> "$ex" || { echo "slim: cannot write $ex"; return 1; }
+  git rm -r -q --cached results || { sed -i '\#^/results/$#d' "$ex"; echo "slim: git rm --cached results failed; nothing changed"; return 1; }
   echo "slim: results/ untracked and ignored until 'bash scripts/gpu.sh unslim'; do not commit meanwhile"
 }
 unslim() {
-  git reset -q -- results && sed -i '\#^/results/$#d' .git/info/exclude
+  local ex; ex=$(git rev-parse --git-path info/exclude) || return 1
+  git reset -q -- results && { [ ! -f "$ex" ] || sed -i '\#^/results/$#d' "$ex"; }
   git diff --cached --quiet -- results && [ -n "$(git ls-files results | head -1)" ] \
     && echo "unslim: results/ tracked again" || { echo "unslim: results/ is not as committed: git status results"; return 1; }
 }
@@ -117,12 +122,16 @@ mkdir -p "$S/parts"
 export SQLRL_CACHE=$S/models PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 cmd=$1; shift
 # exit 0 when the experiment folder $S/$1 records a finished run
-# finished EXP TURNS: EXP's experiment.json is finished and holds every arm wanted (GO_ARMS, else the config's)
+# finished EXP TURNS: EXP's experiment.json is finished and holds every arm wanted (GO_ARMS, else the config's,
+# else the default four), in every context length of the config's experiment.context_tokens
 finished() { [ -f "$S/$1/experiment.json" ] && python3 - "$S/$1/experiment.json" "$CONFIG" "$2" "${GO_ARMS:-}" <<'PY'
 import json, sys, tomllib
 state, cfg, turns, arms = json.load(open(sys.argv[1])), sys.argv[2], int(sys.argv[3]), sys.argv[4].split()
-arms = arms or tomllib.load(open(cfg, "rb")).get("experiment", {}).get("arms", [])
-want = {a if turns == 1 else f"{a}_t{turns}" for a in arms}
+exp = tomllib.load(open(cfg, "rb")).get("experiment", {})
+arms = arms or exp.get("arms", ["base", "grpo", "no_update", "validity"])  # matrix.DEFAULT_ARMS
+# arms.arm_name: <kind>[_t<turns>][_c<context>], one name per context length of experiment.context_tokens
+ctx = [f"_c{c}" for c in exp.get("context_tokens", [])] or [""]
+want = {a + ("" if turns == 1 else f"_t{turns}") + c for a in arms for c in ctx}
 sys.exit(0 if state.get("finished") and want <= set(state.get("arms", {})) else 1)
 PY
 }

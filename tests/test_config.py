@@ -220,3 +220,11 @@ def test_schema_and_paraphrase_options_default_off_and_resume_from_older_runs(tm
 def test_checkpoint_every_zero_is_a_config_error_not_a_crash():
     with pytest.raises(C.ConfigError, match=r"run.checkpoint_every = 0 must be >= 1 .*grpo.steps"):
         C.from_dict({"run": {"checkpoint_every": 0}})
+
+
+@pytest.mark.parametrize("value", [0, -1.5])
+def test_sql_timeout_must_be_positive(value):
+    # every sandbox refuses such a limit when it starts, which for a run is after the model has loaded
+    with pytest.raises(C.ConfigError, match=r"agent\.sql_timeout_s = .* must be > 0 seconds"):
+        C.from_dict({"agent": {"sql_timeout_s": value}})
+    assert C.from_dict({"agent": {"sql_timeout_s": 0.5}}).agent.sql_timeout_s == 0.5

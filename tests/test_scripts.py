@@ -307,3 +307,64 @@ def test_gpu_sh_slim_and_unslim_round_trip(tmp_path):
     subprocess.run([*git, "add", "src.txt"], check=True)
     r = gpu("slim")
     assert r.returncode == 1 and "staged changes" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("arms_done", "finished"),
+    [
+        (["base_c2048", "grpo_c2048", "no_update_c2048", "validity_c2048"], True),
+        (["base", "grpo", "no_update", "validity"], False),  # names without the context axis
+        (["base_c2048", "grpo_c2048"], False),  # the default arms are all wanted
+    ],
+)
+def test_gpu_sh_finished_names_arms_like_the_matrix(tmp_path, arms_done, finished):
+    """A config with `experiment.context_tokens` and no `experiment.arms`: the matrix's arm names
+    (`_c<tokens>`) of its default arms (base, grpo, no_update, validity)."""
+    cfg = tmp_path / "ctx.toml"
+    cfg.write_text("[experiment]\ncontext_tokens = [2048]\n")
+    exp = tmp_path / "scratch" / "exp1"
+    exp.mkdir(parents=True)
+    (exp / "experiment.json").write_text(json.dumps({"finished": "x", "arms": dict.fromkeys(arms_done, {})}))
+    env = {**os.environ, "SQLRL_SCRATCH": str(tmp_path / "scratch"), "GPU_CONFIG": str(cfg), "GO_ARMS": ""}
+    r = subprocess.run(
+        ["bash", "scripts/gpu.sh", "finished", "exp1", "1"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert r.returncode == (0 if finished else 1), r.stdout + r.stderr
+
+
+def test_gpu_sh_slim_and_unslim_in_a_git_worktree(tmp_path):
+    """In a linked worktree (.git is a file there) `slim` finds the exclude file through git, so it does
+    not stop half-way with results/ staged for deletion; `unslim` restores the index exactly."""
+    repo, wt = tmp_path / "repo", tmp_path / "wt"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "results" / "r1").mkdir(parents=True)
+    (repo / "scripts" / "gpu.sh").write_bytes((ROOT / "scripts" / "gpu.sh").read_bytes())
+    (repo / "results" / "r1" / "a.json").write_text("{}")
+    (repo / "src.txt").write_text("x")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "-C", str(repo), "add", "."], check=True)
+    subprocess.run([*git, "-C", str(repo), "commit", "-q", "-m", "x"], check=True)
+    subprocess.run([*git, "-C", str(repo), "worktree", "add", "-q", str(wt), "-b", "wt"], check=True)
+    env = {**os.environ, "SQLRL_SCRATCH": str(tmp_path / "scratch")}
+
+    def gpu(*args):
+        return subprocess.run(
+            ["bash", "scripts/gpu.sh", *args], cwd=wt, env=env, capture_output=True, text=True
+        )
+
+    def travelling():
+        out = subprocess.run(
+            ["git", "-C", str(wt), "ls-files", "-co", "--exclude-standard"], capture_output=True, text=True
+        )
+        return sorted(out.stdout.split())
+
+    r = gpu("slim")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert travelling() == ["scripts/gpu.sh", "src.txt"]
+    assert gpu("slim").returncode == 1  # already slim
+    r = gpu("unslim")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert travelling() == ["results/r1/a.json", "scripts/gpu.sh", "src.txt"]
+    status = subprocess.run(["git", "-C", str(wt), "status", "--porcelain"], capture_output=True, text=True)
+    assert status.stdout == ""

@@ -483,6 +483,7 @@ def validate(cfg: Config, source: str = "<config>") -> None:
     )
     need(g.score_timeout_s >= 0, "grpo.score_timeout_s must be >= 0 seconds (0 = agent.sql_timeout_s)")
     need(a.turns >= 1, "agent.turns must be >= 1")
+    need(a.sql_timeout_s > 0, f"agent.sql_timeout_s = {a.sql_timeout_s} must be > 0 seconds, e.g. 5")
     r = cfg.run
     need(
         r.checkpoint_every >= 1,

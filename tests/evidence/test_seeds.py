@@ -182,9 +182,18 @@ def test_experiment_seeds_runs_each_seed_then_the_summary(tmp_path, monkeypatch,
         meta = read_json(out / f"seed{k}" / "experiment.json")
         meta["finished"] = "2026-11-29T00:00:00+0000"
         write_json_atomic(out / f"seed{k}" / "experiment.json", meta)
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text('[experiment]\narms = ["base", "grpo", "no_update", "validity"]\nturns = [1]\n')
     calls.clear()
-    assert ex.cli_main(["cfg.toml", "--out", str(out), "--seeds", "0,1,2"]) == 0
+    assert ex.cli_main([str(cfg), "--out", str(out), "--seeds", "0,1,2"]) == 0
     assert [c[0] for c in calls] == [str(out / "seed1")]
+    # a finished matrix without every arm asked for now (here the 3-turn cell) is resumed, not skipped
+    calls.clear()
+    assert (
+        ex.cli_main([str(cfg), "--out", str(out), "--seeds", "0,1,2", "--set", "experiment.turns=[1, 3]"])
+        == 0
+    )
+    assert [c[0] for c in calls] == [str(out / f"seed{k}") for k in range(3)]
 
 
 def test_experiment_seeds_stops_at_the_budget_and_refuses_bad_input(tmp_path, monkeypatch):

@@ -9,7 +9,13 @@ from pathlib import Path
 
 from sqlrl.artifacts import read_json
 from sqlrl.config import ConfigError
-from sqlrl.experiment.matrix import QUICKSTART, load_experiment, packaged_config, run_experiment
+from sqlrl.experiment.matrix import (
+    QUICKSTART,
+    finished_matrix,
+    load_experiment,
+    packaged_config,
+    run_experiment,
+)
 from sqlrl.training.budget import Unfinished
 
 
@@ -114,8 +120,14 @@ def _run_seeds(a: argparse.Namespace, argv: list[str]) -> int:
         dirs.append(sub)
         meta = sub / "experiment.json"
         if meta.exists() and read_json(meta).get("finished"):
-            print(f"[experiment] seed {k} finished before -> {sub}")
-            continue
+            try:  # finished with every arm asked for now? (arms or turns may have been added since)
+                _, exp = load_experiment(a.config, [*a.set, f"run.seed={k}"])
+            except (ConfigError, ValueError, FileNotFoundError) as e:
+                print(f"sqlrl: {e}", file=sys.stderr)
+                return 2
+            if finished_matrix(sub, exp):
+                print(f"[experiment] seed {k} finished before -> {sub}")
+                continue
         print(f"[experiment] seed {k} -> {sub}")
         rc = _run(
             a.config,

@@ -209,8 +209,22 @@ def _experiment_state(
     )
     state.setdefault("arms", {})
     state.setdefault("started", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    state.pop("finished", None)  # set again when this run completes: a stop now leaves it unfinished
     write_json_atomic(exp_path, state)
     return state
+
+
+def arm_names(exp: ExperimentConfig) -> list[str]:
+    """Every arm name of the matrix, cell by cell in run order (`arms.arm_name`)."""
+    return [arm_name(kind, turns, context) for turns, context in exp.cells() for kind in exp.arms]
+
+
+def finished_matrix(out: Path, exp: ExperimentConfig) -> bool:
+    """Whether `out/experiment.json` records a finished run holding every arm of `exp` (a matrix finished
+    with fewer arms or cells than asked for now is not finished)."""
+    path = Path(out) / "experiment.json"
+    state = read_json(path) if path.is_file() else {}
+    return bool(state.get("finished")) and set(arm_names(exp)) <= set(state.get("arms") or {})
 
 
 class ArmProgress:

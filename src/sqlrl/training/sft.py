@@ -277,8 +277,6 @@ def load_sft_data(cfg: Config, out: Path, sft: SFTConfig | None = None) -> dict:
             "build": build,
             "record": record,
         }
-
-        return {"tasks": tasks, "split": split, "data": root, "gold_audit": audit, "build": build}
     tasks, all_tasks, file = load_sft_tasks(cfg)
     check_training_references(
         tasks, all_tasks, train_split=cfg.data.train_split, eval_split=cfg.data.eval_split
