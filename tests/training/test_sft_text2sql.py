@@ -180,3 +180,26 @@ def test_sft_with_smollm2_lowers_the_target_loss_and_moves_weights(tmp_path):
     assert after < 0.5 * before, (before, after)
     steps = [json.loads(x) for x in (tmp_path / "sft" / "steps.jsonl").read_text().splitlines()]
     assert steps[-1]["loss"] < steps[0]["loss"]
+
+
+def test_sft_resume_refuses_examples_other_than_the_ones_it_trained_on(tmp_path):
+    """run.json records the examples' hash; a resume whose freshly built examples differ (a multi-turn
+    trace's live observation, changed data) would let the checkpoint's sampler point at other examples,
+    so it stops with a config error; the same examples resume to the end."""
+    from sqlrl.training.sft import examples_hash, train_sft
+
+    sft = T.sft_from_dict({"steps": 3, "batch_size": 2, "micro_batch": 2, "lr": 1e-3, "checkpoint_every": 1})
+    out = tmp_path / "s"
+    train_sft(_cfg(), sft, out, policy_factory=tiny_factory, progress=False, stop_after=2)
+    run = json.loads((out / "run.json").read_text())
+    assert run["examples_hash"].startswith("sha256:")
+    # the hash follows the token ids: one changed id changes it
+    e = [{"task_id": "t", "format": "single", "prompt_ids": [1, 2], "target_ids": [3]}]
+    assert examples_hash(e) != examples_hash([{**e[0], "target_ids": [4]}])
+    good = run["examples_hash"]
+    (out / "run.json").write_text(json.dumps({**run, "examples_hash": "sha256:other"}))
+    with pytest.raises(C.ConfigError, match="SFT examples built now differ"):
+        train_sft(_cfg(), sft, out, resume=True, policy_factory=tiny_factory, progress=False)
+    (out / "run.json").write_text(json.dumps({**run, "examples_hash": good}))
+    res = train_sft(_cfg(), sft, out, resume=True, policy_factory=tiny_factory, progress=False)
+    assert res["finished"]

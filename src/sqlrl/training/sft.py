@@ -228,6 +228,18 @@ def config_hash(cfg: Config, sft: SFTConfig) -> str:
     return "sha256:" + hashlib.sha256(blob).hexdigest()
 
 
+def examples_hash(examples: list[dict]) -> str:
+    """sha256 over every example's task, format and token ids, in order: what the sampler's indices
+    point at, so a resumed run can check that it trains on the examples it started with."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for e in examples:
+        ids = (e["task_id"], e["format"], list(e["prompt_ids"]), list(e["target_ids"]), e.get("target_mask"))
+        h.update(json.dumps(ids, separators=(",", ":")).encode())
+    return "sha256:" + h.hexdigest()
+
+
 def load_sft_tasks(cfg: Config):
     """(training tasks used, all tasks of the file, the file) of `data.kind = "debug"`:
     `data.max_train_tasks` chosen as DebugEnv does."""
@@ -394,8 +406,16 @@ def train_sft(
     optimizer, scheduler = make_optimizer(params, sft.lr, sft.weight_decay, sft.warmup_steps)
 
     start_step, prev_s = 0, 0.0
+    built = examples_hash(examples)
     if resume:
-        prev_s = previous_seconds(previous_run(out))
+        prev = previous_run(out)
+        if prev.get("examples_hash") not in (None, built):
+            raise ConfigError(
+                f"{out}: the SFT examples built now differ from the ones this run trained on (examples "
+                f"hash {built} != {prev['examples_hash']}; e.g. a trace's sandbox observation or the data "
+                "changed), so its checkpoint's sampler would point at other examples; train into a new --out"
+            )
+        prev_s = previous_seconds(prev)
         start_step = (
             restore_latest(out, model, optimizer, scheduler, sampler, from_valid=resume_from_valid) or 0
         )
@@ -416,6 +436,7 @@ def train_sft(
         "train_tasks": len(tasks),
         "gold_audit": data["gold_audit"],
         "examples": len(examples),
+        "examples_hash": built,
         "examples_per_category": dict(Counter(e["category"] for e in examples)),
         "examples_per_format": dict(Counter(e["format"] for e in examples)),
         **data.get("record", {}),
