@@ -121,18 +121,15 @@ if [ "${1:-}" = verl ]; then shift; verl_cmd "$@"; exit $?; fi
 mkdir -p "$S/parts"
 export SQLRL_CACHE=$S/models PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 cmd=$1; shift
-# exit 0 when the experiment folder $S/$1 records a finished run
-# finished EXP TURNS: EXP's experiment.json is finished and holds every arm wanted (GO_ARMS, else the config's,
-# else the default four), in every context length of the config's experiment.context_tokens
-finished() { [ -f "$S/$1/experiment.json" ] && python3 - "$S/$1/experiment.json" "$CONFIG" "$2" "${GO_ARMS:-}" <<'PY'
-import json, sys, tomllib
-state, cfg, turns, arms = json.load(open(sys.argv[1])), sys.argv[2], int(sys.argv[3]), sys.argv[4].split()
-exp = tomllib.load(open(cfg, "rb")).get("experiment", {})
-arms = arms or exp.get("arms", ["base", "grpo", "no_update", "validity"])  # matrix.DEFAULT_ARMS
-# arms.arm_name: <kind>[_t<turns>][_c<context>], one name per context length of experiment.context_tokens
-ctx = [f"_c{c}" for c in exp.get("context_tokens", [])] or [""]
-want = {a + ("" if turns == 1 else f"_t{turns}") + c for a in arms for c in ctx}
-sys.exit(0 if state.get("finished") and want <= set(state.get("arms", {})) else 1)
+# finished EXP TURNS: sqlrl.experiment.matrix.finished_matrix of $S/EXP for the config's arms at TURNS (GO_ARMS:
+# those arms), with the code of this checkout (PYTHONPATH above; standard library only, no model)
+finished() { [ -f "$S/$1/experiment.json" ] && python3 - "$S/$1" "$CONFIG" "$2" "${GO_ARMS:-}" <<'PY'
+import json, sys
+from pathlib import Path
+from sqlrl.experiment.matrix import finished_matrix, load_experiment
+out, cfg, turns, arms = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split()
+sets = [f"experiment.turns=[{int(turns)}]"] + ([f"experiment.arms={json.dumps(arms)}"] if arms else [])
+sys.exit(0 if finished_matrix(Path(out), load_experiment(cfg, sets)[1]) else 1)
 PY
 }
 case "$cmd" in
