@@ -8,7 +8,8 @@ Covered:
 - `run_one` (sandbox): a cached connection per file (LRU, keyed by path, inode, size and mtime),
   opened `file:PATH?mode=ro&immutable=1` with `query_only=1`, `trusted_schema=0`,
   `temp_store=MEMORY` set before `read_only_authorizer` is installed.
-- `seconds`: every time limit is a finite number of seconds > 0 (NaN or infinity is a ValueError).
+- `seconds`: every time limit is a finite number of seconds > 0 (NaN or infinity is a ValueError);
+  `time_limits`: a pool's statement and hard limits.
 - `fetch_result` / `fetch_rows`: growing `fetchmany` chunks; more than `max_rows` rows ->
   `too_many_rows` (the first `max_rows` kept), more than `max_result_bytes` (marshalled size of the
   column names plus the rows) -> `too_large` (rows that fitted kept; no columns when the names alone
@@ -47,6 +48,16 @@ def seconds(value: object, what: str) -> float:
     if isinstance(value, bool) or not (math.isfinite(t) and t > 0):
         raise ValueError(f"{what} must be a finite number of seconds > 0, got {value!r}; pass e.g. 5")
     return t
+
+
+def time_limits(timeout_s: object, hard_timeout_s: object, who: str) -> tuple[float, float]:
+    """(statement limit, hard kill limit) of a worker pool: both finite seconds > 0 (`seconds`), the hard
+    one by default 2 x the statement limit + 1 s, never below it (ValueError naming `who`)."""
+    t = seconds(timeout_s, f"{who}: timeout_s")
+    hard = seconds(hard_timeout_s, f"{who}: hard_timeout_s") if hard_timeout_s else 2.0 * t + 1.0
+    if hard < t:
+        raise ValueError("hard_timeout_s must be >= timeout_s")
+    return t, hard
 
 
 class Deadline:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlrl.artifacts import sha256_file
-from sqlrl.sql.engine import seconds
+from sqlrl.sql.engine import seconds, time_limits
 from sqlrl.sql.guard import POOL_FORBIDDEN_START, check_statement
 from sqlrl.sql.replica_files import (
     TemplateChanged,
@@ -144,14 +144,7 @@ class ReplicaPool:
                 raise ValueError("template file stems must be unique (pass a dict to name them)")
         if not templates:
             raise ValueError("no templates")
-        self.timeout_s = seconds(timeout_s, "ReplicaPool: timeout_s")
-        self.hard_timeout_s = (
-            seconds(hard_timeout_s, "ReplicaPool: hard_timeout_s")
-            if hard_timeout_s
-            else 2.0 * self.timeout_s + 1.0
-        )
-        if self.hard_timeout_s < self.timeout_s:
-            raise ValueError("hard_timeout_s must be >= timeout_s")
+        self.timeout_s, self.hard_timeout_s = time_limits(timeout_s, hard_timeout_s, "ReplicaPool")
         self.lease_timeout_s = float(lease_timeout_s)
         self.max_sql_chars = int(max_sql_chars)
         self.remove_files = bool(remove_files)

@@ -31,7 +31,7 @@ import threading
 from collections import OrderedDict, deque
 from typing import Any
 
-from sqlrl.sql.engine import Deadline, run_one, seconds
+from sqlrl.sql.engine import Deadline, run_one, seconds, time_limits
 from sqlrl.sql.guard import check_statement
 from sqlrl.sql.result import MAX_RESULT_BYTES, MAX_ROWS, SQLResult, failure
 from sqlrl.sql.scoring import run_scored, score_batch
@@ -122,14 +122,7 @@ class Sandbox:
         if workers < 1:
             raise ValueError("workers must be >= 1")
         self.workers = int(workers)
-        self.timeout_s = seconds(timeout_s, "Sandbox: timeout_s")
-        self.hard_timeout_s = (
-            seconds(hard_timeout_s, "Sandbox: hard_timeout_s")
-            if hard_timeout_s
-            else 2.0 * self.timeout_s + 1.0
-        )
-        if self.hard_timeout_s < self.timeout_s:
-            raise ValueError("hard_timeout_s must be >= timeout_s")
+        self.timeout_s, self.hard_timeout_s = time_limits(timeout_s, hard_timeout_s, "Sandbox")
         self.max_rows = int(max_rows)
         self.max_result_bytes = int(max_result_bytes)
         self.max_sql_chars = int(max_sql_chars)
