@@ -265,7 +265,7 @@ def test_mutations_parse_and_differ():
     import sqlglot
 
     db = str(SPIDER / "database" / "manufactory_1" / "manufactory_1.sqlite")
-    cols = dbuild._table_columns(db)
+    cols = dbuild.table_columns(db)
     golds = [
         "SELECT name FROM products WHERE price > 200 ORDER BY price DESC LIMIT 3",
         "SELECT avg(price), max(price) FROM products",

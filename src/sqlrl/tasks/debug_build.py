@@ -35,7 +35,8 @@ from sqlrl.tasks.debugging import CATEGORIES, DEBUG_FORMAT_VERSION, DebugTaskPri
 __all__ = ["build_debug_tasks"]
 
 
-def _table_columns(db_path: str) -> dict[str, list[tuple[str, str]]]:
+def table_columns(db_path: str) -> dict[str, list[tuple[str, str]]]:
+    """{lower-case table: [(column, upper-case declared type)]} of a database (metadata, read-only)."""
     con = sqlite3.connect(Path(db_path).resolve().as_uri() + "?mode=ro", uri=True)
     con.text_factory = lambda b: b.decode("utf-8", errors="replace")
     try:
@@ -440,7 +441,7 @@ def build_debug_tasks(
         if not db_path.is_file() or db_id not in by_db:
             dropped["missing_database"] = dropped.get("missing_database", 0) + 1
             continue
-        info = _DbInfo(db_id, str(db_path), schema_text(str(db_path)), _table_columns(str(db_path)))
+        info = _DbInfo(db_id, str(db_path), schema_text(str(db_path)), table_columns(str(db_path)))
         rng = random.Random(f"{seed}:{db_id}")
         cands = []
         cands += _query_tasks(info, by_db[db_id], rng, n_q, dropped)

@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import logging
 import random
-import sqlite3
 from collections import Counter
-from pathlib import Path
 
 from sqlrl.config import ConfigError
 from sqlrl.generation.policy import Generation
+from sqlrl.tasks.debug_build import table_columns
 from sqlrl.training.sft_data import completion_tail, gold_answer_sql
 
 log = logging.getLogger(__name__)
@@ -72,24 +71,6 @@ def inspect_reply(sql: str) -> str:
 def final_reply(sql: str) -> str:
     """The answer turn: FINAL and the query in a ```sql block."""
     return f"FINAL\n```sql\n{sql}\n```"
-
-
-def table_columns(db_path: str) -> dict[str, list[tuple[str, str]]]:
-    """{lower-case table: [(column, upper-case declared type)]} of a database (metadata, read-only)."""
-    con = sqlite3.connect(Path(db_path).resolve().as_uri() + "?mode=ro", uri=True)
-    con.text_factory = lambda b: b.decode("utf-8", errors="replace")
-    try:
-        names = [
-            r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY rowid")
-        ]
-        out = {}
-        for n in names:
-            if not n.startswith("sqlite_"):
-                cols = con.execute("SELECT name, type FROM pragma_table_info(?)", (n,)).fetchall()
-                out[n.lower()] = [(c[0], (c[1] or "").upper()) for c in cols]
-        return out
-    finally:
-        con.close()
 
 
 def peek_sql(gold: str, columns: dict, rng: random.Random) -> str | None:
