@@ -37,6 +37,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run the equal-budget arm matrix (Base, GRPO, No-update, validity-only)",
     ),
     "report": ("sqlrl.cli.report", "apply the evidence gate to an experiment folder and write the report"),
+    "compare": (
+        "sqlrl.cli.compare",
+        "paired comparison of two evaluation runs: difference, CI, McNemar, what settings differ",
+    ),
     "seeds": (
         "sqlrl.cli.seeds",
         "one experiment matrix run with several training seeds: checks, per-seed and across-seed comparisons",

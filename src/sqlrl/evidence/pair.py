@@ -1,0 +1,198 @@
+"""Paired comparison of two evaluation runs (`sqlrl compare A B`): the numbers `sqlrl report` gives an arm
+pair, for any two `sqlrl eval` folders (or experiment arms' `eval/` folders).
+
+What is covered:
+- pairing by task_id over records scored in both runs (`analysis.paired_outcomes`); tasks excluded in
+  either run and tasks in one run only are counted, not compared;
+- diff = accuracy(B) - accuracy(A) with a paired percentile bootstrap CI, the exact McNemar test, the
+  discordant counts, and the repair decomposition (format/validity repair vs answer change);
+- what differs between the runs' run.json: model, task set (fingerprint), budgets (schema view, turns,
+  tokens), sampling, engine. Listed so a reader sees what the comparison varies.
+
+What is not:
+- no check that the difference is the only one intended: the listed settings are the caller's to read;
+- no gate: a comparison of two evaluations is not a training claim (use `sqlrl report` on a matrix);
+- no correction for multiple comparisons.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# run.json fields whose differences are listed (dotted paths into run.json)
+COMPARED_SETTINGS = ("model.name", "model.identity", "fingerprint", "budgets", "sampling", "engine")
+
+
+class CompareError(ValueError):
+    """A run folder that cannot be compared (missing or unreadable results.jsonl)."""
+
+
+@dataclass(frozen=True)
+class RunSide:
+    """One side of the comparison: folder, accuracy over its own scored tasks."""
+
+    path: str
+    scored: int
+    correct: int
+    excluded: int
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.scored if self.scored else 0.0
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """B against A on the tasks scored in both (`diff` = accuracy(B) - accuracy(A) there)."""
+
+    a: RunSide
+    b: RunSide
+    n: int
+    """Tasks scored in both runs."""
+    mean_a: float
+    mean_b: float
+    diff: float
+    ci_low: float
+    ci_high: float
+    ci: float
+    p_value: float
+    b_only: int
+    """Tasks B gets right and A wrong."""
+    a_only: int
+    dropped_excluded: int
+    """Tasks in both runs but excluded (unscorable gold) in at least one."""
+    unpaired: int
+    """Tasks in one run only."""
+    repair: dict
+    """`analysis.repair_decomposition` of the paired outcomes."""
+    differences: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    """Setting -> (A's value, B's value) for every run.json setting that differs."""
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["a"]["accuracy"], d["b"]["accuracy"] = self.a.accuracy, self.b.accuracy
+        d["differences"] = {k: list(v) for k, v in self.differences.items()}
+        return d
+
+
+def _results(folder: Path) -> list[dict]:
+    from sqlrl.artifacts import read_jsonl
+
+    path = folder / "results.jsonl" if folder.is_dir() else folder
+    if not path.is_file():
+        raise CompareError(f"{folder}: no results.jsonl (an `sqlrl eval` folder, or an arm's eval/ folder)")
+    try:
+        rows = list(read_jsonl(path))
+    except (OSError, ValueError) as e:
+        raise CompareError(f"{path}: unreadable results.jsonl ({e})") from e
+    if not rows or any(not isinstance(r, dict) or "task_id" not in r for r in rows):
+        raise CompareError(f"{path}: not a results.jsonl of per-task records with a task_id")
+    return rows
+
+
+def _run_json(folder: Path) -> dict:
+    from sqlrl.artifacts import read_json
+
+    path = (folder if folder.is_dir() else folder.parent) / "run.json"
+    try:
+        return read_json(path) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _get(d: dict, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(d, dict):
+            return None
+        d = d.get(part)
+    return d
+
+
+def setting_differences(run_a: dict, run_b: dict) -> dict[str, tuple[Any, Any]]:
+    """{setting: (a, b)} for the `COMPARED_SETTINGS` that differ; a dict setting (budgets, sampling) is
+    compared key by key, so `budgets.schema_sample_values` shows up alone."""
+    out: dict[str, tuple[Any, Any]] = {}
+    for key in COMPARED_SETTINGS:
+        va, vb = _get(run_a, key), _get(run_b, key)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            for sub in sorted(set(va) | set(vb)):
+                if va.get(sub) != vb.get(sub):
+                    out[f"{key}.{sub}"] = (va.get(sub), vb.get(sub))
+        elif va != vb:
+            out[key] = (va, vb)
+    return out
+
+
+def _side(path: Path, rows: list[dict]) -> RunSide:
+    scored = [r for r in rows if r.get("correct") is not None]
+    return RunSide(str(path), len(scored), sum(bool(r["correct"]) for r in scored), len(rows) - len(scored))
+
+
+def compare_runs(
+    a: str | Path, b: str | Path, *, n_boot: int = 10000, seed: int = 0, ci: float = 0.95
+) -> Comparison:
+    """Paired comparison of evaluation run `b` against `a` (folders holding results.jsonl, or the files)."""
+    from sqlrl.evidence import stats
+    from sqlrl.evidence.analysis import paired_outcomes, repair_decomposition
+
+    pa, pb = Path(a), Path(b)
+    ra, rb = _results(pa), _results(pb)
+    p = paired_outcomes(ra, rb)
+    if not p["a"]:
+        raise CompareError(f"{pa} and {pb} have no task scored in both")
+    boot = stats.paired_bootstrap(p["a"], p["b"], n_boot=n_boot, seed=seed, ci=ci)
+    mc = stats.mcnemar_exact(p["a"], p["b"])
+    return Comparison(
+        a=_side(pa, ra),
+        b=_side(pb, rb),
+        n=len(p["a"]),
+        mean_a=sum(p["a"]) / len(p["a"]),
+        mean_b=sum(p["b"]) / len(p["b"]),
+        diff=boot["diff"],
+        ci_low=boot["ci_low"],
+        ci_high=boot["ci_high"],
+        ci=ci,
+        p_value=mc["p_value"],
+        b_only=sum(1 for x, y in zip(p["a"], p["b"]) if not x and y),
+        a_only=sum(1 for x, y in zip(p["a"], p["b"]) if x and not y),
+        dropped_excluded=p["dropped_excluded"],
+        unpaired=p["unpaired"],
+        repair=repair_decomposition(p),
+        differences=setting_differences(_run_json(pa), _run_json(pb)),
+    )
+
+
+def _shown(v: Any) -> str:
+    """A setting's value as printed; absent from run.json (a budget at its default is not recorded)."""
+    return "(not recorded: default)" if v is None else repr(v)
+
+
+def format_comparison(c: Comparison) -> str:
+    """The text `sqlrl compare` prints."""
+
+    def pct(x: float) -> str:
+        return f"{100 * x:.1f}%"
+
+    def pp(x: float) -> str:
+        return f"{100 * x:+.1f} pp"
+
+    r = c.repair
+    lines = [
+        f"A: {c.a.path}: {pct(c.a.accuracy)} ({c.a.correct}/{c.a.scored} scored, {c.a.excluded} excluded)",
+        f"B: {c.b.path}: {pct(c.b.accuracy)} ({c.b.correct}/{c.b.scored} scored, {c.b.excluded} excluded)",
+        f"paired on {c.n} tasks scored in both ({c.dropped_excluded} excluded in either, "
+        f"{c.unpaired} in one run only): A {pct(c.mean_a)}, B {pct(c.mean_b)}",
+        f"B - A: {pp(c.diff)} ({round(100 * c.ci)}% CI {pp(c.ci_low)} to {pp(c.ci_high)}), "
+        f"exact McNemar p = {c.p_value:.2g}; B right and A wrong: {c.b_only}, A right and B wrong: {c.a_only}",
+        f"of which format/validity repair {pp(r['repair_part'])} (non-executable -> match {r['repair_gains']}, "
+        f"match -> non-executable {r['breakages']}), answer change {pp(r['answer_part'])} "
+        f"(mismatch -> match {r['answer_gains']}, match -> mismatch {r['answer_losses']})",
+    ]
+    if c.differences:
+        lines.append("settings that differ (A -> B):")
+        lines += [f"  {k}: {_shown(va)} -> {_shown(vb)}" for k, (va, vb) in c.differences.items()]
+    else:
+        lines.append("settings that differ: none recorded (same model, tasks, budgets, sampling, engine)")
+    return "\n".join(lines)
