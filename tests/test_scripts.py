@@ -368,3 +368,17 @@ def test_gpu_sh_slim_and_unslim_in_a_git_worktree(tmp_path):
     assert travelling() == ["results/r1/a.json", "scripts/gpu.sh", "src.txt"]
     status = subprocess.run(["git", "-C", str(wt), "status", "--porcelain"], capture_output=True, text=True)
     assert status.stdout == ""
+
+
+def test_gpu_sh_setup_names_missing_parts_on_a_fresh_machine(tmp_path):
+    """A machine given back between calls comes back without the parts staged on it: setup says how many
+    of the MANIFEST's parts are there and what to do, instead of a bare sha256 mismatch."""
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "part02").write_bytes(b"tail")
+    (parts / "MANIFEST").write_text("name q.gguf\nbytes 12\nsha256 00\nparts 3\n")
+    env = {**os.environ, "SQLRL_SCRATCH": str(tmp_path / "scratch"), "GPU_PARTS": str(parts)}
+    r = subprocess.run(["bash", "scripts/gpu.sh", "setup"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "1 of 3 parts staged" in r.stderr and "gpu.sh stage NN" in r.stderr, r.stderr
+    assert not (tmp_path / "scratch" / "qwen.gguf").exists()
