@@ -19,7 +19,8 @@ What is covered:
   the reference; examples that do not, that exceed the agent's budgets (`max_new_tokens`,
   `max_context_tokens`), or whose gold is unscorable are dropped and counted in run.json (never truncated).
 - The run folder is that of `sqlrl train` (`runfolder.py`: config.json, run.json with train_seconds,
-  steps.jsonl, split.json, checkpoints/, final/); `--resume` continues from the last checkpoint.
+  steps.jsonl, split.json, checkpoints/, final/, curve.jsonl of `run.eval_every`: `sft_loop.py`);
+  `--resume` continues from the last checkpoint; `sft.lr_schedule`: `schedule.py`.
 Not covered: that imitation of references helps; a short CPU run proves nothing.
 """
 
