@@ -18,9 +18,8 @@ What is covered:
 - Every target round-trips: decoding its token ids and parsing them with the agent's parser gives back
   the reference; examples that do not, that exceed the agent's budgets (`max_new_tokens`,
   `max_context_tokens`), or whose gold is unscorable are dropped and counted in run.json (never truncated).
-- The run folder is that of `sqlrl train` (`runfolder.py`: config.json, run.json with train_seconds,
-  steps.jsonl, split.json, checkpoints/, final/, curve.jsonl of `run.eval_every`: `sft_loop.py`);
-  `--resume` continues from the last checkpoint; `sft.lr_schedule`: `schedule.py`.
+- The run folder is that of `sqlrl train` (`runfolder.py`; curve.jsonl: `sft_loop.py`; the schedule:
+  `schedule.py`); `--resume` continues from the last checkpoint.
 Not covered: that imitation of references helps; a short CPU run proves nothing.
 """
 
