@@ -242,8 +242,8 @@ class RunConfig:
     log_sql: bool = True
     """Every scored training trajectory's SQL, reward and status written to sql.jsonl (compact, no text)."""
     eval_every: int = 0
-    """Learning curve: greedy validation accuracy every N steps and at the last step, in curve.jsonl
-    (0 = off; Text-to-SQL only; its time is kept out of train_seconds)."""
+    """Learning curve of GRPO and SFT runs: greedy validation accuracy every N steps and at the last step,
+    in curve.jsonl (0 = off; Text-to-SQL only; its time is kept out of train_seconds)."""
     eval_tasks: int = 0
     """With eval_every: a seeded subset of this many validation tasks per point (0 = the whole split)."""
 

@@ -42,7 +42,12 @@ class SFTConfig:
     weight_decay: float = 0.0
     """AdamW weight decay."""
     warmup_steps: int = 0
-    """Linear warm-up steps, then constant."""
+    """Linear warm-up steps (step k of them at k/warmup_steps * lr), then lr_schedule."""
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """After the warm-up: `constant` (lr), or a `cosine` / `linear` decay that reaches min_lr_ratio * lr
+    at the last step, sft.steps (`training/schedule.py`); grpo_sft's own stage decays over init_steps."""
+    min_lr_ratio: float = 0.0
+    """Where a cosine / linear decay ends, as a fraction of lr (0 = the last step's update is zero); in [0, 1)."""
     max_grad_norm: float = 1.0
     """Gradient clipping (global L2 norm)."""
     checkpoint_every: int = 0
@@ -121,6 +126,7 @@ def sft_from_dict(raw: Any, source: str = "<dict>") -> SFTConfig:
     need(s.lr > 0, f"sft.lr = {s.lr}: the warm start needs a positive learning rate")
     need(s.max_grad_norm > 0, "sft.max_grad_norm must be > 0")
     need(s.warmup_steps >= 0, "sft.warmup_steps must be >= 0")
+    _check_schedule(s, need)
     need(
         s.checkpoint_every >= 0,
         f"sft.checkpoint_every = {s.checkpoint_every} must be >= 0 (0 = run.checkpoint_every)",
@@ -134,6 +140,28 @@ def sft_from_dict(raw: Any, source: str = "<dict>") -> SFTConfig:
 
 
 TRACE_KINDS = ("final", "check", "peek", "repair", "fix_error")
+
+
+def _check_schedule(s: SFTConfig, need) -> None:
+    need(
+        0.0 <= s.min_lr_ratio < 1.0,
+        f"sft.min_lr_ratio = {s.min_lr_ratio}: the decay ends at min_lr_ratio * lr, a fraction in [0, 1); "
+        "use e.g. 0.0 or 0.1",
+    )
+    if s.lr_schedule == "constant":
+        need(
+            s.min_lr_ratio == 0.0,
+            f'sft.min_lr_ratio = {s.min_lr_ratio} changes nothing with sft.lr_schedule = "constant"; '
+            'set sft.lr_schedule = "cosine" or "linear", or drop min_lr_ratio',
+        )
+        return
+    for key, steps in (("steps", s.steps), ("init_steps", s.init_steps)):
+        need(
+            steps == 0 and key == "init_steps" or steps > s.warmup_steps,
+            f"sft.lr_schedule = {s.lr_schedule!r} decays after the warm-up until sft.{key} = {steps}, but "
+            f"sft.warmup_steps = {s.warmup_steps} leaves no step to decay over; lower warmup_steps or "
+            f"raise {key}",
+        )
 
 
 def _check_traces(s: SFTConfig, need) -> None:

@@ -221,3 +221,38 @@ def test_curve_of_an_arm_without_train_run(exp) -> None:
     curves = analyze(e, n_boot=200)["breakdown"]["curves"]
     assert curves["validity"] == {"reason": "no curve: no train run (no train/run.json)"}
     assert curves["grpo"] == {"reason": "no curve: run.eval_every = 0"}
+
+
+def test_sft_arm_curve_and_grpo_sft_stage_curve(tmp_path) -> None:
+    """The sft arm's train/curve.jsonl is its curve like any trained arm's; a grpo_sft arm that ran its own
+    SFT stage (experiment.json init_run) shows that stage's curve as "<arm> SFT stage", in its colour; a
+    grpo_sft arm that started from the sft arm's run shows no stage of its own (that is the sft arm's)."""
+    e = make_experiment(tmp_path / "exp", n_tasks=10, arms=("base", "sft", "grpo_sft"))
+    sft_pts = [
+        {"step": 4, "execution_match": 0.5, "executable_rate": 0.75, "n": 8, "n_tasks": 10, "seconds": 2.0},
+        {"step": 8, "execution_match": 0.25, "executable_rate": 0.75, "n": 8, "n_tasks": 10, "seconds": 2.0},
+    ]
+    write_jsonl(e / "arms/sft/train/curve.jsonl", sft_pts)
+    meta = read_json(e / "experiment.json")
+    meta["arms"]["grpo_sft"]["init_run"] = "arms/sft/train"
+    write_json_atomic(e / "experiment.json", meta)
+    curves = analyze(e, n_boot=200)["breakdown"]["curves"]
+    assert curves["sft"] == {"points": sft_pts} and not any(k.endswith("SFT stage") for k in curves)
+    stage = e / "arms/grpo_sft/sft_init"
+    stage.mkdir()
+    write_json_atomic(stage / "run.json", {"kind": "sft", "train_seconds": 10.0})
+    write_jsonl(stage / "curve.jsonl", [{**sft_pts[1], "step": 6, "execution_match": 0.375}, sft_pts[0]])
+    meta["arms"]["grpo_sft"]["init_run"] = "arms/grpo_sft/sft_init"
+    write_json_atomic(e / "experiment.json", meta)
+    a = analyze(e, n_boot=200)
+    got = a["breakdown"]["curves"]["grpo_sft SFT stage"]
+    assert got["of"] == "grpo_sft" and [(p["step"], p["execution_match"]) for p in got["points"]] == [
+        (4, 0.5),
+        (6, 0.375),
+    ]
+    paths = write_report(e, n_boot=200)
+    html = _section(Path(paths["html"]).read_text(encoding="utf-8"), "learning-curve")
+    assert html.count(a["colors"]["grpo_sft"]) >= 2  # the stage's legend entry and line take its arm's colour
+    md = Path(paths["markdown"]).read_text(encoding="utf-8")
+    assert "| sft | 8 | 25.0% | 75.0% | - | 8/10 | 2.0 |" in md
+    assert "| grpo_sft SFT stage | 6 | 37.5% | 75.0% | - | 8/10 | 2.0 |" in md

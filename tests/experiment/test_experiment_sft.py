@@ -244,3 +244,24 @@ def test_sft_arms_run_per_context_cell(tiny_model_dir, tmp_path):  # noqa: F811
     md = (out / "report.md").read_text()
     assert "| grpo_sft_c1536 vs sft_c1536 |" in md and "| grpo_sft_c2048 vs sft_c2048 |" in md
     assert "grpo_sft_c1536 vs sft_c2048" not in md
+
+
+def test_sft_runs_of_the_matrix_measure_their_curve_at_the_arms_turns(tmp_path, monkeypatch):
+    """The sft arm and grpo_sft's own SFT stage train single-turn; their learning curve (run.eval_every)
+    evaluates at the cell's turn budget, the one the arm is evaluated with."""
+    from sqlrl.experiment import arms
+    from sqlrl.training import sft as sft_mod
+
+    calls = []
+
+    def fake(cfg, sft, out, **kw):
+        calls.append((cfg.agent.turns, kw.get("curve_turns")))
+        return {"steps": sft.steps, "finished": True}
+
+    monkeypatch.setattr(sft_mod, "train_sft", fake)
+    cfg = C.from_dict({"model": {"name": "tiny"}, "data": {"path": "embedded"}, "run": {"eval_every": 5}})
+    sft = T.sft_from_dict({"steps": 3, "init_steps": 2})
+    kw = dict(resume=False, command=None, deadline=None, sft=sft, progress=None)
+    arms.train_arm(cfg, tmp_path, "sft_t3", "sft", 3, **kw)
+    arms.sft_stage(cfg, sft, tmp_path / "arms/grpo_sft_t3/sft_init", 3, "grpo_sft_t3", None, None)
+    assert calls == [(1, 3), (1, 3)]

@@ -7,8 +7,9 @@
   difference on the tasks of that class scored in both. A row whose db_id differs from the example's
   means another folder: that arm's hardness is refused with the reason. Without the folder, the
   arm's summary.json `by_hardness` (written by `sqlrl eval`) is shown, marked as such, without CI.
-- learning curve: train/curve.jsonl of each trained arm (`run.eval_every` > 0); otherwise the reason
-  (`run.eval_every` = 0 in its train config.json, or no point written).
+- learning curve: train/curve.jsonl of each trained arm (`run.eval_every` > 0; GRPO and SFT runs alike);
+  otherwise the reason (`run.eval_every` = 0 in its train config.json, or no point written); also
+  the curve of a grpo_sft arm's own SFT stage (its `init_run`), as "<arm> SFT stage".
 - self-consistency: eval/self_consistency.json(l) (`sqlrl eval --self-consistency K`); accuracy and
   pass@k recomputed from the per-task file when present, and the paired difference with the arm's
   greedy results on the tasks scored in both (bootstrap CI, exact McNemar).
@@ -155,6 +156,26 @@ def _arm_curve(exp: Experiment, arm: str) -> dict:
     return {"reason": f"no curve: run.eval_every = {every} but train/curve.jsonl holds no point"}
 
 
+def _stage_curves(exp: Experiment) -> dict:
+    """ "<arm> SFT stage" -> {"points", "of": arm} for each grpo_sft arm that ran its own SFT stage
+    (`sft.init_steps` > 0) with a learning curve; a stage that is the sft arm's run is that arm's curve."""
+    from sqlrl.evidence.rltime import init_run
+
+    arms = {a.train_dir.resolve() for a in exp.arms.values() if a.train_dir is not None}
+    out = {}
+    for arm in exp.arms_of("grpo_sft"):
+        d, _ = init_run(exp, arm)
+        if d is None or d.resolve() in arms:
+            continue
+        points = [p for p in exp.run_curve(d) or [] if isinstance(p, dict)]
+        if points:
+            out[f"{arm.name} SFT stage"] = {
+                "points": sorted(points, key=lambda p: p.get("step", 0)),
+                "of": arm.name,
+            }
+    return out
+
+
 def _num(x: Any) -> float | None:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
 
@@ -218,6 +239,7 @@ def breakdown(exp: Experiment, base_of: dict[str, str], *, data: str | Path | No
         if cls is not None and "_of" in hard.get(a, {}):
             vs_base[b] = _paired_by_class(exp, a, b, cls)
     curves = {a: _arm_curve(exp, a) for a, arm in exp.arms.items() if arm.train_dir is not None}
+    curves.update(_stage_curves(exp))
     sc = {a: _arm_self_consistency(exp, a, **kw) for a in exp.arms}
     return {
         "hardness": {a: {k: v for k, v in h.items() if k != "_of"} for a, h in hard.items()},

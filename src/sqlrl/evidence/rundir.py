@@ -196,6 +196,10 @@ class Experiment:
     def curve(self, arm: str) -> list[dict] | None:
         return self._jsonl(self.train_file(arm, "curve.jsonl"))
 
+    def run_curve(self, run_dir: Path) -> list[dict] | None:
+        """curve.jsonl of a training run folder that is no arm's own (grpo_sft's SFT stage)."""
+        return self._jsonl(_maybe_gz(run_dir / "curve.jsonl"))
+
     def train_config(self, arm: str) -> dict | None:
         return self._json(self.train_file(arm, "config.json"))
 

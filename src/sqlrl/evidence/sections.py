@@ -23,8 +23,10 @@ VS_BASE_NOTE = (
 )
 CURVE_NOTE = (
     "Greedy execution match of the policy being trained, on the validation tasks of run.eval_tasks "
-    "(0 = the whole split), every run.eval_every steps and at the last step (train/curve.jsonl). A step "
-    "chosen by this curve has an optimistic figure on these tasks."
+    "(0 = the whole split), every run.eval_every steps and at the last step (train/curve.jsonl), for GRPO "
+    "and SFT runs alike (an SFT arm trains single-turn and is measured at its arm's turns; \"<arm> SFT "
+    "stage\" is a grpo_sft arm's own SFT stage, whose steps come before its GRPO steps). A step chosen by "
+    "this curve has an optimistic figure on these tasks."
 )
 SC_NOTE = (
     "Self-consistency: k sampled answers per task, the answer with the most common execution result "
@@ -153,7 +155,11 @@ def curve_html(analysis: dict) -> list[str]:
     curves = analysis["breakdown"]["curves"]
     if not curves:
         return []
-    colors = analysis["colors"]
+    # a grpo_sft arm's SFT stage is drawn in its arm's colour, with a line style of its own
+    colors = {
+        **analysis["colors"],
+        **{a: analysis["colors"][c["of"]] for a, c in curves.items() if "of" in c},
+    }
     have = {a: c["points"] for a, c in curves.items() if c.get("points")}
     out = ['<section id="learning-curve"><h2>Learning curve (validation accuracy during training)</h2>']
     if have:

@@ -85,6 +85,7 @@ def sft_stage(
         resume=resume,
         command=command,
         deadline=deadline,
+        curve_turns=turns,
     )
     free_memory()
     if not res["finished"]:
@@ -132,6 +133,7 @@ def train_arm(
             resume=resume,
             command=command,
             deadline=deadline,
+            curve_turns=turns,  # trained single-turn, its curve at the turns the arm is evaluated with
         )
         return res, sft.steps
     init = None

@@ -1,10 +1,10 @@
 """The learning curve: greedy validation accuracy of the policy being trained, every N steps.
 
-With `run.eval_every` = N > 0 the trainer evaluates its rollout policy greedily, with the run's agent
-budgets, on the validation split (`data.eval_split`, or a seeded subset of `run.eval_tasks` tasks)
-after every N-th step and after the last one, exactly as `sqlrl eval` scores (gold audit, exclusions,
-test-suite metric), and appends one line per point to `curve.jsonl`: step, execution_match,
-executable_rate, scored and excluded tasks, seconds.
+With `run.eval_every` = N > 0 the trainer (GRPO's, and SFT's through `sft_loop.SFTCurve`) evaluates
+its rollout policy greedily, with the run's agent budgets, on the validation split (`data.eval_split`,
+or a seeded subset of `run.eval_tasks` tasks) after every N-th step and after the last one, exactly as
+`sqlrl eval` scores (gold audit, exclusions, test-suite metric), and appends one line per point to
+`curve.jsonl`: step, execution_match, executable_rate, scored and excluded tasks, seconds.
 
 What is covered:
 - the evaluation never reaches the update: greedy generation on the validation databases (never
@@ -55,8 +55,12 @@ class Curve:
             ]
             self.path.write_text("".join(line + "\n" for line in keep))
 
+    def due(self, step: int, last: bool) -> bool:
+        """Whether `step` gets a point: every `run.eval_every`-th step and the last one."""
+        return self.every > 0 and (step % self.every == 0 or last)
+
     def __call__(self, step: int, policy: Any, last: bool) -> dict | None:
-        if self.every <= 0 or not (step % self.every == 0 or last):
+        if not self.due(step, last):
             return None
         from sqlrl.evaluation.runner import evaluate_tasks
 

@@ -18,25 +18,22 @@ What is covered:
 - Every target round-trips: decoding its token ids and parsing them with the agent's parser gives back
   the reference; examples that do not, that exceed the agent's budgets (`max_new_tokens`,
   `max_context_tokens`), or whose gold is unscorable are dropped and counted in run.json (never truncated).
-- The run folder is that of `sqlrl train` (`runfolder.py`: config.json, run.json with train_seconds,
-  steps.jsonl, split.json, checkpoints/, final/); `--resume` continues from the last checkpoint.
+- The run folder is that of `sqlrl train` (`runfolder.py`; curve.jsonl: `sft_loop.py`; the schedule:
+  `schedule.py`); `--resume` continues from the last checkpoint.
 Not covered: that imitation of references helps; a short CPU run proves nothing.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
-import math
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 from sqlrl.artifacts import (
-    append_jsonl,
     git_commit,
     holds_run_lock,
     machine_info,
@@ -55,13 +52,16 @@ from sqlrl.training.runfolder import (
     previous_seconds,
     progress_bar,
     restore_latest,
-    stop_for_time,
 )
 from sqlrl.training.sampling import TaskSampler
 from sqlrl.training.sft_data import build_text2sql_examples, load_text2sql_sft
 from sqlrl.training.sft_data import completion_tail as _completion_tail
+from sqlrl.training.sft_loop import SFTCurve, StepLoop, run_steps
+from sqlrl.training.sft_loop import answer_loss_sum as answer_loss_sum
+from sqlrl.training.sft_loop import collate as collate
+from sqlrl.training.sft_loop import sft_step as sft_step
+from sqlrl.training.sft_loop import trained_tokens as trained_tokens
 from sqlrl.training.trainer import load_trainable, make_optimizer, pad_token_id, seed_and_device
-from sqlrl.training.update import step_schedule
 
 log = logging.getLogger(__name__)
 
@@ -156,67 +156,16 @@ def build_sft_examples(tasks, tokenizer, budgets, submit_turns: int = 0) -> tupl
     return examples, dict(dropped)
 
 
-def collate(examples: list[dict], pad_id: int, device):
-    """Right-padded input ids, attention mask and labels (-100 on prompt, padding, and target tokens
-    whose `target_mask` entry is 0)."""
-    import torch
-
-    T = max(len(e["prompt_ids"]) + len(e["target_ids"]) for e in examples)
-    B = len(examples)
-    ids = torch.full((B, T), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, T), dtype=torch.long)
-    labels = torch.full((B, T), -100, dtype=torch.long)
-    for b, e in enumerate(examples):
-        seq = e["prompt_ids"] + e["target_ids"]
-        n, p = len(seq), len(e["prompt_ids"])
-        ids[b, :n] = torch.tensor(seq)
-        attn[b, :n] = 1
-        tgt = torch.tensor(e["target_ids"])
-        if e.get("target_mask") is not None:  # multi-turn traces: observations are not trained
-            tgt = tgt.masked_fill(torch.tensor(e["target_mask"]) == 0, -100)
-        labels[b, p:n] = tgt
-    return ids.to(device), attn.to(device), labels.to(device)
-
-
-def trained_tokens(example: dict) -> int:
-    """Target tokens the loss covers: all of them, or those with `target_mask` 1."""
-    mask = example.get("target_mask")
-    return len(example["target_ids"]) if mask is None else sum(mask)
-
-
-def answer_loss_sum(model, ids, attn, labels, autocast_dtype=None):
-    """(sum of token cross-entropies over answer tokens, number of answer tokens, correct argmax tokens)."""
-    import torch
-    import torch.nn.functional as F
-
-    from sqlrl.training.update import train_attention_context
-
-    ctx = (
-        torch.autocast("cuda", dtype=autocast_dtype)
-        if autocast_dtype is not None
-        else contextlib.nullcontext()
-    )
-    # the trainer's kernel rule (no cuDNN SDPA on CUDA), which SFT on padded batches needs as well
-    with ctx, train_attention_context(ids.device.type):
-        logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits
-    logits = logits[:, :-1, :].float()
-    tgt = labels[:, 1:]
-    mask = tgt != -100
-    loss = F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=-100, reduction="sum"
-    )
-    with torch.no_grad():
-        correct = int(((logits.argmax(-1) == tgt) & mask).sum().item())
-    return loss, int(mask.sum().item()), correct
-
-
 def resolved(cfg: Config, sft: SFTConfig) -> dict:
     """The run's config as config.json holds it; sft.init_steps is the matrix's grpo_sft setting, not
     this run's, so it is left out (changing it does not change an SFT run), and so are the trace_*
-    settings while trace_turns = 0 (they change nothing then)."""
+    settings while trace_turns = 0 and lr_schedule, min_lr_ratio while the schedule is constant (they
+    change nothing then)."""
     skip = {"init_steps"} | (
         {"trace_turns", "trace_kinds", "trace_weights"} if not sft.trace_turns else set()
     )
+    if sft.lr_schedule == "constant":
+        skip |= {"lr_schedule", "min_lr_ratio"}
     table = {k: v for k, v in dataclasses.asdict(sft).items() if k not in skip}
     return {**cfg.resolve(), "sft": table}
 
@@ -288,6 +237,7 @@ def load_sft_data(cfg: Config, out: Path, sft: SFTConfig | None = None) -> dict:
             "gold_audit": audit,
             "build": build,
             "record": record,
+            "env": source,
         }
     tasks, all_tasks, file = load_sft_tasks(cfg)
     check_training_references(
@@ -316,32 +266,6 @@ def split_record(cfg: Config, tasks, all_tasks, file: Path) -> dict:
     }
 
 
-def sft_step(model, optimizer, scheduler, params, batch, sft: SFTConfig, pad_id: int, device, autocast):
-    """One optimizer step on `batch` in micro-batches, the loss averaged over all answer tokens of the
-    step; a non-finite gradient norm skips the parameter write. Returns (loss sum, correct tokens,
-    answer tokens, gradient norm)."""
-    import torch
-
-    n_tok = sum(trained_tokens(e) for e in batch)
-    model.train()
-    optimizer.zero_grad(set_to_none=True)
-    loss_sum, correct, counted = 0.0, 0, 0
-    for k in range(0, len(batch), sft.micro_batch):
-        ids, attn, labels = collate(batch[k : k + sft.micro_batch], pad_id, device)
-        loss, ntok, corr = answer_loss_sum(model, ids, attn, labels, autocast)
-        (loss / n_tok).backward()
-        loss_sum += float(loss.item())
-        correct += corr
-        counted += ntok
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, sft.max_grad_norm).item())
-    stepped = math.isfinite(grad_norm)
-    if stepped:
-        optimizer.step()
-    step_schedule(scheduler, optimizer_stepped=stepped)
-    optimizer.zero_grad(set_to_none=True)
-    return loss_sum, correct, counted, grad_norm
-
-
 def check_sft_settings(cfg: Config, sft: SFTConfig, budgets) -> None:
     """Refuse [sft] settings that do not fit the data kind or the budgets, before any model is loaded."""
     if cfg.data.kind != "text2sql" and sft.trace_turns:
@@ -360,6 +284,31 @@ def check_sft_settings(cfg: Config, sft: SFTConfig, budgets) -> None:
         check_trace_budgets(budgets, sft)
 
 
+def curve_budgets(cfg: Config, budgets, curve_turns: int | None):
+    """The agent budgets of the learning curve: the run's, or those at `curve_turns` turns (the turn budget
+    the matrix evaluates an SFT arm at, while it trains single-turn)."""
+    from sqlrl.agent.loop import Budgets
+
+    if curve_turns is None or curve_turns == budgets.turns:
+        return budgets
+    return Budgets.from_config(cfg.replace(agent={"turns": curve_turns}).agent)
+
+
+def resume_sft(out: Path, built: str, model, optimizer, scheduler, sampler, from_valid: bool):
+    """(step, training seconds of earlier invocations) of a resumed run: its newest checkpoint restored,
+    steps.jsonl lines after it dropped; refused when the examples differ from those it trained on."""
+    prev = previous_run(out)
+    if prev.get("examples_hash") not in (None, built):
+        raise ConfigError(
+            f"{out}: the SFT examples built now differ from the ones this run trained on (examples "
+            f"hash {built} != {prev['examples_hash']}; e.g. a trace's sandbox observation or the data "
+            "changed), so its checkpoint's sampler would point at other examples; train into a new --out"
+        )
+    step = restore_latest(out, model, optimizer, scheduler, sampler, from_valid=from_valid) or 0
+    drop_steps_after(out, ("steps.jsonl",), step)
+    return step, previous_seconds(prev)
+
+
 @holds_run_lock("out_dir")
 def train_sft(
     cfg: Config,
@@ -373,11 +322,14 @@ def train_sft(
     stop_after: int | None = None,
     deadline: float | None = None,
     resume_from_valid: bool = False,
+    curve_turns: int | None = None,
 ) -> dict:
-    """Run the warm start into `out_dir` (`resume_from_valid`: see `trainer.train`). `policy_factory() -> (model, tokenizer, name, identity)` replaces
-    model loading (tests). `deadline` (a `time.monotonic()` value) stops cleanly, with a checkpoint,
-    before a step that would probably end after it (the trainer's rule). Returns {steps, finished, final,
-    final_identity, base_identity, weights_changed}."""
+    """Run the warm start into `out_dir` (`resume_from_valid`: see `trainer.train`). `policy_factory() ->
+    (model, tokenizer, name, identity)` replaces model loading (tests). `deadline` (a `time.monotonic()`
+    value) stops cleanly, with a checkpoint, before a step that would probably end after it (the trainer's
+    rule). With `run.eval_every` > 0 the learning curve (`sft_loop.SFTCurve`) evaluates at `curve_turns`
+    turns (None = agent.turns); its time is run.json's `curve_seconds`, not in `train_seconds`. Returns
+    {steps, finished, final, final_identity, base_identity, weights_changed}."""
     import torch
 
     from sqlrl.agent.loop import Budgets
@@ -388,6 +340,7 @@ def train_sft(
 
     budgets = Budgets.from_config(cfg.agent)
     check_sft_settings(cfg, sft, budgets)
+    eval_budgets = curve_budgets(cfg, budgets, curve_turns)
     data = load_sft_data(cfg, out, sft)
     out.mkdir(parents=True, exist_ok=True)
     tasks = data["tasks"]
@@ -403,23 +356,20 @@ def train_sft(
         raise ValueError(f"no usable SFT examples among {len(tasks)} training tasks (dropped: {dropped})")
     sampler = TaskSampler(len(examples), cfg.run.seed)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer, scheduler = make_optimizer(params, sft.lr, sft.weight_decay, sft.warmup_steps)
+    optimizer, scheduler = make_optimizer(
+        params,
+        sft.lr,
+        sft.weight_decay,
+        sft.warmup_steps,
+        schedule=sft.lr_schedule,
+        total_steps=sft.steps,
+        min_ratio=sft.min_lr_ratio,
+    )
 
     start_step, prev_s = 0, 0.0
     built = examples_hash(examples)
     if resume:
-        prev = previous_run(out)
-        if prev.get("examples_hash") not in (None, built):
-            raise ConfigError(
-                f"{out}: the SFT examples built now differ from the ones this run trained on (examples "
-                f"hash {built} != {prev['examples_hash']}; e.g. a trace's sandbox observation or the data "
-                "changed), so its checkpoint's sampler would point at other examples; train into a new --out"
-            )
-        prev_s = previous_seconds(prev)
-        start_step = (
-            restore_latest(out, model, optimizer, scheduler, sampler, from_valid=resume_from_valid) or 0
-        )
-        drop_steps_after(out, ("steps.jsonl",), start_step)
+        start_step, prev_s = resume_sft(out, built, model, optimizer, scheduler, sampler, resume_from_valid)
     else:
         write_json_atomic(out / "config.json", mine)
         write_json_atomic(out / "split.json", data["split"])
@@ -442,67 +392,59 @@ def train_sft(
         **data.get("record", {}),
         "dropped": dropped,
         "budgets": budgets.to_dict(),
+        **({"curve_budgets": eval_budgets.to_dict()} if cfg.run.eval_every else {}),
         "resumed_from_step": start_step if resume else None,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "status": "running",
     }
     write_json_atomic(out / "run.json", run_info)
 
-    autocast = torch.bfloat16 if device == "cuda" else None
-    pad_id = pad_token_id(tokenizer)
-    checkpoint = Checkpointer(
-        out, model, optimizer, scheduler, sampler, config_hash(cfg, sft), cfg.run.keep_checkpoints
-    )
     every = sft.checkpoint_every or cfg.run.checkpoint_every
+    curve = SFTCurve(
+        cfg,
+        out,
+        data.get("env"),
+        eval_budgets,
+        start_step if resume else None,
+        model,
+        (tokenizer, base_name, base_identity, gen_dtype),
+    )
+    loop = StepLoop(
+        model,
+        optimizer,
+        scheduler,
+        params,
+        examples,
+        sampler,
+        Checkpointer(
+            out, model, optimizer, scheduler, sampler, config_hash(cfg, sft), cfg.run.keep_checkpoints
+        ),
+        curve,
+        sft,
+        pad_token_id(tokenizer),
+        device,
+        torch.bfloat16 if device == "cuda" else None,
+        every,
+    )
     bar = progress_bar(progress, sft.steps, start_step, "sft")
     t_train0 = time.perf_counter()
-    last, done, last_step_s = start_step, 0, 0.0
-    for step in range(start_step + 1, sft.steps + 1):
-        if stop_for_time(deadline, last_step_s, last, start_step, every, checkpoint):
-            log.warning(f"sqlrl sft: stopping before step {step} to meet the time budget")
-            break
-        t0 = time.perf_counter()
-        batch = [examples[i] for i in sampler.next(sft.batch_size)]
-        loss_sum, correct, counted, grad_norm = sft_step(
-            model, optimizer, scheduler, params, batch, sft, pad_id, device, autocast
-        )
-        skipped = not math.isfinite(grad_norm)
-        if skipped:
-            log.warning(f"sqlrl sft: step {step}: non-finite gradient norm; update skipped")
-        metrics = {
-            "step": step,
-            "loss": loss_sum / counted if counted else None,
-            "token_accuracy": correct / counted if counted else None,
-            "answer_tokens": counted,
-            "n_examples": len(batch),
-            "task_ids": [e["task_id"] for e in batch],
-            "grad_norm": grad_norm if not skipped else None,
-            "skipped_nonfinite": skipped,
-            "lr": scheduler.get_last_lr()[0],
-            "time_step_s": round(time.perf_counter() - t0, 3),
-        }
-        append_jsonl(out / "steps.jsonl", metrics)
-        if bar is not None:
-            bar.set_postfix(loss=f"{metrics['loss']:.4f}", gn=f"{grad_norm:.3g}")
-            bar.update(1)
-        if step % every == 0 or step == sft.steps:
-            checkpoint(step)
-        last, done, last_step_s = step, done + 1, time.perf_counter() - t0
-        if stop_after is not None and done >= stop_after:
-            break
+    with curve:
+        last = run_steps(loop, out, start_step, bar, deadline, stop_after)
     if bar is not None:
         bar.close()
+    train_s = time.perf_counter() - t_train0 - curve.seconds
     finished = last >= sft.steps
     result: dict = {"steps": last, "finished": finished, "base_identity": base_identity}
     if finished:
         ident = export_final(model, tokenizer, out, step=last, cfg=cfg, base_identity=base_identity)
         result.update(final=str(out / "final"), **final_record(ident, base_identity))
-    total_s = prev_s + time.perf_counter() - t_train0
+    total_s = prev_s + train_s
     run_info.update(
         {
             "status": "finished" if finished else "stopped",
             "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "train_seconds": round(total_s, 2),
+            "curve_seconds": round(curve.seconds, 2),
             "gpu_minutes": round(total_s / 60.0, 3) if device == "cuda" else None,
             **result,
         }

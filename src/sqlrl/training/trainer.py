@@ -57,6 +57,7 @@ from sqlrl.training.runfolder import (
     stop_for_time,
 )
 from sqlrl.training.sampling import make_sampler
+from sqlrl.training.schedule import lr_factor
 from sqlrl.training.update import Learner, UpdateResult, update_policy
 
 log = logging.getLogger(__name__)
@@ -105,15 +106,26 @@ def seed_and_device(cfg: Config) -> tuple[str, str]:
     return device_and_dtypes(cfg)
 
 
-def make_optimizer(params: list, lr: float, weight_decay: float, warmup_steps: int, betas=None):
-    """(AdamW, LambdaLR with linear warm-up over `warmup_steps`, then constant)."""
+def make_optimizer(
+    params: list,
+    lr: float,
+    weight_decay: float,
+    warmup_steps: int,
+    betas=None,
+    *,
+    schedule: str = "constant",
+    total_steps: int = 0,
+    min_ratio: float = 0.0,
+):
+    """(AdamW, LambdaLR with linear warm-up over `warmup_steps`, then `schedule`: constant, or a linear
+    or cosine decay to `min_ratio` * lr at step `total_steps`; `schedule.lr_factor`)."""
     import torch
 
     kw = {} if betas is None else {"betas": betas}
     optimizer = torch.optim.AdamW(params, lr=lr, **kw, weight_decay=weight_decay)
-    warm = max(0, warmup_steps)
+    # LambdaLR's counter s is the number of scheduler steps taken: optimizer step s + 1 comes next
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
+        optimizer, lambda s: lr_factor(s + 1, warmup_steps, schedule, total_steps, min_ratio)
     )
     return optimizer, scheduler
 
@@ -152,16 +164,16 @@ class PolicyModels:
             sync_weights(self.gen, self.train)
 
 
-def build_models(cfg: Config, device: str, gen_dtype: str, policy_factory=None) -> PolicyModels:
-    """The models of a GRPO run: a full fine-tune generates with a `gen_dtype` copy unless that is float32
-    (bfloat16 on CUDA by default; on CPU with `model.dtype = "bfloat16"`)."""
+def rollout_policy(cfg: Config, train_model, tokenizer, base_name: str, base_identity: str, gen_dtype: str):
+    """(generation model, the `HFPolicy` generating with it, whether it is a separate copy): a full
+    fine-tune generates with a `gen_dtype` copy unless that is float32 (bfloat16 on CUDA by default; on
+    CPU with `model.dtype = "bfloat16"`), which `sync_weights` refreshes; LoRA generates with `train_model`."""
     import copy
 
     import torch
 
     from sqlrl.generation.policy import HFPolicy
 
-    train_model, tokenizer, base_name, base_identity = load_trainable(cfg, device, gen_dtype, policy_factory)
     separate_gen = cfg.model.lora_rank == 0 and gen_dtype != "float32"
     gen_model = train_model
     if separate_gen:
@@ -173,6 +185,17 @@ def build_models(cfg: Config, device: str, gen_dtype: str, policy_factory=None) 
         max_batch=cfg.run.gen_max_batch,
         name=base_name,
         identity=base_identity,
+    )
+    return gen_model, policy, separate_gen
+
+
+def build_models(cfg: Config, device: str, gen_dtype: str, policy_factory=None) -> PolicyModels:
+    """The models of a GRPO run (`rollout_policy`; with `grpo.kl_coef` > 0 a frozen reference copy)."""
+    import copy
+
+    train_model, tokenizer, base_name, base_identity = load_trainable(cfg, device, gen_dtype, policy_factory)
+    gen_model, policy, separate_gen = rollout_policy(
+        cfg, train_model, tokenizer, base_name, base_identity, gen_dtype
     )
     ref_model = None
     if cfg.grpo.kl_coef > 0:
