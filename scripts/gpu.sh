@@ -138,6 +138,9 @@ case "$cmd" in
     ls -la "$S/parts" | tail -n +2 | awk '{s+=$5} END {print "staged bytes:", s}' ;;
   setup)
     cp "$PARTS"/part* "$PARTS/MANIFEST" "$S/parts/" 2>/dev/null || true
+    # a machine given back between calls (more than 30 s apart) comes back fresh, without the staged parts
+    have=$(ls "$S"/parts/part* 2>/dev/null | wc -l); want_n=$(awk '$1=="parts"{print $2}' "$S/parts/MANIFEST" 2>/dev/null)
+    [ -z "$want_n" ] || [ "$have" = "$want_n" ] || { echo "setup: $have of $want_n parts staged on this machine (a fresh machine: the last one was given back?); stage the others again: gpu.sh stage NN" >&2; exit 1; }
     cat "$S"/parts/part* > "$S/qwen.gguf"
     want=$(awk '$1=="sha256"{print $2}' "$S/parts/MANIFEST"); got=$(sha256sum "$S/qwen.gguf" | cut -d' ' -f1)
     [ "$want" = "$got" ] || { echo "sha256 mismatch: want $want got $got" >&2; exit 1; }
