@@ -65,7 +65,7 @@ class SFTConfig:
     """Trace kinds mixed when trace_turns >= 2: `final` (FINAL gold at once), `check` (run the gold,
     observe, FINAL), `peek` (SELECT * LIMIT 3 of a table the gold uses, observe, FINAL), `repair` (a
     curriculum mutation of the gold whose result differs, observe, FINAL), `fix_error` (the gold with a
-    misspelled column, observe the error, FINAL)."""
+    misspelled column, observe the error, FINAL). Refused with trace_turns = 0 unless left at the default."""
     trace_weights: tuple[float, ...] = (1.0, 1.0, 1.0, 2.0, 1.0)
     """Share of each trace kind (same order and length as trace_kinds; >= 0, normalised): exact counts
     by largest remainder; tasks a kind cannot use go to the kinds that can (run.json `trace_mix`)."""
@@ -194,6 +194,18 @@ def _check_traces(s: SFTConfig, need) -> None:
             any(k != "final" and w > 0 for k, w in zip(s.trace_kinds, s.trace_weights)),
             "sft.trace_weights give weight only to `final`: no trace would use a second turn; weight "
             "check, peek, repair or fix_error",
+        )
+    else:
+        changed = [
+            f"sft.{k} = {list(getattr(s, k))}"
+            for k in ("trace_kinds", "trace_weights")
+            if tuple(getattr(s, k)) != tuple(getattr(SFTConfig, k))
+        ]
+        need(
+            not changed,
+            f"{' and '.join(changed)} with sft.trace_turns = 0: the trace mix only shapes multi-turn traces, "
+            "and trace_turns = 0 trains single-turn answers, so it would be ignored; set sft.trace_turns to "
+            "the agent's turn budget (>= 2), or remove those keys",
         )
 
 

@@ -339,3 +339,29 @@ def test_eval_summary_reports_how_the_turns_were_used(shop_tasks, sandbox, tmp_p
         "2": {"n": 1, "correct": 1, "accuracy": 1.0},
         "3": {"n": 1, "correct": 0, "accuracy": 0.0},
     }
+
+
+def test_report_and_evaluation_count_turn_use_the_same_way(shop_tasks, sandbox, tmp_path):
+    """`sqlrl report` recomputes turn use from trajectories.jsonl; on the trajectories the evaluation
+    scored it gives exactly the evaluation's summary.json block (one definition, not two)."""
+    import json
+
+    from sqlrl.evidence.analysis import turn_use as report_turn_use
+
+    out = evaluate_tasks(
+        shop_tasks,
+        ScriptedPolicy(multi_answer),
+        sandbox,
+        GoldCache(tmp_path / "gc"),
+        Budgets(turns=3),
+        progress=False,
+    )
+    rows = [
+        json.loads(json.dumps(tr.to_dict())) for tr in out.trajectories
+    ]  # as trajectories.jsonl holds them
+    u = report_turn_use(out.results, rows)
+    assert u == out.summary["turn_use"]
+    # by hand: London proposed the same query twice (whitespace and ';' differ): repeated, not revised;
+    # the total amount query was rewritten after its error: revised and correct
+    assert (u["n"], u["with_sql"], u["revised"], u["revised_correct"], u["repeated"]) == (3, 3, 1, 1, 1)
+    assert u["stop_reasons"] == {"final": 3} and u["mean_turns"] == pytest.approx(2.0)

@@ -290,11 +290,11 @@ def test_turn_use_counts_by_hand() -> None:
     from sqlrl.evidence.analysis import turn_use
 
     results = [
-        {"task_id": "a", "correct": True, "turns": 2, "stop_reason": "final"},
-        {"task_id": "b", "correct": False, "turns": 3, "stop_reason": "max_turns"},
-        {"task_id": "c", "correct": True, "turns": 3, "stop_reason": "max_turns"},
-        {"task_id": "d", "correct": False, "turns": 1, "stop_reason": "no_sql"},
-        {"task_id": "x", "correct": None, "turns": 0, "stop_reason": None},  # excluded: not counted
+        {"task_id": "a", "correct": True, "reward": 1.0, "turns": 2, "stop_reason": "final"},
+        {"task_id": "b", "correct": False, "reward": 0.0, "turns": 3, "stop_reason": "max_turns"},
+        {"task_id": "c", "correct": True, "reward": 1.0, "turns": 3, "stop_reason": "max_turns"},
+        {"task_id": "d", "correct": False, "reward": 0.0, "turns": 1, "stop_reason": "no_sql"},
+        {"task_id": "x", "correct": None, "reward": None, "turns": 0, "stop_reason": None},  # excluded
     ]
     q1, q2 = "SELECT 1", "SELECT  2"
     trajs = [

@@ -203,10 +203,25 @@ def test_trace_settings_are_checked(tmp_path):
             "no trace would use a second turn",
         ),
         ({"trace_turns": 3, "submit_turns": 3}, "exclude each other"),
+        (  # the mix shapes only multi-turn traces: with trace_turns = 0 it would be silently ignored
+            {"trace_kinds": ["check", "repair"], "trace_weights": [1.0, 1.0]},
+            r"sft.trace_kinds = \['check', 'repair'\] and sft.trace_weights = \[1.0, 1.0\] with "
+            "sft.trace_turns = 0: .* set sft.trace_turns to the agent's turn budget",
+        ),
+        (
+            {"trace_weights": [1.0, 1.0, 1.0, 1.0, 1.0]},
+            r"^<dict>: sft.trace_weights = \[1.0, 1.0, 1.0, 1.0, 1.0\] with",
+        ),
     ]
     for table, msg in bad:
         with pytest.raises(C.ConfigError, match=msg):
             T.sft_from_dict(table)
+    # the defaults, written out as a resolved config holds them, are not a mix set by hand
+    resolved = dataclasses.asdict(T.sft_from_dict({}))
+    assert T.sft_from_dict(resolved).trace_kinds == T.SFTConfig().trace_kinds
+    assert (
+        T.sft_from_dict({"trace_turns": 3, "trace_kinds": ["check"], "trace_weights": [1.0]}).trace_turns == 3
+    )
     from sqlrl.training.sft import train_sft
 
     refuse = lambda: pytest.fail("model loaded")  # noqa: E731

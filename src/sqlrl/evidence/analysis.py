@@ -11,8 +11,8 @@ Numbers are recomputed from the raw per-task files, never copied from summaries:
 - repair decomposition: scored outcomes grouped as match, mismatch, non-executable; Δ = (repair gains -
   breakages)/n + (answer gains - answer losses)/n exactly (non-executable -> match, match ->
   non-executable, mismatch -> match, match -> mismatch).
-- turn use (arms with more than one turn): stop reasons and mean turns; from the trajectories, answers
-  revised after feedback and one query repeated. Descriptive counts only.
+- turn use (arms with more than one turn): `evaluation.turnuse.turn_use` over results.jsonl and
+  trajectories.jsonl (the definition the evaluation's summary.json uses). Descriptive counts only.
 - GPU minutes: train run.json `gpu_minutes`, else the sum of steps.jsonl `time_step_s` / 60 ("steps").
 - accuracy by Spider hardness, learning curves (curve.jsonl), self-consistency: `breakdown.breakdown`.
 
@@ -27,6 +27,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from sqlrl.evaluation.turnuse import turn_use
 from sqlrl.evidence.breakdown import breakdown
 from sqlrl.evidence.difficulty import difficulty_breakdown
 from sqlrl.evidence.gate import evidence_gate
@@ -135,58 +136,6 @@ def repair_decomposition(p: dict) -> dict:
         "became_executable": trans[NONEXEC]["match"] + trans[NONEXEC]["mismatch"],
         "became_nonexecutable": trans["match"][NONEXEC] + trans["mismatch"][NONEXEC],
     }
-
-
-def _norm_sql(sql: Any) -> str | None:
-    return " ".join(sql.split()) if isinstance(sql, str) and sql.strip() else None
-
-
-def turn_use(results: list[dict], trajectories: list[dict] | None) -> dict:
-    """How a multi-turn arm used its turns, over its scored tasks (results with `correct` not None).
-
-    From results.jsonl: `stop_reason` counts (`final` = the policy replied FINAL, `max_turns` = it ran
-    out of turns, ...) and the mean number of turns. From the raw trajectories when present (None
-    otherwise): `with_sql` = trajectories that proposed at least one query; `revised` = the final SQL
-    differs from the first query proposed (whitespace-normalised), i.e. the answer changed after
-    feedback; `repeated` = two or more queries proposed and all identical. A high `repeated` with few
-    `final` replies means the turns were spent re-running one query, not debugging."""
-    scored = [r for r in results if r.get("correct") is not None]
-    stops: dict[str, int] = {}
-    for r in scored:
-        k = str(r.get("stop_reason"))
-        stops[k] = stops.get(k, 0) + 1
-    turns = [r["turns"] for r in scored if isinstance(r.get("turns"), int)]
-    out: dict[str, Any] = {
-        "n": len(scored),
-        "stop_reasons": dict(sorted(stops.items(), key=lambda kv: -kv[1])),
-        "mean_turns": sum(turns) / len(turns) if turns else None,
-        "with_sql": None,
-        "revised": None,
-        "revised_correct": None,
-        "repeated": None,
-    }
-    if trajectories is None:
-        return out
-    correct = {str(r.get("task_id")): bool(r["correct"]) for r in scored}
-    with_sql = revised = revised_correct = repeated = 0
-    for t in trajectories:
-        tid = str(t.get("task_id"))
-        if tid not in correct:
-            continue
-        sqls = [
-            q for q in (_norm_sql(x.get("sql")) for x in t.get("turns") or [] if isinstance(x, dict)) if q
-        ]
-        if not sqls:
-            continue
-        with_sql += 1
-        final = _norm_sql(t.get("final_sql"))
-        if final is not None and final != sqls[0]:
-            revised += 1
-            revised_correct += int(correct[tid])
-        if len(sqls) >= 2 and len(set(sqls)) == 1:
-            repeated += 1
-    out.update(with_sql=with_sql, revised=revised, revised_correct=revised_correct, repeated=repeated)
-    return out
 
 
 def _gpu_minutes(exp: Experiment, arm: str) -> tuple[float | None, str]:

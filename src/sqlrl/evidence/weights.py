@@ -560,4 +560,10 @@ def audit_weights(
     }
 
 
-__all__ = ["AuditError", "audit_weights"]
+def weights_hash_of(path: str | Path) -> str:
+    """The weights hash `audit_weights` records (``hashes``) for the model at `path`; AuditError (or the
+    reader's error) when it cannot be read."""
+    return _Source("model", str(path)).weights_hash()
+
+
+__all__ = ["AuditError", "audit_weights", "weights_hash_of"]

@@ -4,7 +4,12 @@
   matrix has no context axis); `arm_config(cfg, kind, turns, context)`: the run config of an arm kind in
   that cell (controls set lr 0 or the reward; `context` sets agent.max_context_tokens);
 - `run_arm(...)`: train (unless base) and evaluate one arm into `arms/<arm>/{train,eval}`, keeping what
-  is finished and resuming an unfinished training run from its last checkpoint;
+  is finished and resuming an unfinished training run from its last checkpoint. A training run whose
+  weights are not in the folder (carried without *.safetensors / *.pt) when they are needed (its
+  checkpoints to go on, its final to evaluate or to start grpo_sft from) trains again from the start,
+  with one log line (`drop_unloadable`); grpo_sft refuses, in one line, an evaluated sft arm without
+  its final weights. grpo_sft's config.json names its start weights by absolute path; after the
+  experiment folder moved, that path (and a patch final's `base`) is pointed at the same folder there;
 - `grpo_sft` trains GRPO (the `grpo` arm's settings) from SFT weights. With `sft.init_steps = 0` they are
   the `sft` arm's final weights; with `sft.init_steps > 0` the arm first runs its own SFT stage
   (`sft_stage`: `training/sft.py` with the [sft] settings, steps = init_steps, the sft arm's seed and
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 from pathlib import Path
 
 from sqlrl.artifacts import read_json, write_json_atomic
@@ -90,6 +96,96 @@ def sft_stage(
     free_memory()
     if not res["finished"]:
         raise Unfinished(f"arm {name}: its SFT stage stopped at step {res['steps']} of {sft.init_steps}")
+
+
+def _final_loadable(final: Path) -> bool:
+    """Whether a run's `final` folder holds the weights it names: dense safetensors, its patch file, or
+    (weights not stored twice) the base's, named in identity.json."""
+    ident = final / "identity.json"
+    if not ident.is_file():
+        return False
+    data = read_json(ident)
+    if data.get("weights_stored") is False:
+        return True
+    if data.get("weights_stored") == "patch":
+        return (final / str(data.get("patch_file") or "patch.safetensors")).is_file()
+    return any(final.glob("*.safetensors"))
+
+
+def _checkpoint_loadable(step_dir: Path) -> bool:
+    sidecar = step_dir / "sidecar.json"
+    files = (read_json(sidecar).get("files") or {}) if sidecar.is_file() else {}
+    return bool(files) and all((step_dir / f).is_file() for f in files)
+
+
+def missing_weights(run_dir: Path, *, need_final: bool) -> str | None:
+    """Why the training run in `run_dir` cannot go on from its files: the weights it needs are not there
+    (a folder carried without *.safetensors and *.pt, as `scripts/gpu.sh pack` packs it). A finished run
+    needs its final weights only with `need_final`; an unfinished one needs a checkpoint with its files
+    (with no checkpoint it starts over anyway). None when nothing is missing or there is no run."""
+    if not (run_dir / "config.json").is_file():
+        return None
+    run = run_dir / "run.json"
+    if run.is_file() and read_json(run).get("status") == "finished":
+        final = run_dir / "final"
+        return None if not need_final or _final_loadable(final) else f"{final} holds no weights"
+    steps = sorted(p for p in (run_dir / "checkpoints").glob("step_*") if p.is_dir())
+    if steps and not any(_checkpoint_loadable(p) for p in steps):
+        return f"the checkpoints in {run_dir / 'checkpoints'} ({', '.join(p.name for p in steps)}) hold no weights"
+    return None
+
+
+def drop_unloadable(
+    out: Path, name: str, kind: str, init: Path | None, *, own_stage: bool, eval_done: bool
+) -> None:
+    """Before arm `name` trains or evaluates: a training run whose weights are not here (with grpo_sft's
+    own SFT stage `init`: either of them) is removed, so that the arm trains again from the start, with
+    one log line saying why; a grpo_sft that would start from the sft arm's final weights, not here, is
+    refused in one line (retraining an arm that is evaluated is not safe)."""
+    train_dir = out / "arms" / name / "train"
+    why = missing_weights(train_dir, need_final=not eval_done)
+    run = train_dir / "run.json"
+    trains = why is not None or not (run.is_file() and read_json(run).get("status") == "finished")
+    drop = [train_dir] if why is not None else []
+    reasons = [why] if why is not None else []
+    if kind == "grpo_sft" and init is not None and trains:
+        if own_stage:
+            stage_why = missing_weights(init, need_final=True)
+            if stage_why is not None:  # GRPO started from the stage's weights: it starts again too
+                drop = [init, train_dir]
+                reasons.insert(0, stage_why)
+        elif (init / "final" / "identity.json").is_file() and not _final_loadable(init / "final"):
+            raise ConfigError(
+                f"arm {name} starts from {init / 'final'}, which holds no weights (a folder carried without "
+                f"them); copy them back, or delete {init.parent} and {out / 'arms' / name} to train both again"
+            )
+    if not drop:
+        return
+    log.warning(
+        f"[experiment] {name}: {'; '.join(reasons)} (a folder carried without its weights?): training the arm "
+        "again from the start"
+    )
+    for folder in drop:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _follow_move(out: Path, train_dir: Path, start: Path) -> None:
+    """grpo_sft's run names its start weights (config.json `model.name`, and a patch final's `base`) by
+    absolute path; after the experiment folder moved, point them at the same folder under `out` now."""
+    rel = "/" + start.relative_to(out.resolve()).as_posix()
+    for path, keys in (
+        (train_dir / "config.json", ("model", "name")),
+        (train_dir / "final/identity.json", ("base",)),
+    ):
+        if not path.is_file():
+            continue
+        data = read_json(path)
+        holder = data.get(keys[0]) if len(keys) == 2 else data
+        old = holder.get(keys[-1]) if isinstance(holder, dict) else None
+        if isinstance(old, str) and old != str(start) and Path(old).as_posix().endswith(rel):
+            log.info(f"[experiment] the experiment folder moved: {path} now names {start} (was {old})")
+            holder[keys[-1]] = str(start)
+            write_json_atomic(path, data)
 
 
 def _record_init(out: Path, train_dir: Path, init: Path) -> None:
@@ -192,6 +288,11 @@ def run_arm(
     if kind != "base":
         train_dir = arm_dir / "train"
         entry["train_run"] = f"arms/{name}/train"
+        init = init_dir(out, turns, sft, context) if kind == "grpo_sft" else None
+        eval_done = (arm_dir / "eval" / "summary.json").exists()
+        drop_unloadable(out, name, kind, init, own_stage=sft.init_steps > 0, eval_done=eval_done)
+        if init is not None:
+            _follow_move(out, train_dir, (init / "final").resolve())
         run_json = train_dir / "run.json"
         finished = run_json.exists() and read_json(run_json).get("status") == "finished"
         if finished:

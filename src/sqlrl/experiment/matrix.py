@@ -10,7 +10,7 @@ the sft control can cover its whole training time. The matrix runs once per cell
 (agent.max_context_tokens per cell, arm names get `_c2048`; empty = the agent's own, no suffix).
 
 Every arm is a normal run folder (train and/or eval) under `arms/<arm>/` (`arms.py`), linked by
-`experiment.json`. Then the weight audit (base vs GRPO vs No-update of the first cell, reloaded identity),
+`experiment.json`. Then the weight audit (base vs GRPO vs No-update of each cell, reloaded identity),
 the leakage audit (gold mutation, on a slice of the evaluation tasks, per cell) and the report with the
 evidence gate.
 
@@ -318,46 +318,13 @@ def _combine_leakage(out: Path, cells: list[tuple[int, int | None]]) -> None:
     )
 
 
-def _audit_still_holds(audit: Path, trained: Path, no_update: Path) -> bool:
-    """True when an earlier weights_audit.json passed on exactly these finals and their weight files are
-    gone (an experiment resumed on another machine from a folder carried without weights): each final's
-    identity.json hash equals the hash the audit computed from its tensors. Anything else re-audits."""
-    if not audit.is_file() or any(trained.glob("*.safetensors")) or any(no_update.glob("*.safetensors")):
-        return False
-    done = read_json(audit)
-    hashes = done.get("hashes") or {}
-    for label, final in (("trained", trained), ("no_update", no_update)):
-        ident = final / "identity.json"
-        recorded = read_json(ident).get("weights_hash") if ident.is_file() else None
-        if recorded is None or hashes.get(label) != recorded:
-            return False
-    return bool(done.get("passed"))
-
-
 def _audit_weights(cfg: Config, exp: ExperimentConfig, out: Path) -> None:
-    """weights_audit.json: base vs GRPO vs No-update of the first cell, and the reloaded identity."""
-    from sqlrl.evidence.weights import audit_weights
+    """weights_audit.json: base vs GRPO vs No-update of every cell, and the reloaded identity
+    (`weightaudit.audit_cells`)."""
+    from sqlrl.experiment.weightaudit import audit_cells
 
-    suffix = cell_suffix(*exp.cells()[0])
-    base_path = load_model_path(cfg.model.name)
-    trained = out / "arms" / f"grpo{suffix}" / "train" / "final"
-    no_upd = out / "arms" / f"no_update{suffix}" / "train" / "final"
-    expect = (
-        read_json(trained / "identity.json").get("weights_hash")
-        if (trained / "identity.json").exists()
-        else None
-    )
-    if _audit_still_holds(out / "weights_audit.json", trained, no_upd):
-        log.info("[experiment] weights_audit.json kept: it audited these finals, whose weights are not here")
-        return
-    wa = audit_weights(
-        str(base_path),
-        str(trained),
-        str(no_upd) if no_upd.exists() else None,
-        reloaded=str(trained),
-        expect_hash=expect,
-    )
-    write_json_atomic(out / "weights_audit.json", wa)
+    cells = [(_cell_key(t, c), cell_suffix(t, c)) for t, c in exp.cells()]
+    audit_cells(load_model_path(cfg.model.name), out, cells)
 
 
 def _run_matrix(
