@@ -46,6 +46,7 @@ from sqlrl.reward.scoring import (
 )
 from sqlrl.reward.shape import GoldShape, gold_shape, remove_distinct
 from sqlrl.sql.engine import fits_caps, seconds
+from sqlrl.sql.result import MAX_VALUE_BYTES
 from sqlrl.sql.sandbox import execute_each
 from sqlrl.tasks.data import PublicTask
 
@@ -58,18 +59,21 @@ _SCORER = "sqlrl.reward.scoring:score_in_worker"
 
 
 def _gold_scorable(
-    gold: Any, max_rows: int | None = None, max_bytes: int | None = None
+    gold: Any, max_rows: int | None = None, max_bytes: int | None = None, max_value: int | None = None
 ) -> tuple[bool, str | None]:
     """(scorable?, reason); a gold with more rows than the predictions' sandbox keeps (`max_rows`) is
     unscorable (`gold_too_many_rows`): no prediction could match it. With `max_bytes` (the sandbox's
     byte cap, given when it is below the gold cache's), a gold whose result the sandbox would not
-    return whole (`sqlrl.sql.engine.fits_caps`) is unscorable too (`gold_too_large`)."""
+    return whole (`sqlrl.sql.engine.fits_caps`, with its value limit `max_value` when known) is
+    unscorable too (`gold_too_large`)."""
     n = getattr(gold, "row_count", None)
     if isinstance(max_rows, int) and isinstance(n, int) and n > max_rows:
         return False, "gold_too_many_rows"
     rows = getattr(gold, "rows", None)
     if isinstance(max_bytes, int) and rows and getattr(gold, "status", None) == "ok":
-        if fits_caps(getattr(gold, "columns", None) or [], rows, len(rows), max_bytes) != "ok":
+        cols = getattr(gold, "columns", None) or []
+        value = max_value if isinstance(max_value, int) else MAX_VALUE_BYTES
+        if fits_caps(cols, rows, len(rows), max_bytes, value) != "ok":
             return False, "gold_too_large"
     scorable = getattr(gold, "scorable", None)
     if scorable is None:
@@ -216,12 +220,17 @@ class Evaluator:
         open the tasks' databases, so scoring pays for no connection set-up either."""
         self._resolved = None
         wanted = list(dict.fromkeys(self._check_task(t) for t in tasks))
-        cap, bcap = getattr(self.sandbox, "max_rows", None), self._byte_cap()
+        caps = self._caps()
         golds = zip(wanted, self._gold_results(wanted))
-        fetch_cuts({k: g for k, g in golds if _gold_scorable(g, cap, bcap)[0]}, self._gold_results)
+        fetch_cuts({k: g for k, g in golds if _gold_scorable(g, *caps)[0]}, self._gold_results)
         warm = getattr(self.sandbox, "warm", None)
         if warm is not None:
             warm(list(dict.fromkeys(db for db, _ in wanted)))
+
+    def _caps(self) -> tuple:
+        """(row cap, byte cap or None, value limit or None) of a prediction (`_gold_scorable`)."""
+        sb = self.sandbox
+        return getattr(sb, "max_rows", None), self._byte_cap(), getattr(sb, "max_value_bytes", None)
 
     def _byte_cap(self) -> int | None:
         """The sandbox's byte cap when a gold may be over it: below the gold cache's, or the cache's unknown."""
@@ -288,7 +297,7 @@ class Evaluator:
         dups: list[tuple[int, tuple]] = []  # (position, key) of repeats of a pending pair
         # _gold_scorable per gold object: `fetched` holds them all, so an id stays theirs in this call
         verdicts: dict[int, tuple[bool, str | None]] = {}
-        cap, bcap = getattr(self.sandbox, "max_rows", None), self._byte_cap()  # a prediction's caps
+        caps = self._caps()  # a prediction's caps
         for i, ((final_sql, _), (db_path, gold_sql)) in enumerate(zip(items, checked)):
             try:
                 gold = fetched[i] if fetched is not None else self.gold_cache.get(db_path, gold_sql)
@@ -300,10 +309,10 @@ class Evaluator:
             if fetched is not None:
                 hit = verdicts.get(id(gold))
                 if hit is None:
-                    hit = verdicts[id(gold)] = _gold_scorable(gold, cap, bcap)
+                    hit = verdicts[id(gold)] = _gold_scorable(gold, *caps)
                 scorable, why = hit
             else:
-                scorable, why = _gold_scorable(gold, cap, bcap)
+                scorable, why = _gold_scorable(gold, *caps)
             if not scorable:
                 out[i] = Reward(None, "gold_unscorable", {**base, "reason": why or "gold_unscorable"})
             elif final_sql is None or not final_sql.strip().strip(";").strip():
