@@ -7,8 +7,9 @@ standard library only, nothing is executed or parsed here, so sandbox workers im
 What is covered:
 - the comparison rules, stated exactly in `execution_match`'s docstring: column count, cell equality
   (exact for integral values, a tolerance for non-integral floats), rows as a multiset, a top-level
-  ORDER BY with tie runs, a LIMIT/OFFSET cut decided from the gold's full ordered result
-  (`sqlrl.reward.cut`), column permutation within a bounded search, DISTINCT not stripped;
+  ORDER BY with tie runs, a LIMIT/OFFSET cut decided from the gold's full (ordered) result
+  (`sqlrl.reward.cut`; without ORDER BY any rows of it), column permutation within a bounded search,
+  DISTINCT not stripped;
 - determinism, symmetry up to the float/tie rules, no exception on sqlite3 values, bounded time;
 - the test-suite equality (`test_suite_result_eq`): exact values, strict order, empty equals empty.
 
@@ -81,7 +82,7 @@ class MatchResult:
     match: bool
     reason: str  # "match" | "column_count" | "row_count" | "rows_differ" | "order_differs" | ...
     permutation: tuple[int, ...] | None = None  # pred column for each gold column, when matched
-    mode: str = "multiset"  # multiset | runs | sequence
+    mode: str = "multiset"  # multiset | runs | sequence | subset
     tries: int = 0
 
     def __bool__(self) -> bool:
@@ -152,7 +153,12 @@ def execution_match(
           with a cut (the gold run with its keys appended) the runs are the cut's, as in (a): rows
           tied on an unseen key may come in any order. Without one the prediction must equal the
           gold as a sequence (ties NOT relaxed: a conservative mismatch).
-       LIMIT without a top-level ORDER BY: plain multiset comparison of what was returned.
+       d. LIMIT n (and an OFFSET) without a top-level ORDER BY: which rows the gold returned is the
+          engine's choice, so with a cut (`sqlrl.reward.cut`: the gold's whole result without
+          LIMIT/OFFSET, run once and cached with the gold) the prediction matches when it has as many
+          rows as the gold and its rows, as a multiset, are rows of that whole result: each predicted
+          row its own row (`compare_mode` "subset"). Without a cut (the whole result failed or is over
+          the caps, or holds no other row) the rows returned are compared as a multiset.
     5. Column permutation. The prediction may list the gold's columns in another order. Gold column
        j is *compatible* with predicted column i when their values, restricted to every compared
        segment (the whole result, each run, or each position), are equal as multisets. Among
@@ -189,13 +195,13 @@ def execution_match(
     types = set(map(type, chain.from_iterable(g)))
     types.update(map(type, chain.from_iterable(p)))
     has_float = float_tol and float in types
-    cut = cut if tie_relax and shape.order_matters else None
+    cut = cut if tie_relax and (shape.order_matters or shape.has_limit or shape.has_offset) else None
     if cut is not None and sum(cut.runs) != n:
         raise ValueError(f"execution_match: the cut covers {sum(cut.runs)} rows, the gold has {n}")
     runs_ok = cut is not None or (
         tie_relax and shape.key_columns is not None and all(c < k for c in shape.key_columns)
     )
-    mode = ("runs" if runs_ok else "sequence") if shape.order_matters else "multiset"
+    mode = ("runs" if runs_ok else "sequence") if shape.order_matters else ("subset" if cut else "multiset")
     if cut is not None and cut.pools:
         types.update(map(type, chain.from_iterable(chain.from_iterable(rows for _, rows in cut.pools))))
         has_float = float_tol and float in types
@@ -453,7 +459,7 @@ class _Search:
 
 
 def _diff_reason(mode: str) -> str:
-    return "order_differs_or_rows_differ" if mode != "multiset" else "rows_differ"
+    return "order_differs_or_rows_differ" if mode not in ("multiset", "subset") else "rows_differ"
 
 
 def test_suite_result_eq(
