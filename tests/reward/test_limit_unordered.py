@@ -9,12 +9,15 @@ rows the gold happened to return matched. The verdicts below are worked out by h
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
 
-from sqlrl.reward.cut import CutQuery, cut_query
+from sqlrl.reward.cut import Cut, CutQuery, cut_query
 from sqlrl.reward.evaluator import Evaluator
+from sqlrl.reward.match import execution_match
+from sqlrl.reward.shape import GoldShape
 from sqlrl.sql.sandbox import Sandbox
 from sqlrl.tasks.data import PrivateTask, PublicTask
 from sqlrl.tasks.goldcache import GoldCache
@@ -141,3 +144,34 @@ def test_whole_result_over_the_caps_gives_no_cut(toy):
 )
 def test_cut_query_without_order_by(gold, want):
     assert cut_query(gold) == want
+
+
+# ----------------------------------------------------------------- bounded time with a pool of rows
+
+
+def _float_pool(k: int, n: int) -> list[tuple]:
+    return [tuple((i * k + j) / 7 for j in range(k)) for i in range(n)]
+
+
+def test_pool_matching_is_charged_to_the_budget():
+    """Every permutation of 7 float columns fails against a 4,096-row pool: each full check ran an
+    exact matching of 64 x 4,096 row comparisons uncharged (5,040 of them: over 100 s here). The
+    matching now counts toward `max_work`, so the search stops at its bound."""
+    pool = _float_pool(7, 4096)
+    gold = pool[:64]
+    pred = [(r[0] + 0.01, *r[1:]) for r in pool[100:164]]  # no row of the pool, under any permutation
+    shape = GoldShape(order_matters=False, has_limit=True, limit=64)
+    t0 = time.perf_counter()
+    m = execution_match(None, gold, None, pred, shape, Cut((64,), ((0, tuple(pool)),)))
+    assert time.perf_counter() - t0 < 10.0
+    assert (m.match, m.reason) == (False, "permutation_bound")
+
+
+def test_pool_matching_still_finds_near_rows():
+    """Rows within the float tolerance of pool rows (not equal: the exact count fails) still match
+    through one matching under the identity permutation (64 x 4,096 = 262,144 row visits)."""
+    pool = _float_pool(7, 4096)
+    pred = [(r[0] * (1 + 1e-9), *r[1:]) for r in pool[1000:1064]]
+    shape = GoldShape(order_matters=False, has_limit=True, limit=64)
+    m = execution_match(None, pool[:64], None, pred, shape, Cut((64,), ((0, tuple(pool)),)))
+    assert (m.match, m.mode, m.permutation) == (True, "subset", tuple(range(7)))

@@ -165,8 +165,9 @@ def execution_match(
        compatible assignments the search goes depth-first (most constrained gold column first,
        identity first, identical predicted columns tried once, partial assignments pruned by
        comparing the projected rows) and accepts the first permutation under which rules 3/4 hold.
-       At most `max_tries` (5040) checks and `max_work` (500,000) row visits; past either bound the
-       answer is mismatch with `reason="permutation_bound"` (a possible false negative).
+       At most `max_tries` (5040) checks and `max_work` (500,000) row visits (the row comparisons of
+       an exact matching, rule 7, included); past either bound the answer is mismatch with
+       `reason="permutation_bound"` (a possible false negative).
     6. DISTINCT is NOT stripped: `SELECT DISTINCT a` and `SELECT a` match only if their results do.
     7. Float tolerance for multisets: rows are grouped by their non-numeric cells, sorted by their
        numeric cells and compared pairwise; if that fails and a group has <= 64 rows, an exact
@@ -330,6 +331,7 @@ class _Search:
         self.k = len(g[0])
         self.assign: dict[int, int] = {}
         self.used: set[int] = set()
+        self.pool_counts = [counts(pool) for _, pool in pooled]  # once, not once per full check
 
     def _signature(self, values: list[Any]) -> Any:
         if self.mode == "sequence":
@@ -365,7 +367,8 @@ class _Search:
             if self.mode == "sequence":
                 return all(cmp.cell(a, b) for a, b in zip(gcols[j], pcols[i]))
             return all(
-                cmp.multiset([(gcols[j][x],) for x in s], [(pcols[i][x],) for x in s], True) for s in segs
+                cmp.multiset([(gcols[j][x],) for x in s], [(pcols[i][x],) for x in s], True, self.charge)
+                for s in segs
             )
 
         compat: list[list[int]] = []
@@ -397,7 +400,7 @@ class _Search:
         for s in self.segs:
             a = gp if len(s) == n else [gp[x] for x in s]
             b = pp if len(s) == n else [pp[x] for x in s]
-            if not self.cmp.multiset(a, b, self.has_float):
+            if not self.cmp.multiset(a, b, self.has_float, self.charge):
                 return False
         return True
 
@@ -411,10 +414,10 @@ class _Search:
         for s in self.segs:
             a = g if len(s) == n else [g[x] for x in s]
             b = pp if len(s) == n else [pp[x] for x in s]
-            if not cmp.multiset(a, b, self.has_float):
+            if not cmp.multiset(a, b, self.has_float, self.charge):
                 return False
-        for positions, pool in self.pooled:
-            if not cmp.submultiset([pp[x] for x in positions], pool, self.has_float):
+        for (positions, pool), have in zip(self.pooled, self.pool_counts):
+            if not cmp.submultiset([pp[x] for x in positions], pool, self.has_float, have, self.charge):
                 return False
         return True
 
