@@ -92,7 +92,8 @@ class Sandbox:
     hard_timeout_s: wall-clock limit per statement in the parent; the worker is killed and respawned
         (default: 2 * timeout_s + 1). With a per-call timeout, the margin above timeout_s is kept.
     max_rows / max_result_bytes: result caps (-> too_many_rows / too_large).
-    max_value_bytes: SQLITE_LIMIT_LENGTH (largest string/blob). max_sql_chars: longest SQL text.
+    max_value_bytes: SQLITE_LIMIT_LENGTH (largest string/blob; never above max_result_bytes).
+    max_sql_chars: longest SQL text.
     heap_limit_bytes: SQLite hard_heap_limit per worker (soft limit = half).
     memory_limit_bytes: RLIMIT_AS per worker (None: unlimited).
     max_connections: cached read-only connections per worker (LRU).
