@@ -78,16 +78,18 @@ class CellCmp:
             return False
         return len(a) == len(b) and all(self.cell(x, y) for x, y in zip(a, b))
 
-    def multiset(self, a: list[tuple], b: list[tuple], has_float: bool) -> bool:
+    def multiset(self, a: list[tuple], b: list[tuple], has_float: bool, charge: Any = None) -> bool:
+        """`charge(n)`, when given, is called with the row comparisons an exact matching will make
+        before it is made (it may raise to stop the comparison)."""
         if len(a) != len(b):
             return False
         if a == b or counts(a) == counts(b):
             return True
         if not (self.tol and has_float):
             return False
-        return self._tol_multiset(a, b)
+        return self._tol_multiset(a, b, charge)
 
-    def _tol_multiset(self, a: list[tuple], b: list[tuple]) -> bool:
+    def _tol_multiset(self, a: list[tuple], b: list[tuple], charge: Any = None) -> bool:
         def split(rows: list[tuple]) -> dict:
             groups: dict[tuple, list[tuple]] = {}
             for r in rows:
@@ -110,21 +112,32 @@ class CellCmp:
             sa, sb = sorted(ra, key=sk), sorted(rb, key=sk)
             if all(self.row(x, y) for x, y in zip(sa, sb)):
                 continue
-            if len(ra) > _MATCHING_MAX or not self._bipartite(sa, sb):
+            if len(ra) > _MATCHING_MAX:
+                return False
+            if charge is not None:
+                charge(len(ra) * len(rb))
+            if not self._bipartite(sa, sb):
                 return False
         return True
 
-    def submultiset(self, a: list[tuple], pool: list[tuple], has_float: bool) -> bool:
+    def submultiset(
+        self, a: list[tuple], pool: list[tuple], has_float: bool, have: dict | None = None, charge: Any = None
+    ) -> bool:
         """Whether every row of `a` pairs with its own equal row of `pool` (duplicates count). With
         tolerance and floats, past the exact count an exact matching is tried when `a` has at most 64
-        rows and `pool` at most 4096 (beyond: False, a possible false negative)."""
+        rows and `pool` at most 4096 (beyond: False, a possible false negative). `have`: `counts(pool)`
+        when the caller has it; `charge` as in `multiset`."""
         if len(a) > len(pool):
             return False
-        need, have = counts(a), counts(pool)
+        need = counts(a)
+        if have is None:
+            have = counts(pool)
         if all(have.get(r, 0) >= c for r, c in need.items()):
             return True
         if not (self.tol and has_float) or len(a) > _MATCHING_MAX or len(pool) > _POOL_MAX:
             return False
+        if charge is not None:
+            charge(len(a) * len(pool))
         return self._bipartite(a, pool)
 
     def _bipartite(self, a: list[tuple], b: list[tuple]) -> bool:

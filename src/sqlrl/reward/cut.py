@@ -1,28 +1,27 @@
-"""Where a gold's top-level ORDER BY ... LIMIT/OFFSET cuts its full ordered result, which rows may
-stand in for the ones it kept, and (keys not in the output, no LIMIT) which rows tie on an unseen key.
+"""Where a gold's top-level LIMIT/OFFSET cuts its full result and which rows may stand in for the ones
+it kept; (keys not in the output, no LIMIT) which rows tie on an unseen key.
 
-The gold cache runs `cut_query(gold).sql` (the gold without its LIMIT/OFFSET, its sort keys appended
-as extra output columns when they are not output columns, and `LIMIT offset + n + CUT_TIE_ROWS` for a
-literal `LIMIT n`: a bounded top-N sort, not the whole table sorted and shipped) once, like any gold;
-`build_cut` reads the gold's rows as the window `[offset, offset + rows)` of that ordered result and
-gives the `Cut` that `execution_match` applies: the window is cut into runs of rows with equal sort
-key; a run strictly inside the window is compared exactly (as a multiset, at its positions); the
-first run (only with an OFFSET) and the last run may, when rows tied with them lie outside the window,
-hold ANY rows of the full result with that key, each predicted row its own row of that pool.
+The gold cache runs `cut_query(gold).sql` once, like any gold: the gold without LIMIT/OFFSET, its sort
+keys appended as output columns when they are not, and `LIMIT offset + n + CUT_TIE_ROWS` for a literal
+`LIMIT n` (a bounded top-N sort). `build_cut` reads the gold's rows as the window `[offset, offset +
+rows)` of that ordered result and gives the `Cut` that `execution_match` applies: runs of rows with
+equal sort key; a run strictly inside the window is compared exactly; the first run (only with an
+OFFSET) and the last run may, when rows tied with them lie outside the window, hold ANY rows of the
+full result with that key, each predicted row its own row of that pool. Without a top-level ORDER BY
+the full query is the gold without LIMIT/OFFSET (bounded by the caps only) and the Cut is one run
+whose pool is that whole result (`execution_match` rule 4d).
 
 What is covered:
-- keys that are output columns, keys that are not (appended to the projection), `LIMIT n, m`, OFFSET;
+- keys that are output columns, keys that are not (appended), `LIMIT n, m`, OFFSET, no ORDER BY;
   keys that are not and no LIMIT/OFFSET: the whole gold with its keys, one window, no pools;
 - no cut unless the gold agrees with its full result, nor for a fetch stopped inside the ties;
 - `fetch_cuts`: one batched fetch per scoring call (an exception is infrastructure); in a gold with
   `--`, the inserted keys and LIMIT follow a newline (no line comment hides them).
-
 What is not:
-- no cut (ties at the cut are then not relaxed: a possible false negative, never a false positive)
-  for a compound SELECT or a top-level SELECT DISTINCT whose keys are not output columns, a
-  non-literal OFFSET, SQL sqlglot cannot tokenize, or a full result that fails or is over the caps
-  (a non-literal LIMIT adds no LIMIT to the full query: it is then bounded by the caps only);
-- ties are Python equality of the key values (a NOCASE collation tie is not a tie here).
+- no cut (nothing relaxed: a possible false negative, never a false positive) for a compound SELECT
+  or a top-level SELECT DISTINCT whose keys are not output columns, a non-literal OFFSET, SQL sqlglot
+  cannot tokenize, or a full result that fails or is over the caps (a non-literal LIMIT adds no LIMIT
+  to the full query: it is then bounded by the caps only); ties are Python equality of the key values.
 """
 
 from __future__ import annotations
@@ -59,6 +58,7 @@ class CutQuery:
     offset: int  # the gold's literal OFFSET (0 when absent)
     extra_keys: int  # sort keys appended after the gold's output columns (0: keys are output columns)
     limit: int | None = None  # the LIMIT ending `sql` (offset + the gold's LIMIT + CUT_TIE_ROWS), if any
+    unordered: bool = False  # a LIMIT/OFFSET without a top-level ORDER BY: `sql` is the whole result
 
 
 def cut_query(gold_sql: str) -> CutQuery | None:
@@ -70,8 +70,8 @@ def cut_query(gold_sql: str) -> CutQuery | None:
 @lru_cache(maxsize=65536)
 def _cut_query(gold_sql: str, tie_rows: int) -> CutQuery | None:
     q = _unbounded(gold_sql)
-    if q is None:
-        return None
+    if q is None or q.unordered:
+        return q
     import sqlglot
 
     lim = sqlglot.parse_one(gold_sql, read="sqlite").args.get("limit")
@@ -94,7 +94,7 @@ def _unbounded(gold_sql: str) -> CutQuery | None:
 
     shape = gold_shape(gold_sql)
     bounded = shape.has_limit or shape.has_offset
-    if not (shape.parsed and shape.order_matters and (bounded or shape.key_columns is None)):
+    if not (shape.parsed and (bounded if not shape.order_matters else bounded or shape.key_columns is None)):
         return None
     offset = sqlglot.parse_one(gold_sql, read="sqlite").args.get("offset")
     off = 0
@@ -121,6 +121,8 @@ def _unbounded(gold_sql: str) -> CutQuery | None:
     if limit is None:  # no LIMIT: the whole result, its keys appended (up to a trailing semicolon)
         limit = next((i for i, t in enumerate(top) if t.token_type == T.SEMICOLON), len(top))
     cut_at = top[limit].start if limit < len(top) else len(gold_sql)
+    if not shape.order_matters:  # the whole result, bounded by the gold cache's caps only
+        return CutQuery(gold_sql[:cut_at].rstrip(), off, 0, None, True)
     if shape.key_columns is not None:
         return CutQuery(gold_sql[:cut_at].rstrip(), off, 0)
     kinds = [t.token_type for t in top]
@@ -174,6 +176,8 @@ def _order_terms(sql: str, toks: list, after: int, before: int) -> list[str]:
 def build_cut(gold_rows: list, full_rows: list, n_cols: int, query: CutQuery, key_columns: Any) -> Cut | None:
     """The Cut of the gold's rows inside its full ordered result, or None when the full result does not
     hold the gold's rows as its window under the rule (then nothing is relaxed)."""
+    if query.unordered:
+        return _pool_cut(gold_rows, full_rows, n_cols)
     n, o, extra = len(gold_rows), query.offset, query.extra_keys
     keycols = tuple(range(n_cols, n_cols + extra)) if extra else tuple(key_columns or ())
     if n == 0 or not keycols or any(len(r) != n_cols + extra for r in full_rows):
@@ -206,6 +210,20 @@ def build_cut(gold_rows: list, full_rows: list, n_cols: int, query: CutQuery, ke
         if any(have.get(r, 0) < c for r, c in g.items()) or (idx not in pooled and g != have):
             return None
     return Cut(tuple(runs), tuple(pools))
+
+
+def _pool_cut(gold_rows: list, full_rows: list, n_cols: int) -> Cut | None:
+    """A gold with LIMIT/OFFSET and no top-level ORDER BY: one run of all its rows whose pool is the
+    whole result, or None when the result does not hold the gold's rows (as a multiset) or holds
+    nothing else (the plain multiset comparison is then the same rule)."""
+    gold = [tuple(r) for r in gold_rows]
+    full = tuple(tuple(r) for r in full_rows)
+    if not gold or len(full) <= len(gold) or any(len(r) != n_cols for r in full):
+        return None
+    have = counts(full)
+    if any(have.get(r, 0) < c for r, c in counts(gold).items()):
+        return None
+    return Cut((len(gold),), ((0, full),))
 
 
 def fetch_cuts(

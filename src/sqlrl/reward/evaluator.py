@@ -3,21 +3,21 @@
 What is covered:
 - statuses: gold unscorable -> `gold_unscorable`, value None (decided before looking at the
   prediction, so every arm is scored on the same tasks; a gold over the sandbox's `max_rows` is
-  `gold_too_many_rows`); no/empty SQL (or sandbox `empty_sql`) ->
-  `no_sql`, 0; sandbox syntax_error / forbidden / multiple_statements / runtime_error /
-  too_many_rows / too_large -> `exec_error`, 0 (parts["sandbox_status"] says which); timeout ->
-  `timeout`, 0; worker_crash, an unknown sandbox status, or an exception from the sandbox or the gold
-  cache -> `infra_error`, value None (excluded, never 0 or 1); ok -> `match` 1.0 or `mismatch` 0.0
-  by `execution_match`, with parts["test_suite_match"] from `test_suite_result_eq`;
+  `gold_too_many_rows`); no/empty SQL (or sandbox `empty_sql`) -> `no_sql`, 0; sandbox syntax_error /
+  forbidden / multiple_statements / runtime_error / too_many_rows / too_large -> `exec_error`, 0
+  (parts["sandbox_status"] says which); timeout -> `timeout`, 0; worker_crash, an unknown sandbox
+  status, or an exception from the sandbox or the gold cache -> `infra_error`, value None (excluded,
+  never 0 or 1); ok -> `match` 1.0 or `mismatch` 0.0 by `execution_match`, with
+  parts["test_suite_match"] from `test_suite_result_eq` (0 without a DISTINCT-free variant of the
+  prediction, `sqlrl.reward.shape.distinct_free`);
 - `kind="validity"`: 1.0 when the SQL executes with status ok (status still says match/mismatch),
   0 otherwise; the other statuses as above;
 - `score_many` gives exactly what `score` gives on each pair; a deterministic pair repeated within
   one call is scored once when every execution behind it is reproducible (same rewards either way);
 - `Reward.exec_ms`: the sandbox's milliseconds on the pair's SQL in that call (a diagnostic);
 - `timeout_s`: a per-statement limit on the predictions (and variants; never the cached gold) in
-  place of the sandbox's; a prediction still running at it is `timeout`, 0. GRPO training passes
-  `grpo.score_timeout_s` (1 s), evaluation the sandbox's own limit. Under `timeout_s` the repeats of
-  a prediction cut at it within one call get copies of that `timeout` (see `Evaluator`).
+  place of the sandbox's; a prediction still running at it is `timeout`, 0 (GRPO training passes
+  `grpo.score_timeout_s`, 1 s); the repeats of a prediction cut at it get copies (see `Evaluator`).
 
 What is not:
 - the gold SQL is never executed here, nor on a connection the policy touched: gold results come
@@ -27,15 +27,23 @@ What is not:
 
 from __future__ import annotations
 
-import inspect
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 from sqlrl.reward.cut import Cut, fetch_cuts
-from sqlrl.reward.match import Reward, execution_match, test_suite_result_eq
+from sqlrl.reward.match import Reward, execution_match
+from sqlrl.reward.pairs import (
+    TOO_LONG,
+    InfraFailure,
+    copy_reward,
+    gold_scorable,
+    memoizable,
+    takes_resolved,
+    test_suite_pending,
+)
 from sqlrl.reward.refs import cells, ref_key
-from sqlrl.reward.reproducible import is_deterministic_sql, reproducible
+from sqlrl.reward.reproducible import is_deterministic_sql
 from sqlrl.reward.scoring import (
     EXEC_ERROR_STATUSES,
     PERMUTATION_NOTE,
@@ -44,8 +52,8 @@ from sqlrl.reward.scoring import (
     match_parts,
     worker_reward,
 )
-from sqlrl.reward.shape import GoldShape, gold_shape, remove_distinct
-from sqlrl.sql.engine import fits_caps, seconds
+from sqlrl.reward.shape import GoldShape, distinct_free, gold_shape, remove_distinct
+from sqlrl.sql.engine import seconds
 from sqlrl.sql.sandbox import execute_each
 from sqlrl.tasks.data import PublicTask
 
@@ -55,58 +63,6 @@ __all__ = ["Evaluator"]
 # would be shipped to, and held by, every worker); everything else is scored by `score_in_worker`.
 _WORKER_GOLD_MAX_CELLS = 200_000
 _SCORER = "sqlrl.reward.scoring:score_in_worker"
-
-
-def _gold_scorable(
-    gold: Any, max_rows: int | None = None, max_bytes: int | None = None
-) -> tuple[bool, str | None]:
-    """(scorable?, reason); a gold with more rows than the predictions' sandbox keeps (`max_rows`) is
-    unscorable (`gold_too_many_rows`): no prediction could match it. With `max_bytes` (the sandbox's
-    byte cap, given when it is below the gold cache's), a gold whose result the sandbox would not
-    return whole (`sqlrl.sql.engine.fits_caps`) is unscorable too (`gold_too_large`)."""
-    n = getattr(gold, "row_count", None)
-    if isinstance(max_rows, int) and isinstance(n, int) and n > max_rows:
-        return False, "gold_too_many_rows"
-    rows = getattr(gold, "rows", None)
-    if isinstance(max_bytes, int) and rows and getattr(gold, "status", None) == "ok":
-        if fits_caps(getattr(gold, "columns", None) or [], rows, len(rows), max_bytes) != "ok":
-            return False, "gold_too_large"
-    scorable = getattr(gold, "scorable", None)
-    if scorable is None:
-        status = getattr(gold, "status", None)
-        scorable = status == "ok" and getattr(gold, "row_count", len(getattr(gold, "rows", []) or [])) > 0
-        reason = None if scorable else f"gold_{status}"
-        return bool(scorable), reason
-    return bool(scorable), getattr(gold, "unscorable_reason", None)
-
-
-def _memoizable(res: Any) -> bool:
-    """A sandbox result that the same (database, SQL, sandbox) would reproduce: never a timeout, a
-    worker crash, an exception, a size/memory failure (too_large), or a runtime error that smells of
-    the machine (I/O, memory, locks)."""
-    if isinstance(res, _InfraFailure):
-        return False
-    return reproducible(getattr(res, "status", None), getattr(res, "message", ""))
-
-
-_TAKES_RESOLVED: dict[type, bool] = {}  # gold cache type -> its get_many takes `resolved=`
-
-
-def _takes_resolved(gold_cache: Any) -> bool:
-    t = type(gold_cache)
-    hit = _TAKES_RESOLVED.get(t)
-    if hit is None:
-        try:
-            hit = "resolved" in inspect.signature(gold_cache.get_many).parameters
-        except (AttributeError, TypeError, ValueError):
-            hit = False
-        _TAKES_RESOLVED[t] = hit
-    return hit
-
-
-def _copy_reward(r: Reward) -> Reward:
-    parts = {k: list(v) if isinstance(v, list) else v for k, v in r.parts.items()}
-    return Reward(r.value, r.status, parts, r.exec_ms)
 
 
 @dataclass
@@ -136,7 +92,7 @@ class Evaluator:
     De-duplication within one call (on by default, `memo_entries=0` turns it off; rewards are identical
     either way): a deterministic prediction (`is_deterministic_sql`) repeated for the same database
     path and gold within one `score_many` call is scored once, and the repeats get copies of its reward
-    when every execution behind it is reproducible (`_memoizable`: ok, syntax_error, forbidden,
+    when every execution behind it is reproducible (`memoizable`: ok, syntax_error, forbidden,
     multiple_statements, too_many_rows, runtime errors other than I/O/memory/locks; never timeout,
     too_large, worker_crash or an exception); otherwise the repeats are scored on their own, all of
     them in one more sandbox call. One exception, under a training deadline (`timeout_s` given): the
@@ -216,12 +172,17 @@ class Evaluator:
         open the tasks' databases, so scoring pays for no connection set-up either."""
         self._resolved = None
         wanted = list(dict.fromkeys(self._check_task(t) for t in tasks))
-        cap, bcap = getattr(self.sandbox, "max_rows", None), self._byte_cap()
+        caps = self._caps()
         golds = zip(wanted, self._gold_results(wanted))
-        fetch_cuts({k: g for k, g in golds if _gold_scorable(g, cap, bcap)[0]}, self._gold_results)
+        fetch_cuts({k: g for k, g in golds if gold_scorable(g, *caps)[0]}, self._gold_results)
         warm = getattr(self.sandbox, "warm", None)
         if warm is not None:
             warm(list(dict.fromkeys(db for db, _ in wanted)))
+
+    def _caps(self) -> tuple:
+        """(row cap, byte cap or None, value limit or None) of a prediction (`gold_scorable`)."""
+        sb = self.sandbox
+        return getattr(sb, "max_rows", None), self._byte_cap(), getattr(sb, "max_value_bytes", None)
 
     def _byte_cap(self) -> int | None:
         """The sandbox's byte cap when a gold may be over it: below the gold cache's, or the cache's unknown."""
@@ -234,10 +195,10 @@ class Evaluator:
 
     def _execute_batch(self, items: list[tuple[str, str]]) -> list[Any]:
         """Run predictions (and prediction variants) through the sandbox, in parallel when it has
-        `execute_many`; an exception becomes that item's `_InfraFailure` (scored as infra_error)."""
+        `execute_many`; an exception becomes that item's `InfraFailure` (scored as infra_error)."""
         self._count(executions=len(items))
         return execute_each(
-            self.sandbox, items, lambda e: _InfraFailure(f"sandbox: {type(e).__name__}: {e}"), self.timeout_s
+            self.sandbox, items, lambda e: InfraFailure(f"sandbox: {type(e).__name__}: {e}"), self.timeout_s
         )
 
     def _execute_pending(self, pending: list[_Pair], want_ts: bool) -> tuple[list[Any], list[Any]]:
@@ -248,10 +209,12 @@ class Evaluator:
         if want_ts:
             todo: list[tuple[int, tuple[str, str]]] = []
             for n, (p, res) in enumerate(zip(pending, preds)):
-                if isinstance(res, _InfraFailure) or getattr(res, "status", None) != "ok":
+                if isinstance(res, InfraFailure) or getattr(res, "status", None) != "ok":
                     continue
-                v_sql = remove_distinct(p.sql)
-                if v_sql != p.sql:
+                v_sql = distinct_free(p.sql)
+                if v_sql is None:
+                    variants[n] = TOO_LONG
+                elif v_sql != p.sql:
                     todo.append((n, (p.db_path, v_sql)))
             for (n, _), res in zip(todo, self._execute_batch([x for _, x in todo])):
                 variants[n] = res
@@ -276,7 +239,7 @@ class Evaluator:
         # if it fails, fall back to per-pair look-ups so one bad gold only affects its own pair
         fetched = None
         # database paths resolved once for this call's look-ups (golds, then their variants)
-        self._resolved = {} if _takes_resolved(self.gold_cache) else None
+        self._resolved = {} if takes_resolved(self.gold_cache) else None
         if hasattr(self.gold_cache, "get_many"):
             try:
                 uniq = list(dict.fromkeys(checked))  # a GRPO group shares its gold: look it up once
@@ -286,9 +249,9 @@ class Evaluator:
                 fetched = None
         first: dict[tuple, int] = {}  # key -> position of each deterministic pair pending in this call
         dups: list[tuple[int, tuple]] = []  # (position, key) of repeats of a pending pair
-        # _gold_scorable per gold object: `fetched` holds them all, so an id stays theirs in this call
+        # gold_scorable per gold object: `fetched` holds them all, so an id stays theirs in this call
         verdicts: dict[int, tuple[bool, str | None]] = {}
-        cap, bcap = getattr(self.sandbox, "max_rows", None), self._byte_cap()  # a prediction's caps
+        caps = self._caps()  # a prediction's caps
         for i, ((final_sql, _), (db_path, gold_sql)) in enumerate(zip(items, checked)):
             try:
                 gold = fetched[i] if fetched is not None else self.gold_cache.get(db_path, gold_sql)
@@ -300,10 +263,10 @@ class Evaluator:
             if fetched is not None:
                 hit = verdicts.get(id(gold))
                 if hit is None:
-                    hit = verdicts[id(gold)] = _gold_scorable(gold, cap, bcap)
+                    hit = verdicts[id(gold)] = gold_scorable(gold, *caps)
                 scorable, why = hit
             else:
-                scorable, why = _gold_scorable(gold, cap, bcap)
+                scorable, why = gold_scorable(gold, *caps)
             if not scorable:
                 out[i] = Reward(None, "gold_unscorable", {**base, "reason": why or "gold_unscorable"})
             elif final_sql is None or not final_sql.strip().strip(";").strip():
@@ -332,9 +295,9 @@ class Evaluator:
         for i, key in dups:
             r = reusable.get(key)
             if r is not None:
-                out[i], hits = _copy_reward(r), hits + 1
+                out[i], hits = copy_reward(r), hits + 1
             elif self.timeout_s is not None and getattr(out[first[key]], "status", None) == "timeout":
-                out[i], hits = _copy_reward(out[first[key]]), hits + 1
+                out[i], hits = copy_reward(out[first[key]]), hits + 1
             else:
                 redo.append(i)
         if hits:
@@ -442,7 +405,7 @@ class Evaluator:
         executed: list[tuple[_Pair, Any, Any, GoldShape, dict]] = []
         for p, res, vres in zip(chunk, preds, variants):
             i = p.i
-            if isinstance(res, _InfraFailure):
+            if isinstance(res, InfraFailure):
                 out[i] = Reward(None, "infra_error", {**base, "error": res.error})
                 continue
             st = getattr(res, "status", None)
@@ -458,7 +421,7 @@ class Evaluator:
                     out[i] = Reward(0.0, "timeout", {**fail, "sandbox_status": st, "message": msg}, ms)
                 else:
                     out[i] = Reward(None, "infra_error", {**base, "sandbox_status": st, "message": msg})
-                if p.key is not None and out[i].status in ("no_sql", "exec_error") and _memoizable(res):
+                if p.key is not None and out[i].status in ("no_sql", "exec_error") and memoizable(res):
                     reusable[p.key] = out[i]
                 continue
             gold = p.gold
@@ -479,7 +442,7 @@ class Evaluator:
         for p, _, vres, _, parts, _ in executed:
             if p.key is None:
                 continue
-            if vres is not None and not _memoizable(vres):
+            if vres is not None and not memoizable(vres):
                 continue
             if str(parts.get("test_suite_reason", "")).startswith("gold_variant_infra"):
                 continue
@@ -543,46 +506,4 @@ class Evaluator:
 
     def _test_suite_pending(self, executed: list) -> None:
         """Fill parts["test_suite_match"] (and "test_suite_reason") in place; see the module docstring."""
-        need: list[int] = []
-        wanted: list[tuple[str, str]] = []
-        for n, (p, *_) in enumerate(executed):
-            g_sql = remove_distinct(p.gold_sql)
-            if g_sql != p.gold_sql:
-                need.append(n)
-                wanted.append((p.db_path, g_sql))
-        g_vars: dict[int, Any] = dict(zip(need, self._gold_results(wanted)))
-        for n, (p, res, vres, shape, parts, same) in enumerate(executed):
-            g_res: Any = p.gold
-            if n in g_vars:
-                g_res = g_vars[n]
-                if isinstance(g_res, BaseException):
-                    parts["test_suite_match"] = None
-                    parts["test_suite_reason"] = f"gold_variant_infra: {type(g_res).__name__}"
-                    continue
-                if getattr(g_res, "status", None) not in ("ok", "empty"):
-                    parts["test_suite_match"] = None
-                    parts["test_suite_reason"] = f"gold_variant_{getattr(g_res, 'status', 'unknown')}"
-                    continue
-            p_res = res if vres is None else vres
-            if same and g_res is p.gold and p_res is res:  # the very pair execution_match found identical
-                parts["test_suite_match"] = 1.0
-                continue
-            if isinstance(p_res, _InfraFailure) or getattr(p_res, "status", None) == "worker_crash":
-                parts["test_suite_match"] = None
-                parts["test_suite_reason"] = "pred_variant_infra"
-                continue
-            if p_res.status != "ok":
-                parts["test_suite_match"] = 0.0
-                parts["test_suite_reason"] = f"pred_variant_{p_res.status}"
-                continue
-            m = test_suite_result_eq(
-                g_res.columns, g_res.rows, p_res.columns, p_res.rows, shape.order_matters
-            )
-            parts["test_suite_match"] = 1.0 if m.match else 0.0
-            if m.reason == "permutation_bound":
-                parts["test_suite_reason"] = "permutation_bound"
-
-
-@dataclass(frozen=True)
-class _InfraFailure:
-    error: str
+        test_suite_pending(executed, self._gold_results)

@@ -7,8 +7,9 @@ standard library only, nothing is executed or parsed here, so sandbox workers im
 What is covered:
 - the comparison rules, stated exactly in `execution_match`'s docstring: column count, cell equality
   (exact for integral values, a tolerance for non-integral floats), rows as a multiset, a top-level
-  ORDER BY with tie runs, a LIMIT/OFFSET cut decided from the gold's full ordered result
-  (`sqlrl.reward.cut`), column permutation within a bounded search, DISTINCT not stripped;
+  ORDER BY with tie runs, a LIMIT/OFFSET cut decided from the gold's full (ordered) result
+  (`sqlrl.reward.cut`; without ORDER BY any rows of it), column permutation within a bounded search,
+  DISTINCT not stripped;
 - determinism, symmetry up to the float/tie rules, no exception on sqlite3 values, bounded time;
 - the test-suite equality (`test_suite_result_eq`): exact values, strict order, empty equals empty.
 
@@ -81,7 +82,7 @@ class MatchResult:
     match: bool
     reason: str  # "match" | "column_count" | "row_count" | "rows_differ" | "order_differs" | ...
     permutation: tuple[int, ...] | None = None  # pred column for each gold column, when matched
-    mode: str = "multiset"  # multiset | runs | sequence
+    mode: str = "multiset"  # multiset | runs | sequence | subset
     tries: int = 0
 
     def __bool__(self) -> bool:
@@ -152,15 +153,21 @@ def execution_match(
           with a cut (the gold run with its keys appended) the runs are the cut's, as in (a): rows
           tied on an unseen key may come in any order. Without one the prediction must equal the
           gold as a sequence (ties NOT relaxed: a conservative mismatch).
-       LIMIT without a top-level ORDER BY: plain multiset comparison of what was returned.
+       d. LIMIT n (and an OFFSET) without a top-level ORDER BY: which rows the gold returned is the
+          engine's choice, so with a cut (`sqlrl.reward.cut`: the gold's whole result without
+          LIMIT/OFFSET, run once and cached with the gold) the prediction matches when it has as many
+          rows as the gold and its rows, as a multiset, are rows of that whole result: each predicted
+          row its own row (`compare_mode` "subset"). Without a cut (the whole result failed or is over
+          the caps, or holds no other row) the rows returned are compared as a multiset.
     5. Column permutation. The prediction may list the gold's columns in another order. Gold column
        j is *compatible* with predicted column i when their values, restricted to every compared
        segment (the whole result, each run, or each position), are equal as multisets. Among
        compatible assignments the search goes depth-first (most constrained gold column first,
        identity first, identical predicted columns tried once, partial assignments pruned by
        comparing the projected rows) and accepts the first permutation under which rules 3/4 hold.
-       At most `max_tries` (5040) checks and `max_work` (500,000) row visits; past either bound the
-       answer is mismatch with `reason="permutation_bound"` (a possible false negative).
+       At most `max_tries` (5040) checks and `max_work` (500,000) row visits (the row comparisons of
+       an exact matching, rule 7, included); past either bound the answer is mismatch with
+       `reason="permutation_bound"` (a possible false negative).
     6. DISTINCT is NOT stripped: `SELECT DISTINCT a` and `SELECT a` match only if their results do.
     7. Float tolerance for multisets: rows are grouped by their non-numeric cells, sorted by their
        numeric cells and compared pairwise; if that fails and a group has <= 64 rows, an exact
@@ -189,13 +196,13 @@ def execution_match(
     types = set(map(type, chain.from_iterable(g)))
     types.update(map(type, chain.from_iterable(p)))
     has_float = float_tol and float in types
-    cut = cut if tie_relax and shape.order_matters else None
+    cut = cut if tie_relax and (shape.order_matters or shape.has_limit or shape.has_offset) else None
     if cut is not None and sum(cut.runs) != n:
         raise ValueError(f"execution_match: the cut covers {sum(cut.runs)} rows, the gold has {n}")
     runs_ok = cut is not None or (
         tie_relax and shape.key_columns is not None and all(c < k for c in shape.key_columns)
     )
-    mode = ("runs" if runs_ok else "sequence") if shape.order_matters else "multiset"
+    mode = ("runs" if runs_ok else "sequence") if shape.order_matters else ("subset" if cut else "multiset")
     if cut is not None and cut.pools:
         types.update(map(type, chain.from_iterable(chain.from_iterable(rows for _, rows in cut.pools))))
         has_float = float_tol and float in types
@@ -324,6 +331,7 @@ class _Search:
         self.k = len(g[0])
         self.assign: dict[int, int] = {}
         self.used: set[int] = set()
+        self.pool_counts = [counts(pool) for _, pool in pooled]  # once, not once per full check
 
     def _signature(self, values: list[Any]) -> Any:
         if self.mode == "sequence":
@@ -359,7 +367,8 @@ class _Search:
             if self.mode == "sequence":
                 return all(cmp.cell(a, b) for a, b in zip(gcols[j], pcols[i]))
             return all(
-                cmp.multiset([(gcols[j][x],) for x in s], [(pcols[i][x],) for x in s], True) for s in segs
+                cmp.multiset([(gcols[j][x],) for x in s], [(pcols[i][x],) for x in s], True, self.charge)
+                for s in segs
             )
 
         compat: list[list[int]] = []
@@ -391,7 +400,7 @@ class _Search:
         for s in self.segs:
             a = gp if len(s) == n else [gp[x] for x in s]
             b = pp if len(s) == n else [pp[x] for x in s]
-            if not self.cmp.multiset(a, b, self.has_float):
+            if not self.cmp.multiset(a, b, self.has_float, self.charge):
                 return False
         return True
 
@@ -405,10 +414,10 @@ class _Search:
         for s in self.segs:
             a = g if len(s) == n else [g[x] for x in s]
             b = pp if len(s) == n else [pp[x] for x in s]
-            if not cmp.multiset(a, b, self.has_float):
+            if not cmp.multiset(a, b, self.has_float, self.charge):
                 return False
-        for positions, pool in self.pooled:
-            if not cmp.submultiset([pp[x] for x in positions], pool, self.has_float):
+        for (positions, pool), have in zip(self.pooled, self.pool_counts):
+            if not cmp.submultiset([pp[x] for x in positions], pool, self.has_float, have, self.charge):
                 return False
         return True
 
@@ -453,7 +462,7 @@ class _Search:
 
 
 def _diff_reason(mode: str) -> str:
-    return "order_differs_or_rows_differ" if mode != "multiset" else "rows_differ"
+    return "order_differs_or_rows_differ" if mode not in ("multiset", "subset") else "rows_differ"
 
 
 def test_suite_result_eq(

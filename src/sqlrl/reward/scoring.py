@@ -8,7 +8,8 @@ the standard library until SQL is parsed.
 What is covered:
 - exactly what the Evaluator's parent-side path computes for the pair (value, status, parts), from
   the prediction's sandbox result and the gold result shipped from the gold cache;
-- the test-suite metric on the DISTINCT-free variants, in the parent-side path's order;
+- the test-suite metric on the DISTINCT-free variants, in the parent-side path's order; a prediction
+  with no variant (`sqlrl.reward.shape.distinct_free`: too long to tokenize) has test-suite match 0;
 - whether every execution behind the verdict is reproducible (so repeats may share it).
 
 What is not:
@@ -24,11 +25,12 @@ from sqlrl.reward.bird import bird_set_match
 from sqlrl.reward.cut import Cut
 from sqlrl.reward.match import MatchResult, Reward, execution_match, test_suite_result_eq
 from sqlrl.reward.reproducible import reproducible
-from sqlrl.reward.shape import GoldShape, remove_distinct
+from sqlrl.reward.shape import GoldShape, distinct_free
 
 __all__ = [
     "EXEC_ERROR_STATUSES",
     "PERMUTATION_NOTE",
+    "VARIANT_TOO_LONG",
     "elapsed_ms",
     "fail_parts",
     "match_parts",
@@ -40,6 +42,9 @@ EXEC_ERROR_STATUSES = frozenset(
     {"syntax_error", "forbidden", "multiple_statements", "runtime_error", "too_many_rows", "too_large"}
 )
 PERMUTATION_NOTE = "column-permutation search bound reached; declared mismatch (may be a false negative)"
+# parts["test_suite_reason"] of a prediction too long for its DISTINCT-free variant (`distinct_free`):
+# its test-suite match is 0 (a possible false negative of that metric; the reward does not use it)
+VARIANT_TOO_LONG = "pred_variant_too_long"
 
 
 def fail_parts(base: dict, want_ts: bool) -> dict[str, Any]:
@@ -132,8 +137,8 @@ def _score_pair(run: Any, sql: str, refs: list, extra: Any, options: dict) -> tu
         return (*reward, True, 1)
     # the test-suite metric, in the order of the parent-side path: the prediction's variant first
     vres = None
-    v_sql = remove_distinct(sql)
-    if v_sql != sql:
+    v_sql = distinct_free(sql)
+    if v_sql is not None and v_sql != sql:
         vres = run(v_sql)
     n = 1 if vres is None else 2
     memo_ok = vres is None or _memoizable_tuple(vres)
@@ -148,7 +153,11 @@ def _score_pair(run: Any, sql: str, refs: list, extra: Any, options: dict) -> tu
             parts["test_suite_reason"] = f"gold_variant_{g_var[0]}"
             return (*reward, memo_ok, n)
         g_cols, g_rows = g_var[1], g_var[2]
-    elif vres is None and m.match and m.tries == 0 and len(g_rows) > 0:
+    if v_sql is None:  # no variant of a prediction this long (`distinct_free`)
+        parts["test_suite_match"] = 0.0
+        parts["test_suite_reason"] = VARIANT_TOO_LONG
+        return (*reward, memo_ok, n)
+    if g_var is None and vres is None and m.match and m.tries == 0 and len(g_rows) > 0:
         # identical rows found by execution_match's fast path: test-suite equality follows
         parts["test_suite_match"] = 1.0
         return (*reward, memo_ok, n)

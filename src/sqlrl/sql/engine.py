@@ -1,16 +1,18 @@
 """Running one statement on a hardened SQLite connection inside a worker (sandbox and replica pool).
 
 Covered:
-- `set_limits`: `Connection.setlimit` LENGTH (`max_value_bytes`), SQL_LENGTH, ATTACHED=0,
-  EXPR_DEPTH, COMPOUND_SELECT, FUNCTION_ARG, LIKE_PATTERN_LENGTH, VARIABLE_NUMBER, TRIGGER_DEPTH,
-  WORKER_THREADS=0, and a progress handler every `progress_ops` VM instructions that stops the
+- `set_limits`: `Connection.setlimit` LENGTH (`value_limit`: `max_value_bytes`, at most the byte
+  cap), SQL_LENGTH, ATTACHED=0, EXPR_DEPTH, COMPOUND_SELECT, FUNCTION_ARG, LIKE_PATTERN_LENGTH,
+  VARIABLE_NUMBER, TRIGGER_DEPTH, WORKER_THREADS=0, and a progress handler every `progress_ops` VM instructions that stops the
   statement at its soft deadline -> `timeout`.
 - `run_one` (sandbox): a cached connection per file (LRU, keyed by path, inode, size and mtime),
   opened `file:PATH?mode=ro&immutable=1` with `query_only=1`, `trusted_schema=0`,
   `temp_store=MEMORY` set before `read_only_authorizer` is installed.
 - `seconds`: every time limit is a finite number of seconds > 0 (NaN or infinity is a ValueError);
   `time_limits`: a pool's statement and hard limits.
-- `fetch_result` / `fetch_rows`: growing `fetchmany` chunks; more than `max_rows` rows ->
+- `fetch_result` / `fetch_rows`: growing `fetchmany` chunks of at most `chunk_rows` rows (with every
+  value at the length limit, one chunk holds at most `FETCH_VALUE_BYTES`: a result of a few huge rows
+  is measured against the byte cap long before the worker's memory limit); more than `max_rows` rows ->
   `too_many_rows` (the first `max_rows` kept), more than `max_result_bytes` (marshalled size of the
   column names plus the rows) -> `too_large` (rows that fitted kept; no columns when the names alone
   exceed it). SQLITE_TOOBIG and memory exhaustion also give `too_large`.
@@ -32,6 +34,7 @@ import urllib.parse
 from collections import OrderedDict
 
 from sqlrl.sql.guard import read_only_authorizer
+from sqlrl.sql.result import MAX_VALUE_BYTES
 
 
 def _decode_replace(b: bytes) -> str:
@@ -69,10 +72,16 @@ class Deadline:
         self.t = 0.0
 
 
+def value_limit(cfg: dict) -> int:
+    """SQLITE_LIMIT_LENGTH of a policy connection: `max_value_bytes`, never above `max_result_bytes` (a
+    longer value could never be returned, so SQLite refuses to build it), at least 1."""
+    return max(1, min(int(cfg["max_value_bytes"]), int(cfg["max_result_bytes"])))
+
+
 def set_limits(conn: sqlite3.Connection, cfg: dict, deadline: Deadline, *, trigger_depth: int) -> None:
     """`setlimit`s and the progress-handler deadline of a policy connection (sandbox and replica pool)."""
     limits = {
-        sqlite3.SQLITE_LIMIT_LENGTH: cfg["max_value_bytes"],
+        sqlite3.SQLITE_LIMIT_LENGTH: value_limit(cfg),
         sqlite3.SQLITE_LIMIT_SQL_LENGTH: max(1000, cfg["max_sql_chars"] * 4),
         sqlite3.SQLITE_LIMIT_ATTACHED: 0,
         sqlite3.SQLITE_LIMIT_EXPR_DEPTH: 1000,
@@ -185,18 +194,35 @@ def fetch_result(cur: sqlite3.Cursor, cfg: dict, deadline: Deadline) -> tuple[st
     if head > max_bytes:
         msg = f"result larger than {max_bytes} bytes: the column names alone take {head}; 0 rows kept"
         return "too_large", [], [], msg
-    status, rows, msg = fetch_rows(cur, cfg, deadline, used=head)
+    chunk = chunk_rows(len(cols), value_limit(cfg))
+    status, rows, msg = fetch_rows(cur, cfg, deadline, used=head, max_chunk=chunk)
     return status, cols, rows, msg
 
 
-def fetch_rows(cur: sqlite3.Cursor, cfg: dict, deadline: Deadline, used: int = 0) -> tuple[str, list, str]:
-    """All rows up to the caps. Result size = `used` (the column names' bytes) + bytes of the rows
-    serialised with `marshal` (what is sent)."""
+# the string/blob bytes one `fetchmany` may bring into a worker when every value is as long as SQLite
+# lets it be (`value_limit`): a result of a few huge rows is measured against the byte cap after at most
+# this much, never after a chunk that fills the worker's memory limit
+FETCH_VALUE_BYTES = 256 * 2**20
+_MAX_CHUNK = 16384
+
+
+def chunk_rows(n_cols: int, value_bytes: int) -> int:
+    """Rows per `fetchmany` of a result with `n_cols` columns whose values are at most `value_bytes`
+    long: at most `FETCH_VALUE_BYTES` of values in all, at least 1 row, at most `_MAX_CHUNK`."""
+    worst_row = max(1, n_cols) * max(1, int(value_bytes))
+    return max(1, min(_MAX_CHUNK, FETCH_VALUE_BYTES // worst_row))
+
+
+def fetch_rows(
+    cur: sqlite3.Cursor, cfg: dict, deadline: Deadline, used: int = 0, max_chunk: int = _MAX_CHUNK
+) -> tuple[str, list, str]:
+    """All rows up to the caps, fetched `max_chunk` rows at most at a time. Result size = `used` (the
+    column names' bytes) + bytes of the rows serialised with `marshal` (what is sent)."""
     max_rows = cfg["max_rows"]
     max_bytes = cfg["max_result_bytes"]
     rows: list[tuple] = []
     nbytes = used
-    chunk = 64
+    chunk = min(64, max_chunk)
     dumps = marshal.dumps
     while True:
         want = min(chunk, max_rows + 1 - len(rows))
@@ -226,7 +252,7 @@ def fetch_rows(cur: sqlite3.Cursor, cfg: dict, deadline: Deadline, used: int = 0
             raise sqlite3.OperationalError("interrupted")
         # grow the chunk, but never fetch (much) more than the byte budget left
         per_row = max(1, size // len(part))
-        chunk = max(1, min(chunk * 4, 16384, (max_bytes - nbytes) // per_row + 1))
+        chunk = max(1, min(chunk * 4, max_chunk, (max_bytes - nbytes) // per_row + 1))
 
 
 class _ListCursor:
@@ -241,18 +267,28 @@ class _ListCursor:
         return part
 
 
-def fits_caps(columns: list, rows: list, max_rows: int, max_result_bytes: int) -> str:
+def fits_caps(
+    columns: list, rows: list, max_rows: int, max_result_bytes: int, max_value_bytes: int = MAX_VALUE_BYTES
+) -> str:
     """The status ("ok", "too_many_rows" or "too_large") that `fetch_result` gives a statement returning
-    exactly `columns` and `rows` under these caps: the same code measures, so a result that fits here
-    fits when a statement returns it (a gold cached under larger caps, checked against a prediction's)."""
+    exactly `columns` and `rows` under these caps: the same code measures (in the same chunks), so a
+    result that fits here fits when a statement returns it (a gold cached under larger caps, checked
+    against a prediction's)."""
     cols = list(columns or [])
     head = len(marshal.dumps(cols))
     if head > max_result_bytes:
         return "too_large"
     deadline = Deadline()
     deadline.t = float("inf")
-    cfg = {"max_rows": int(max_rows), "max_result_bytes": int(max_result_bytes)}
-    return fetch_rows(_ListCursor([tuple(r) for r in rows]), cfg, deadline, used=head)[0]
+    cfg = {
+        "max_rows": int(max_rows),
+        "max_result_bytes": int(max_result_bytes),
+        "max_value_bytes": max_value_bytes,
+    }
+    listed = [tuple(r) for r in rows]
+    n_cols = len(cols) if cols else (len(listed[0]) if listed else 0)
+    chunk = chunk_rows(n_cols, value_limit(cfg))
+    return fetch_rows(_ListCursor(listed), cfg, deadline, used=head, max_chunk=chunk)[0]
 
 
 def run_one(

@@ -46,7 +46,7 @@ from sqlrl.sql.replica_files import (
     wal_size,
 )
 from sqlrl.sql.replica_worker import replica_worker_main
-from sqlrl.sql.result import SQLResult, failure
+from sqlrl.sql.result import MAX_VALUE_BYTES, SQLResult, failure
 from sqlrl.sql.workers import WorkerDied, WorkerHung, WorkerPool, close_at_exit, forget_at_exit
 
 __all__ = ["CopyPerRollout", "Lease", "PoolExhausted", "ReplicaPool", "TemplateChanged", "sha256_file"]
@@ -124,7 +124,7 @@ class ReplicaPool:
         lease_timeout_s: float = 30.0,
         max_rows: int = 100_000,
         max_result_bytes: int = 8 * 2**20,
-        max_value_bytes: int = 4 * 2**20,
+        max_value_bytes: int = MAX_VALUE_BYTES,
         max_sql_chars: int = 1_000_000,
         heap_limit_bytes: int = 512 * 2**20,
         memory_limit_bytes: int | None = 2 * 2**30,

@@ -17,6 +17,7 @@ from typing import Any
 # (`sqlrl.sql.sandbox.Sandbox`): a gold over them is unscorable, never a mismatch
 MAX_ROWS = 100_000
 MAX_RESULT_BYTES = 8 * 2**20  # marshalled column names and rows
+MAX_VALUE_BYTES = 4 * 2**20  # the longest string or blob a statement may build (SQLITE_LIMIT_LENGTH)
 
 STATUSES = (
     "ok",

@@ -33,7 +33,7 @@ from typing import Any
 
 from sqlrl.sql.engine import Deadline, run_one, seconds, time_limits
 from sqlrl.sql.guard import check_statement
-from sqlrl.sql.result import MAX_RESULT_BYTES, MAX_ROWS, SQLResult, failure
+from sqlrl.sql.result import MAX_RESULT_BYTES, MAX_ROWS, MAX_VALUE_BYTES, SQLResult, failure
 from sqlrl.sql.scoring import run_scored, score_batch
 from sqlrl.sql.workers import WorkerPool, close_at_exit, forget_at_exit, serve_batches
 
@@ -92,7 +92,8 @@ class Sandbox:
     hard_timeout_s: wall-clock limit per statement in the parent; the worker is killed and respawned
         (default: 2 * timeout_s + 1). With a per-call timeout, the margin above timeout_s is kept.
     max_rows / max_result_bytes: result caps (-> too_many_rows / too_large).
-    max_value_bytes: SQLITE_LIMIT_LENGTH (largest string/blob). max_sql_chars: longest SQL text.
+    max_value_bytes: SQLITE_LIMIT_LENGTH (largest string/blob; never above max_result_bytes).
+    max_sql_chars: longest SQL text.
     heap_limit_bytes: SQLite hard_heap_limit per worker (soft limit = half).
     memory_limit_bytes: RLIMIT_AS per worker (None: unlimited).
     max_connections: cached read-only connections per worker (LRU).
@@ -109,7 +110,7 @@ class Sandbox:
         hard_timeout_s: float | None = None,
         max_rows: int = MAX_ROWS,
         max_result_bytes: int = MAX_RESULT_BYTES,
-        max_value_bytes: int = 4 * 2**20,
+        max_value_bytes: int = MAX_VALUE_BYTES,
         max_sql_chars: int = 1_000_000,
         heap_limit_bytes: int = 512 * 2**20,
         memory_limit_bytes: int | None = 2 * 2**30,
@@ -126,7 +127,8 @@ class Sandbox:
         self.max_rows = int(max_rows)
         self.max_result_bytes = int(max_result_bytes)
         self.max_sql_chars = int(max_sql_chars)
-        if min(self.max_rows, self.max_result_bytes, self.max_sql_chars, int(max_value_bytes)) < 0:
+        self.max_value_bytes = int(max_value_bytes)
+        if min(self.max_rows, self.max_result_bytes, self.max_sql_chars, self.max_value_bytes) < 0:
             raise ValueError(
                 "Sandbox: max_rows, max_result_bytes, max_value_bytes and max_sql_chars must be >= 0"
             )
@@ -135,7 +137,7 @@ class Sandbox:
         self._cfg = {
             "max_rows": self.max_rows,
             "max_result_bytes": self.max_result_bytes,
-            "max_value_bytes": int(max_value_bytes),
+            "max_value_bytes": self.max_value_bytes,
             "max_sql_chars": self.max_sql_chars,
             "heap_limit_bytes": int(heap_limit_bytes) if heap_limit_bytes else 0,
             "memory_limit_bytes": int(memory_limit_bytes) if memory_limit_bytes else 0,

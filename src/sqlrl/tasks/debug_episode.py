@@ -13,14 +13,14 @@ What is covered:
   holding exactly one value equal to 1; an SQL error, no row, several rows or any other value fails;
 - query tasks' tests: same column count, same multiset of rows (GROUP BY all columns with counts,
   EXCEPT both ways) and, only when the gold has ORDER BY, the same rows at the same positions;
+- a query's result (submission or reference) is fetched under the sandbox's caps (rows, bytes, no
+  value over `MAX_VALUE_BYTES`), in chunks the byte cap can stop; over them it is an SQL error;
 - `run_tests` / `score_debug` work on any writable SQLite file and never modify `public.db_path`
   (the reference is built on a temporary copy, or once per task by `ReferenceStates`).
 
-What is not:
-- `personalization` views compare as sets (EXCEPT both ways) plus equal row count, not multisets;
-- query results are compared exactly (both sides run on the same SQLite); management updates
-  compare numbers with a 1e-6 tolerance;
-- time limits: statements are interrupted after `timeout_s` (progress handler), best effort.
+What is not: `personalization` views compare as sets (EXCEPT both ways) plus equal row count, not
+multisets; query results compare exactly (same SQLite both sides), management updates' numbers with
+a 1e-6 tolerance; statements are interrupted after `timeout_s` (progress handler), best effort.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sqlrl.sql.result import MAX_RESULT_BYTES, MAX_ROWS, MAX_VALUE_BYTES
 from sqlrl.tasks.debugging import DebugTaskPrivate, DebugTaskPublic
 
 __all__ = [
@@ -55,7 +56,7 @@ __all__ = [
 
 SUBMITTED_TABLE = "__submitted"
 REFERENCE_TABLE = "__reference"
-MAX_RESULT_ROWS = 100_000
+MAX_RESULT_ROWS = MAX_ROWS
 
 # ------------------------------------------------------------------------------------ sqlite helpers
 
@@ -82,16 +83,23 @@ def _materialize(con: sqlite3.Connection, sql: str, table: str, *, trusted_after
     """Run one SELECT and store its result as `table(__pos, c0..)`. Returns the number of columns.
     `trusted_after_fetch`: remove the connection's authorizer once the rows are fetched (the SELECT was
     policy SQL; storing its rows is ours)."""
+    from sqlrl.sql.engine import Deadline, chunk_rows, fetch_rows
+
     cur = con.execute(sql)
     if cur.description is None:
         raise sqlite3.OperationalError("the submission of a query task must be a SELECT returning rows")
     ncol = len(cur.description)
-    rows = cur.fetchmany(MAX_RESULT_ROWS + 1)
+    deadline = Deadline()
+    deadline.t = float("inf")  # the connection's progress handler keeps the time limit
+    caps = {"max_rows": MAX_RESULT_ROWS, "max_result_bytes": MAX_RESULT_BYTES}
+    status, rows, msg = fetch_rows(cur, caps, deadline, max_chunk=chunk_rows(ncol, MAX_VALUE_BYTES))
     cur.close()
     if trusted_after_fetch:
         con.set_authorizer(None)
-    if len(rows) > MAX_RESULT_ROWS:
+    if status == "too_many_rows":
         raise sqlite3.OperationalError(f"result has more than {MAX_RESULT_ROWS} rows")
+    if status != "ok":
+        raise sqlite3.OperationalError(msg)
     cols = ", ".join(["__pos INTEGER"] + [f"c{i}" for i in range(ncol)])
     con.execute(f"DROP TABLE IF EXISTS {quote_ident(table)}")
     con.execute(f"CREATE TABLE {quote_ident(table)} ({cols})")
@@ -149,7 +157,9 @@ def apply_submission(
     try:
         # the submission is policy SQL: the replica pool's authorizer applies to it too (no ATTACH,
         # no transactions, no state-changing pragmas, no denied functions); our own statements after
-        # it (materializing a query's result) run without it
+        # it (materializing a query's result) run without it. It runs in this process: no value may
+        # be longer than the sandbox allows, and a query's result is fetched under its caps
+        con.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
         con.set_authorizer(write_authorizer())
         if pub.category == "query":
             if len(stmts) != 1:
