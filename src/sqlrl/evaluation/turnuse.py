@@ -12,7 +12,8 @@ unscorable golds are left out), from the finished trajectories:
   no SQL, or the same SQL), `rewritten` (a different query, inspect or FINAL);
 - `accuracy_by_turns`: {turns: {n, correct, accuracy}} by execution match.
 Rates are given beside their counts (None when the count is 0). Single-turn runs have turns_used
-{1: n} and nothing else to say.
+{1: n} and nothing else to say. The checker turn (action `check`, `agent.checker`) is left out here; the
+`checker` block (`sqlrl.evaluation.checker`) covers it.
 """
 
 from __future__ import annotations
@@ -43,17 +44,18 @@ def turn_use(results: list[dict], trajectories: list) -> dict:
         r = scored.get(tr.task_id)
         if r is None:
             continue
-        k = len(tr.turns)
+        turns = [t for t in tr.turns if t.action != "check"]  # the checker turn: `checker` block
+        k = len(turns)
         used[k] += 1
         cell = by_turns.setdefault(k, {"n": 0, "correct": 0})
         cell["n"] += 1
         cell["correct"] += int(bool(r.get("correct")))
-        sqls = [_norm(t.sql) for t in tr.turns if _norm(t.sql)]
+        sqls = [_norm(t.sql) for t in turns if _norm(t.sql)]
         if len(sqls) >= 2:
             multi += 1
             repeat += int(sqls[0] in sqls[1:])
-            rerun += int(any(t.action == "inspect" and _norm(t.sql) == sqls[0] for t in tr.turns[1:]))
-        for prev, nxt in zip(tr.turns, tr.turns[1:]):
+            rerun += int(any(t.action == "inspect" and _norm(t.sql) == sqls[0] for t in turns[1:]))
+        for prev, nxt in zip(turns, turns[1:]):
             status = (prev.sql_result or {}).get("status")
             if prev.action != "inspect" or status in (None, "ok"):
                 continue
