@@ -53,7 +53,7 @@ def test_checker_message_holds_the_answers_own_result_and_never_the_gold(tasks, 
 
     tr, policy = checked(task, script, sandbox)
     msg = tr.turns[0].observation
-    assert msg.startswith(f"Your final query:\n```sql\n{WRONG}\n```\nExecution result:\nstatus: ok (1 row)\n")
+    assert msg.startswith("Your final query returned:\nstatus: ok (1 row)\n") and WRONG not in msg
     assert "\n14\n" in msg and "reply FINAL with the same query" in msg
     assert (
         task.gold_sql not in seen["text"] and "allergytype" not in seen["text"].split("Your final query")[1]
@@ -77,7 +77,7 @@ def test_checker_message_holds_the_answers_own_result_and_never_the_gold(tasks, 
 
 def test_an_error_is_shown_as_the_structured_error(tasks, sandbox):
     tr, _ = checked(tasks[2], lambda t, k: sql(TYPO) if k == 0 else "FINAL", sandbox)
-    assert "Execution result:\nstatus: runtime_error\n" in tr.turns[0].observation
+    assert "returned:\nstatus: runtime_error\n" in tr.turns[0].observation
     assert "no such column: alergytype" in tr.turns[0].observation
     assert tr.final_sql == TYPO and tr.checker["reply"] == "confirm" and not tr.checker["changed"]
 
@@ -102,7 +102,7 @@ def test_multi_turn_final_without_sql_checks_the_last_inspected_query(tasks, san
     script = {0: sql(WRONG), 1: "FINAL", 2: sql(RIGHT, final=True)}
     tr, policy = checked(tasks[2], lambda t, k: script[k], sandbox, turns=3, max_sql_executions=3)
     assert [t.action for t in tr.turns] == ["inspect", "final", "check"] and tr.n_executions == 2
-    assert tr.turns[1].observation.startswith(f"Your final query:\n```sql\n{WRONG}\n```")
+    assert tr.turns[1].sql_result["status"] == "ok" and "\n14\n" in tr.turns[1].observation
     assert tr.stop_reason == "final" and tr.final_sql == RIGHT and tr.checker["first_sql"] == WRONG
 
 
@@ -235,3 +235,19 @@ def test_an_environment_without_a_checker_refuses_it():
     env = DebugEnv.__new__(DebugEnv)  # no pool needed: refused before anything runs
     with pytest.raises(ValueError, match="DebugEnv has no checker turn; set agent.checker = false"):
         run_episodes(env, [], ScriptedPolicy(lambda t, k: ""), Budgets(checker=True), Sampling())
+
+
+def test_leakage_audit_passes_through_the_checker_turn(tasks, sandbox, tmp_path):
+    """Real and mutated golds give identical checker messages and replies: the message holds only the
+    prediction's own result. It never repeats the SQL: the first answer here equals task 00000's gold,
+    which the static check (no gold string in any prompt or observation) would then find."""
+    from sqlrl.evidence.leakage import leakage_audit
+
+    def script(text, turn):
+        return sql(WRONG) if turn == 0 else sql(RIGHT, final=True)
+
+    res = leakage_audit(
+        tasks[:4], ScriptedPolicy(script), sandbox, Budgets(checker=True), work_dir=tmp_path / "l"
+    )
+    assert res["passed"] and res["golds_mutated"] == 4 and res["budgets"]["checker"] is True
+    assert res["static_check"]["passed"] and res["first_difference"] is None

@@ -11,9 +11,9 @@ Action protocol (stated to the model in the system prompt):
   (upper case, as a word) is `final`: its SQL, or if it has none the last inspected SQL, is the
   answer. On the last allowed turn any SQL is final. A reply with neither SQL nor FINAL is
   `invalid` and costs a turn.
-- checker (`agent.checker`): after the answer, one more user message shows the answer's SQL and its
-  execution result (`checker_message`); a reply with FINAL and SQL replaces the answer, any other
-  reply keeps it (`sqlrl.agent.loop`).
+- checker (`agent.checker`): after the answer, one more user message shows the answer's execution
+  result (`checker_message`); a reply with FINAL and SQL replaces the answer, any other reply keeps
+  it (`sqlrl.agent.loop`).
 
 Token-level contract: the first prompt is rendered with the tokenizer's chat template; every later
 piece (end of the assistant turn, observation, next assistant header) is rendered as the *delta* of
@@ -116,10 +116,12 @@ CHECKER_INSTRUCTION = (
 )
 
 
-def checker_message(sql: str, result_text: str) -> str:
-    """The checker turn's user message (`agent.checker`): the answer's SQL, its own execution result (or
-    structured error) and the fixed instruction; nothing else (never the gold)."""
-    return f"Your final query:\n```sql\n{sql}\n```\nExecution result:\n{result_text}\n\n{CHECKER_INSTRUCTION}"
+def checker_message(result_text: str) -> str:
+    """The checker turn's user message (`agent.checker`): the answer's own execution result (or structured
+    error) and the fixed instruction; nothing else (never the gold). The SQL is not repeated: it is in the
+    conversation already, and a repeated prediction equal to its gold would trip the leakage audit's
+    static check (no gold string in any prompt or observation)."""
+    return f"Your final query returned:\n{result_text}\n\n{CHECKER_INSTRUCTION}"
 
 
 INVALID_MESSAGE = (

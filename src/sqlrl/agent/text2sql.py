@@ -13,7 +13,7 @@ What is covered:
 - The SQL of a turn goes to the sandbox in one `execute_many` (the chunk's inspect actions, in order).
 - Answer: single-turn and `sql_budget` take the reply's SQL; `final`, `max_turns` and `context_budget`
   fall back to the last inspected SQL when the reply has none. With `agent.checker` the answer is
-  executed in the sandbox and shown (`checker_message`: its SQL and result, never the gold); the
+  executed in the sandbox and shown (`checker_message`: its result, never the gold); the
   checker reply may replace it (rule: `sqlrl.agent.loop`).
 
 What is not: scoring during the episode (never), nor closing a borrowed sandbox or gold cache.
@@ -109,7 +109,7 @@ class Text2SQLEnv(Environment):
         self._execute(pairs, [tr.final_sql for tr, _ in pairs], budgets)
 
     def checker_observation(self, tr: Trajectory, budgets) -> str:
-        return checker_message(tr.final_sql, tr.turns[-1].observation)
+        return checker_message(tr.turns[-1].observation)
 
     def _execute(self, pairs: list[tuple[Trajectory, Any]], sqls: list[str], budgets) -> None:
         t0 = time.perf_counter()

@@ -301,12 +301,12 @@ def step_metrics(
 
 
 def arm_kind(cfg: Config) -> str:
-    """The experiment arm a config runs: "no_update", "validity" or "grpo"."""
+    """The experiment arm a config runs: "no_update", "validity", "grpo_checker" (agent.checker) or "grpo"."""
     if cfg.grpo.control == "no-update":
         return "no_update"
     if cfg.grpo.reward == "validity":
         return "validity"
-    return "grpo"
+    return "grpo_checker" if cfg.agent.checker else "grpo"
 
 
 def checkpoint_due(cfg: Config, step: int) -> bool:
