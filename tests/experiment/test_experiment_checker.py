@@ -1,8 +1,9 @@
 """The matrix's opt-in `grpo_checker` arm: GRPO with agent.checker = true, all else as the `grpo` arm.
 
 Config derivation and validation on CPU in milliseconds; one slow matrix with the tiny random Qwen2 of
-test_experiment.py on the embedded Spider slice (that model writes no SQL, so its checker turns are
-skipped as `no_sql`; the checker turn itself is covered by tests/agent/test_checker.py).
+test_experiment.py on the embedded Spider slice. That model writes no SQL, so the test reads every reply
+as `SELECT 1` (the Parser patched): every answer then gets its checker turn, in training and evaluation.
+The checker turn's rules are covered by tests/agent/test_checker.py.
 """
 
 from __future__ import annotations
@@ -54,7 +55,10 @@ def test_disk_needed_counts_the_grpo_checker_final():
 
 
 @pytest.mark.slow
-def test_grpo_checker_arm_trains_evaluates_and_is_compared(tiny_model_dir, tmp_path):  # noqa: F811
+def test_grpo_checker_arm_trains_evaluates_and_is_compared(tiny_model_dir, tmp_path, monkeypatch):  # noqa: F811
+    from sqlrl.agent.prompts import Parser
+
+    monkeypatch.setattr(Parser, "extract_sql", staticmethod(lambda text: "SELECT 1"))
     cfg = C.from_dict(
         {
             "model": {"name": tiny_model_dir},
@@ -82,10 +86,46 @@ def test_grpo_checker_arm_trains_evaluates_and_is_compared(tiny_model_dir, tmp_p
     grpo_conf = json.loads((out / "arms/grpo/train/config.json").read_text())
     assert conf == {**grpo_conf, "agent": {**grpo_conf["agent"], "checker": True}}
     assert json.loads((out / "arms/grpo_checker/train/run.json").read_text())["arm"] == "grpo_checker"
+    # training: every rollout's answer (SELECT 1, without FINAL: the first answer stands) was checked
+    [step] = [json.loads(x) for x in (out / "arms/grpo_checker/train/steps.jsonl").read_text().splitlines()]
+    assert (step["checker_checked"], step["checker_changed"], step["mean_turns"]) == (1.0, 0.0, 2.0)
+    [gstep] = [json.loads(x) for x in (out / "arms/grpo/train/steps.jsonl").read_text().splitlines()]
+    assert "checker_checked" not in gstep and gstep["mean_turns"] == 1.0
     summary = json.loads((out / "arms/grpo_checker/eval/summary.json").read_text())
-    assert summary["budgets"]["checker"] is True and summary["checker"]["n"] == summary["n"] == 3
-    assert summary["checker"]["checked"] + sum(summary["checker"]["not_checked"].values()) == 3
+    assert summary["budgets"]["checker"] is True and summary["n"] == 3
+    c = summary["checker"]
+    assert (c["checked"], c["changed"], c["not_checked"]) == (3, 0, {})
+    assert c["replies"]["confirm"] + c["replies"]["no_final"] == 3
     assert "checker" not in json.loads((out / "arms/grpo/eval/summary.json").read_text())
     assert json.loads((out / "leakage.json").read_text())["passed"]
     md = (out / "report.md").read_text()
     assert "| grpo_checker vs base |" in md and "| grpo_checker vs grpo |" in md
+
+
+def test_step_metrics_count_checked_and_changed_answers():
+    from types import SimpleNamespace
+
+    from sqlrl.training.trainer import checker_metrics
+
+    def tr(checker):
+        return SimpleNamespace(checker=checker)
+
+    trajs = [
+        tr({"checked": True, "changed": True}),
+        tr({"checked": True, "changed": False}),
+        tr({"checked": False, "changed": False}),  # e.g. sql_budget
+        tr({"checked": True, "changed": False}),
+    ]
+    assert checker_metrics(trajs) == {"checker_checked": 0.75, "checker_changed": 0.25}
+    assert checker_metrics([tr(None), tr(None)]) == {}  # agent.checker off: steps.jsonl unchanged
+
+
+def test_sft_refuses_the_checker():
+    from sqlrl.agent.loop import Budgets
+    from sqlrl.config_tables import SFTConfig
+    from sqlrl.training.sft import check_sft_settings
+
+    cfg = C.from_dict({"agent": {"checker": True}})
+    with pytest.raises(C.ConfigError, match="SFT examples have no checker turn.*set agent.checker = false"):
+        check_sft_settings(cfg, SFTConfig(), Budgets.from_config(cfg.agent))
+    check_sft_settings(C.from_dict({}), SFTConfig(), Budgets())  # off: accepted
