@@ -135,6 +135,7 @@ def test_eval_budget_flags_carry_the_schema_options():
     b = budgets_from_args(p.parse_args(["--schema-sample-values", "3", "--schema-order", "question"]))
     assert (b.schema_sample_values, b.schema_order) == (3, "question")
     assert budgets_from_args(p.parse_args([])) == Budgets()
+    assert budgets_from_args(p.parse_args(["--checker"])) == Budgets(checker=True)
     with pytest.raises(SystemExit) as e:
         p.parse_args(["--schema-sample-values", "21"])
     assert e.value.code == 2

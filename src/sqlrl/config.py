@@ -88,6 +88,7 @@ RECORDED_IF_SET: dict[str, Any] = {
     "schema_order": "file",
     "show_evidence": True,
     "column_descriptions": False,
+    "checker": False,
 }
 
 
@@ -122,6 +123,9 @@ class AgentConfig:
     """Characters of a query result shown to the policy."""
     sql_timeout_s: float = 5.0
     """Per-execution time limit for policy SQL."""
+    checker: bool = False
+    """One checker turn after the answer (`sqlrl.agent.loop`, docs/PROMPT.md): its SQL is executed (one of
+    max_sql_executions; none left = no check) and the result shown; a FINAL reply with SQL replaces it."""
 
     # These budgets are the agent's `Budgets` (agent.py): recorded in every trajectory, and two runs
     # are comparable only if they are equal.
@@ -498,6 +502,12 @@ def validate(cfg: Config, source: str = "<config>") -> None:
     )
     need(a.max_context_tokens > a.max_new_tokens, "agent.max_context_tokens must exceed agent.max_new_tokens")
     need(a.max_schema_chars >= 200, "agent.max_schema_chars must be >= 200")
+    need(
+        not a.checker or (d.kind == "text2sql" and a.max_sql_executions >= 1),
+        f"agent.checker executes the answer once, on text-to-SQL tasks: it needs data.kind = 'text2sql' "
+        f"(got {d.kind!r}) and agent.max_sql_executions >= 1 (got {a.max_sql_executions}); "
+        "set those or agent.checker = false",
+    )
     need(
         0 <= a.schema_sample_values <= 20,
         f"agent.schema_sample_values = {a.schema_sample_values} must be in [0, 20] (0 = no example values)",

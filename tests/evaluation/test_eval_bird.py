@@ -107,6 +107,15 @@ def test_eval_cli_refuses_descriptions_with_sample_values(capsys):
     assert e.value.code == 2 and "--column-descriptions needs --schema-order file" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("extra", [["--kind", "debug"], ["--max-sql-executions", "0"]])
+def test_eval_cli_refuses_the_checker_without_an_execution(extra, capsys):
+    from sqlrl.cli.eval import cli_main
+
+    with pytest.raises(SystemExit) as e:
+        cli_main(["--out", "x", "--checker", *extra])
+    assert e.value.code == 2 and "--checker executes the answer once" in capsys.readouterr().err
+
+
 def test_eval_cli_ends_with_accuracy_by_hardness_and_difficulty(bird, tmp_path, monkeypatch, capsys):
     """Every gold of the fixture is easy (one table, no clause beyond WHERE / DISTINCT); ours and BIRD's
     metric per difficulty as in the test above: simple 2/2 and 2/2, moderate 0/2 and 0/2, challenging

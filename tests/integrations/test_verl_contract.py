@@ -112,6 +112,8 @@ def test_dynamic_sampling_is_refused_not_dropped():
     with pytest.raises(ValueError, match="dynamic_sampling_rounds = 2 is not mapped to veRL"):
         verl_overrides(_cfg(grpo={"dynamic_sampling_rounds": 2}))
     assert verl_overrides(_cfg())["algorithm"]["norm_adv_by_std_in_grpo"] is True
+    with pytest.raises(ValueError, match="agent.checker is not mapped to veRL"):
+        verl_overrides(_cfg(agent={"checker": True}))
 
 
 @needs_verl

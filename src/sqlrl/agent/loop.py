@@ -3,8 +3,9 @@
 `run_episodes(env, items, policy, budgets, sampling)` drives an `Environment` through its hooks (modelled on
 verifiers' MultiTurnEnv): `initial` (the first prompt), `setup` (side effects before the first turn),
 `parse` (a reply -> an action), `execute` (the actions' SQL, batched), `observation` (the next user
-message), `finish` (the answer and stop reason). Scoring is not a hook of the loop: an environment scores
-the finished trajectories afterwards. Environments: `sqlrl.agent.text2sql`, `sqlrl.agent.debugging`.
+message), `finish` (the answer and stop reason); with `agent.checker`, `execute_answers` and
+`checker_observation`. Scoring is not a hook of the loop: an environment scores the finished
+trajectories afterwards. Environments: `sqlrl.agent.text2sql`, `sqlrl.agent.debugging`.
 
 What is covered:
 - Batching: each turn, all live trajectories of the call go to `policy.generate` in one call, in item
@@ -18,6 +19,7 @@ What is covered:
   tokens; `logprobs` holds the generation-time log-probabilities there (0.0 elsewhere).
 - A policy infrastructure failure marks the trajectory `infra_error`; it is excluded from scoring,
   never counted as a wrong answer.
+- Checker (`agent.checker`): one extra turn after the answer, under the same budgets (`_checker_turn`).
 
 What is not: the same trajectories under a different batch composition in bf16 (kernel choice can flip
 near-tie argmaxes); use float32 when bit-reproducibility across batch shapes matters.
@@ -51,7 +53,7 @@ class Turn:
     completion_text: str
     completion_ids: list[int]
     finish_reason: str
-    action: str  # inspect | final | invalid
+    action: str  # inspect | final | invalid | check (the checker turn's reply)
     sql: str | None
     observation: str | None = None
     observation_ids: list[int] = field(default_factory=list)
@@ -79,6 +81,9 @@ class Trajectory:
     infra_error: str | None = None
     timings: dict = field(default_factory=dict)
     reward: dict | None = None  # written by the evaluator after the trajectory ended
+    # agent.checker only: {checked, reason (why not checked), first_sql, reply (confirm | correct |
+    # no_final), changed (the answer's whitespace-normalised SQL differs from first_sql)}
+    checker: dict | None = None
 
     @property
     def done(self) -> bool:
@@ -208,6 +213,7 @@ class Environment:
     EXECUTE = "execute"
     FINAL = "final"
     FINAL_REASON = "final"
+    CHECKER = False  # supports agent.checker (implements execute_answers and checker_observation)
     _owned: list  # resources this environment closes (set by the subclass's __init__)
 
     def __enter__(self):
@@ -247,6 +253,15 @@ class Environment:
         """The next user message after `turn` for a trajectory still running."""
         raise NotImplementedError
 
+    def execute_answers(self, pairs: list[tuple[Trajectory, Any]], budgets) -> None:
+        """agent.checker: execute each (trajectory, task)'s answer (`final_sql`) and record the result on
+        its last turn, as `execute` does."""
+        raise NotImplementedError
+
+    def checker_observation(self, tr: Trajectory, budgets) -> str:
+        """agent.checker: the checker turn's user message, after `execute_answers` recorded the result."""
+        raise NotImplementedError
+
     def abort(self, trajs: list[Trajectory]) -> None:
         """Called with the trajectories built so far when the loop raises, before the exception propagates."""
 
@@ -262,6 +277,10 @@ def run_episodes(
     chat: ChatFormat | None = None,
 ) -> list[Trajectory]:
     """Roll out every (task, sample) of `items` as one batch; returns the finished trajectories in order."""
+    if budgets.checker and not env.CHECKER:
+        raise ValueError(
+            f"agent.checker is set but {type(env).__name__} has no checker turn; set agent.checker = false"
+        )
     chat = chat or ChatFormat(policy.tokenizer)
     model_info = {"name": getattr(policy, "name", None), "identity": getattr(policy, "identity", None)}
     trajs: list[Trajectory] = []
@@ -272,7 +291,10 @@ def run_episodes(
             trajs.append(tr)
             histories.append(messages)
             env.setup(tr, task, budgets)
-        _turns(env, trajs, histories, [t for t, _ in items], policy, budgets, sampling, chat, seed_offset)
+        tasks = [t for t, _ in items]
+        _turns(env, trajs, histories, tasks, policy, budgets, sampling, chat, seed_offset)
+        if budgets.checker:
+            _checker_turn(env, trajs, histories, tasks, policy, budgets, sampling, chat, seed_offset)
     except BaseException:
         env.abort(trajs)
         raise
@@ -325,3 +347,77 @@ def _turns(env: Environment, trajs, histories, tasks, policy, budgets, sampling,
     for tr in trajs:
         if not tr.done:  # defensive: loop ended without a decision
             env.finish(tr, "max_turns")
+
+
+# Stop reasons whose answer the checker turn checks: the policy's own answer
+CHECKED_STOPS = ("single_turn", "final", "max_turns")
+
+
+def _norm_sql(sql: str | None) -> str | None:
+    return " ".join(sql.split()).rstrip(";").strip() if sql else None
+
+
+def _not_checked(tr: Trajectory, budgets) -> str | None:
+    """Why `tr`'s answer gets no checker turn (a stop reason or budget name), or None."""
+    if tr.stop_reason not in CHECKED_STOPS:
+        return tr.stop_reason
+    if tr.final_sql is None:
+        return "no_sql"
+    if tr.n_executions >= budgets.max_sql_executions:
+        return "sql_budget"
+    if len(tr.token_ids) + budgets.max_new_tokens > budgets.max_context_tokens:
+        return "context_budget"
+    return None
+
+
+def _checker_turn(env: Environment, trajs, histories, tasks, policy, budgets, sampling, chat, seed_offset):
+    """agent.checker, after the turns: a trajectory that ended with the policy's own answer (stop reason
+    single_turn, final or max_turns; SQL present) has that SQL executed (one of `max_sql_executions`;
+    none left: no check) and, if the context budget then leaves `max_new_tokens` of room, exactly one
+    more reply (`action` "check", one batch, sampling turn index `turns + 1`) to the environment's
+    checker message. A reply with FINAL and SQL becomes the answer; any other reply (FINAL alone, SQL
+    without FINAL, neither) keeps the first. The stop reason stays; `Trajectory.checker` records it."""
+    eos_ids = set(getattr(policy, "eos_token_ids", []) or [])
+    todo = []
+    for i, tr in enumerate(trajs):
+        reason = _not_checked(tr, budgets)
+        tr.checker = {
+            "checked": False,
+            "reason": reason,
+            "first_sql": tr.final_sql,
+            "reply": None,
+            "changed": False,
+        }
+        if reason is None:
+            todo.append(i)
+    if todo:
+        env.execute_answers([(trajs[i], tasks[i]) for i in todo], budgets)
+    ready = []
+    for i in todo:
+        tr = trajs[i]
+        if tr.infra_error:  # the execution's worker crashed: excluded from scoring
+            tr.checker["reason"] = "infra_error"
+            continue
+        histories[i] = tr.add_observation(chat, histories[i], env.checker_observation(tr, budgets), eos_ids)
+        if len(tr.token_ids) + budgets.max_new_tokens > budgets.max_context_tokens:
+            tr.checker["reason"] = "context_budget"
+        else:
+            ready.append(i)
+    if not ready:
+        return
+    out = generate_turn(policy, [trajs[i] for i in ready], budgets, sampling, budgets.turns + 1, seed_offset)
+    if out is None:
+        for i in ready:
+            trajs[i].checker["reason"] = "infra_error"
+        return
+    gens, gen_s = out
+    for i, g in zip(ready, gens):
+        tr = trajs[i]
+        action = env.parse(tr, g.text, True)
+        tr.add_completion(g, "check", action.sql, gen_s / len(ready))
+        first = tr.final_sql
+        if action.kind == env.FINAL and action.sql:
+            tr.final_sql = action.sql
+        changed = _norm_sql(tr.final_sql) != _norm_sql(first)
+        reply = "correct" if changed else "confirm" if action.kind == env.FINAL else "no_final"
+        tr.checker.update(checked=True, reply=reply, changed=changed)

@@ -11,6 +11,9 @@ Action protocol (stated to the model in the system prompt):
   (upper case, as a word) is `final`: its SQL, or if it has none the last inspected SQL, is the
   answer. On the last allowed turn any SQL is final. A reply with neither SQL nor FINAL is
   `invalid` and costs a turn.
+- checker (`agent.checker`): after the answer, one more user message shows the answer's execution
+  result (`checker_message`); a reply with FINAL and SQL replaces the answer, any other reply keeps
+  it (`sqlrl.agent.loop`).
 
 Token-level contract: the first prompt is rendered with the tokenizer's chat template; every later
 piece (end of the assistant turn, observation, next assistant header) is rendered as the *delta* of
@@ -105,6 +108,20 @@ def observation_message(result_text: str, turn: int, turns: int) -> str:
         else "If it answers the question reply FINAL with the query; otherwise write a corrected query."
     )
     return f"Execution result:\n{result_text}\n\n{tail}"
+
+
+CHECKER_INSTRUCTION = (
+    "Check it before it is scored. If it answers the question, reply FINAL with the same query in a ```sql "
+    "code block; otherwise reply FINAL with a corrected query in a ```sql code block. This reply ends the task."
+)
+
+
+def checker_message(result_text: str) -> str:
+    """The checker turn's user message (`agent.checker`): the answer's own execution result (or structured
+    error) and the fixed instruction; nothing else (never the gold). The SQL is not repeated: it is in the
+    conversation already, and a repeated prediction equal to its gold would trip the leakage audit's
+    static check (no gold string in any prompt or observation)."""
+    return f"Your final query returned:\n{result_text}\n\n{CHECKER_INSTRUCTION}"
 
 
 INVALID_MESSAGE = (

@@ -12,7 +12,9 @@ What is covered:
   the loop, its sampling seeds offset by the chunk's first item index.
 - The SQL of a turn goes to the sandbox in one `execute_many` (the chunk's inspect actions, in order).
 - Answer: single-turn and `sql_budget` take the reply's SQL; `final`, `max_turns` and `context_budget`
-  fall back to the last inspected SQL when the reply has none.
+  fall back to the last inspected SQL when the reply has none. With `agent.checker` the answer is
+  executed in the sandbox and shown (`checker_message`: its result, never the gold); the
+  checker reply may replace it (rule: `sqlrl.agent.loop`).
 
 What is not: scoring during the episode (never), nor closing a borrowed sandbox or gold cache.
 """
@@ -35,6 +37,7 @@ from sqlrl.agent.prompts import (
     ChatFormat,
     Parser,
     build_messages,
+    checker_message,
     observation_message,
     prompt_options,
 )
@@ -64,6 +67,7 @@ class Text2SQLEnv(Environment):
     EXECUTE = "inspect"
     FINAL = "final"
     FINAL_REASON = "final"
+    CHECKER = True
 
     def __init__(self, sandbox, gold_cache=None, evaluator=None, *, owned: Sequence[Any] = ()):
         self.sandbox = sandbox
@@ -99,8 +103,17 @@ class Text2SQLEnv(Environment):
         tr.stop_reason = reason
 
     def execute(self, pairs: list[tuple[Trajectory, Any]], budgets) -> None:
+        self._execute(pairs, [tr.turns[-1].sql for tr, _ in pairs], budgets)
+
+    def execute_answers(self, pairs: list[tuple[Trajectory, Any]], budgets) -> None:
+        self._execute(pairs, [tr.final_sql for tr, _ in pairs], budgets)
+
+    def checker_observation(self, tr: Trajectory, budgets) -> str:
+        return checker_message(tr.turns[-1].observation)
+
+    def _execute(self, pairs: list[tuple[Trajectory, Any]], sqls: list[str], budgets) -> None:
         t0 = time.perf_counter()
-        results = self.sandbox.execute_many([(task.db_path, tr.turns[-1].sql) for tr, task in pairs])
+        results = self.sandbox.execute_many([(task.db_path, sql) for (_, task), sql in zip(pairs, sqls)])
         exec_s = time.perf_counter() - t0
         for (tr, _), res in zip(pairs, results):
             tr.timings["exec_s"] += exec_s / len(pairs)

@@ -67,6 +67,12 @@ def add_budget_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="add BIRD's database_description/*.csv text to the schema (agent.column_descriptions)",
     )
+    p.add_argument(
+        "--checker",
+        action="store_true",
+        help="one checker turn after the answer: its result is shown and a FINAL reply may replace it "
+        "(agent.checker; one of --max-sql-executions; text-to-SQL only)",
+    )
 
 
 def budgets_from_args(a) -> Budgets:
@@ -80,6 +86,7 @@ def budgets_from_args(a) -> Budgets:
         schema_order=a.schema_order,
         show_evidence=a.show_evidence,
         column_descriptions=a.column_descriptions,
+        checker=a.checker,
     )
 
 
@@ -132,6 +139,8 @@ def cli_main(argv: list[str]) -> int:
         "--split: the tasks' split field); results per category (query / management / personalization)",
     )
     a = p.parse_args(argv)
+    if a.checker and (a.kind == "debug" or a.max_sql_executions < 1):
+        p.error("--checker executes the answer once: it needs --kind text2sql and --max-sql-executions >= 1")
     if a.column_descriptions and (a.schema_sample_values or a.schema_order != "file"):
         p.error(
             "--column-descriptions needs --schema-order file and --schema-sample-values 0; drop one of them"

@@ -10,7 +10,8 @@ Writes to the run folder: `run.json` (provenance), `trajectories.jsonl`, `result
 of the gold, `sqlrl.tasks.hardness`; `bird_execution_match`: BIRD's set-of-rows metric,
 `sqlrl.reward.bird`; `by_difficulty`: both metrics per BIRD difficulty, on BIRD splits only;
 `turn_use`: turns used, repeated first queries, replies after an error, accuracy by turns used,
-`sqlrl.evaluation.turnuse`).
+`sqlrl.evaluation.turnuse`; `checker`, with agent.checker: how the checker turn changed the answers,
+`sqlrl.evaluation.checker`).
 Guaranteed: every task of the split appears in `results.jsonl` exactly once, scored or excluded with
 its reason. Not guaranteed: identical numbers across machines in bf16 (see `sqlrl.agent.loop`).
 """
@@ -29,6 +30,7 @@ from pathlib import Path
 from sqlrl.agent.envs import make_env
 from sqlrl.agent.loop import Budgets, Sampling, Trajectory
 from sqlrl.artifacts import git_commit, holds_run_lock, machine_info, write_json_atomic, write_jsonl
+from sqlrl.evaluation.checker import checker_row, checker_summary, score_first_answers
 from sqlrl.evaluation.turnuse import turn_use
 from sqlrl.generation.device import pick_device
 from sqlrl.tasks.bird import accuracy_by_difficulty
@@ -95,7 +97,10 @@ def evaluate_tasks(
             )
             bar = "eval" if progress is True and handle is None else False
             ran = env.rollout([t.public for t in todo], policy, budgets, shifted, progress=bar)
-            env.score([tr for tr in ran if tr.task_id in scorable_ids], private)
+            scored_ran = [tr for tr in ran if tr.task_id in scorable_ids]
+            env.score(scored_ran, private)
+            if budgets.checker:
+                score_first_answers(scored_ran, private, env.evaluator)
             if on_chunk is not None:
                 on_chunk(ran)
             if handle is not None:
@@ -128,13 +133,15 @@ def evaluate_tasks(
         value = rw.get("value")
         ts = (rw.get("parts") or {}).get("test_suite_match")
         bird = (rw.get("parts") or {}).get("bird_match")
+        correct = None if value is None else bool(value >= 1.0) if kind == "execution" else None
+        check = checker_row(tr, correct)
         results.append(
             {
                 "task_id": tid,
                 "db_id": t.public.db_id,
                 "final_sql": tr.final_sql,
                 "status": rw.get("status"),
-                "correct": None if value is None else bool(value >= 1.0) if kind == "execution" else None,
+                "correct": correct,
                 "reward": value,
                 "test_suite_correct": None if ts is None else bool(ts),
                 "bird_correct": None if value is None or bird is None else bool(bird),
@@ -142,9 +149,12 @@ def evaluate_tasks(
                 "stop_reason": tr.stop_reason,
                 "exec_ms": rw.get("exec_ms"),
                 **({"difficulty": t.difficulty} if t.difficulty else {}),
+                **({} if check is None else {"checker": check}),
             }
         )
     summary = summarize(results, trajectories, kind=kind)
+    if budgets.checker:
+        summary["checker"] = checker_summary(results)
     summary["turn_use"] = turn_use(results, trajectories)
     summary["by_hardness"] = accuracy_by_hardness(results, {t.public.task_id: t.gold_sql for t in tasks})
     by_difficulty = accuracy_by_difficulty(results)

@@ -19,6 +19,8 @@ policy replied FINAL, `max_turns` = it ran out of turns, ...) and `mean_turns`. 
 - `accuracy_by_turns`: {turns: {n, correct, accuracy}} by execution match.
 Queries are compared whitespace-normalised, trailing semicolons ignored. Rates are given beside their
 counts (None when the count is 0). Without trajectories the trajectory figures are None.
+The checker turn (action `check`, `agent.checker`) is left out here; the `checker` block
+(`sqlrl.evaluation.checker`) covers it.
 What is not covered: why a policy repeated itself; these are descriptive counts only.
 """
 
@@ -76,7 +78,7 @@ def turn_use(results: list[dict], trajectories: list | None) -> dict:
         r = scored.get(str(_get(tr, "task_id")))
         if r is None:
             continue
-        turns = [t for t in _get(tr, "turns") or [] if t is not None]
+        turns = [t for t in _get(tr, "turns") or [] if t is not None and _get(t, "action") != "check"]
         k = len(turns)
         used[k] += 1
         cell = by_turns.setdefault(k, {"n": 0, "correct": 0})

@@ -229,8 +229,9 @@ def _arm_info(exp: Experiment, name: str, *, n_boot: int, seed: int, ci: float) 
 
 def _comparison_pairs(exp: Experiment) -> tuple[list[tuple[str, str]], dict[str, str]]:
     """(a, b) arm pairs to compare, and each non-base arm's base: every non-base arm vs the base arm with
-    the same cell (else the primary base, flagged), and every GRPO-kind arm vs the control arms of the
-    same cell (else all controls of that kind, flagged)."""
+    the same cell (else the primary base, flagged), every GRPO arm (grpo, grpo_checker) vs the control
+    arms of the same cell (else all controls of that kind, flagged), grpo_checker vs the grpo arm of its
+    cell, and every RL arm (grpo*) vs the sft arms."""
     base = exp.primary("base")
     pairs: list[tuple[str, str]] = []
     base_of: dict[str, str] = {}
@@ -241,11 +242,15 @@ def _comparison_pairs(exp: Experiment) -> tuple[list[tuple[str, str]], dict[str,
         if b is not None:
             base_of[arm.name] = b.name
             pairs.append((b.name, arm.name))
-    for g in exp.arms_of("grpo"):
+    for g in exp.grpo_arms():
         for kind in ("no_update", "validity"):
             for c in exp.same_cell(g, kind) or exp.arms_of(kind):
                 if (c.name, g.name) not in pairs:
                     pairs.append((c.name, g.name))
+    for g in exp.arms_of("grpo_checker"):  # the checker turn's effect: the same training without it
+        for c in exp.same_cell(g, "grpo"):
+            if (c.name, g.name) not in pairs:
+                pairs.append((c.name, g.name))
     for g in [a for a in exp.arms.values() if a.kind.startswith("grpo")]:  # RL vs the SFT-only control
         for c in exp.same_cell(g, "sft") or exp.arms_of("sft"):
             if (c.name, g.name) not in pairs:

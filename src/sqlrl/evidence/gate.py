@@ -4,12 +4,13 @@
 `rundir.Experiment`). A claim is allowed only when every check passes; otherwise `Verdict.missing` lists
 every problem in plain words, prefixed with the check name. Checks, in order (names are stable; tests and
 CI match on them): `real_run` (not flagged smoke/synthetic/partial, finished, every train run finished),
-`core_arms` (base and GRPO arms with eval runs; every GRPO arm has a base in its cell: turns and
-context length), `controls` (No-update and validity-only arms, train + eval, in the cell of every GRPO
-arm), `optimizer_steps` (every GRPO arm has steps with finite grad norms, not all zero; skipped
-non-finite steps are disclosed), `weights_audit` (passed, each verdict true), `trajectories` (present,
-counts and task ids match the rolled-out results), `equal_budgets` (identical budgets within each cell,
-and as recorded by each eval run), `same_tasks`, `same_fingerprint`, `leakage_audit` (passed).
+`core_arms` (base and GRPO arms with eval runs; every GRPO arm, kind grpo or grpo_checker, has a base in
+its cell: turns and context length), `controls` (No-update and validity-only arms, train + eval, in the
+cell of every GRPO arm), `optimizer_steps` (every GRPO arm has steps with finite grad norms, not all
+zero; skipped non-finite steps are disclosed), `weights_audit` (passed, each verdict true),
+`trajectories` (present, counts and task ids match the rolled-out results), `equal_budgets` (identical
+budgets within each cell but a kind's treatment, `rundir.TREATMENT_BUDGETS`, which it must hold, and as
+recorded by each eval run), `same_tasks`, `same_fingerprint`, `leakage_audit` (passed).
 
 "RL adds value over supervised fine-tuning" is a separate claim (`check_sft_control`, outside
 `claim_allowed`): the whole gate plus an `sft` arm (train + eval, sound steps) in the cell of every
@@ -33,7 +34,7 @@ from typing import Any
 
 from sqlrl.evidence.rltime import rel_path as _rel
 from sqlrl.evidence.rltime import rl_training, time_problem, train_seconds
-from sqlrl.evidence.rundir import RUN_FLAGS, Arm, Experiment
+from sqlrl.evidence.rundir import GRPO_KINDS, RUN_FLAGS, TREATMENT_BUDGETS, Arm, Experiment
 
 CONTROL_KINDS = ("no_update", "validity")
 SFT_MISSING = "no SFT control: whether RL beats SFT is not answered"
@@ -192,7 +193,7 @@ def check_core_arms(exp: Experiment) -> Check:
                 f"arm '{arm.name}': eval run missing ({_rel(exp, arm.eval_dir)}/run.json + results.jsonl)"
             )
     if exp.primary("base") is not None:
-        for arm in exp.arms_of("grpo"):
+        for arm in exp.grpo_arms():
             if exp.base_for(arm) is None:
                 problems.append(
                     f"arm '{arm.name}' ({arm.cell_label}) has no base arm with the same {_cell_words(arm)} "
@@ -208,7 +209,7 @@ def check_controls(exp: Experiment) -> Check:
         if not arms:
             problems.append(f"control '{kind}' missing: no arm of kind '{kind}' in experiment.json")
             continue
-        for g in exp.arms_of("grpo"):
+        for g in exp.grpo_arms():
             if not exp.same_cell(g, kind):
                 problems.append(
                     f"control '{kind}' missing for {g.cell_label}: "
@@ -263,7 +264,7 @@ def _steps_problems(exp: Experiment, arm: Arm, problems: list[str]) -> int | Non
 def check_optimizer_steps(exp: Experiment) -> Check:
     problems: list[str] = []
     skipped_info: dict[str, int] = {}
-    arms = exp.arms_of("grpo")
+    arms = exp.grpo_arms()
     if not arms:
         problems.append("no arm of kind 'grpo' to check for optimizer steps")
     for arm in arms:
@@ -338,11 +339,35 @@ def check_trajectories(exp: Experiment) -> Check:
     return _check("trajectories", problems, "raw trajectories present for every arm, counts match results")
 
 
+def _cell_differences(ref: Arm, arm: Arm) -> list[tuple[str, Any, Any]]:
+    """`budget_differences` of two arms of one cell, less a field one side's kind sets as its treatment
+    (`TREATMENT_BUDGETS`) where that side holds the treatment's value and the other has it off (absent
+    or false)."""
+    out = []
+    for k, va, vb in budget_differences(ref.budgets or {}, arm.budgets or {}):
+        excused = False
+        for side, mine, other in ((ref, va, vb), (arm, vb, va)):
+            treat = TREATMENT_BUDGETS.get(side.kind, {})
+            excused |= k in treat and mine == treat[k] and (other == "(absent)" or other is False)
+        if not excused:
+            out.append((k, va, vb))
+    return out
+
+
 def check_equal_budgets(exp: Experiment) -> Check:
     problems = []
+    treated = []
     for arm in exp.arms.values():
         if arm.budgets is None:
             problems.append(f"arm '{arm.name}': no budgets declared in experiment.json")
+            continue
+        for k, v in TREATMENT_BUDGETS.get(arm.kind, {}).items():
+            treated.append(f"{arm.name} by {k} = {json.dumps(v)}")
+            if arm.budgets.get(k) != v:
+                problems.append(
+                    f"arm '{arm.name}' (kind {arm.kind}) declares {k} = "
+                    f"{json.dumps(arm.budgets.get(k, '(absent)'))}; its kind runs with {k} = {json.dumps(v)}"
+                )
     groups: dict[tuple, list[Arm]] = {}
     for arm in exp.arms.values():
         groups.setdefault(arm.cell, []).append(arm)
@@ -353,7 +378,7 @@ def check_equal_budgets(exp: Experiment) -> Check:
         for arm in members:
             if arm is ref or arm.budgets is None:
                 continue
-            diffs = budget_differences(ref.budgets, arm.budgets)
+            diffs = _cell_differences(ref, arm)
             if diffs:
                 problems.append(f"budgets differ: arm '{arm.name}' vs '{ref.name}' in {_fmt_diffs(diffs)}")
     for arm in exp.arms.values():
@@ -373,6 +398,8 @@ def check_equal_budgets(exp: Experiment) -> Check:
             else "turn groups"
         )
         detail = f"identical budgets within each of {len(groups)} {what} ({len(exp.arms)} arms)"
+    if treated:
+        detail += "; differing only by their treatment: " + ", ".join(treated)
     return _check("equal_budgets", problems, detail)
 
 
@@ -476,7 +503,7 @@ def check_sft_control(exp: Experiment) -> Check:
     for g in rl:
         if not exp.same_cell(g, "sft"):
             problems.append(f"arm '{g.name}' ({g.cell_label}) has no sft arm with the same {_cell_words(g)}")
-    for arm in sfts + [a for a in rl if a.kind != "grpo"]:
+    for arm in sfts + [a for a in rl if a.kind not in GRPO_KINDS]:
         if not exp.has_train(arm.name):
             problems.append(f"arm '{arm.name}': train run missing ({_rel(exp, arm.train_dir)}/run.json)")
             continue

@@ -28,6 +28,11 @@ from typing import Any
 from sqlrl.artifacts import read_json, read_jsonl
 
 RUN_FLAGS = ("smoke", "synthetic", "partial")
+# Arms trained with GRPO from the base model and held to base and the controls of their cell
+GRPO_KINDS = ("grpo", "grpo_checker")
+# Budget settings an arm kind sets itself (its treatment), with the value it must record: the only way
+# its budgets may differ from the other arms of its cell
+TREATMENT_BUDGETS = {"grpo_checker": {"checker": True}}
 
 
 class ExperimentError(ValueError):
@@ -123,6 +128,10 @@ class Experiment:
 
     def arms_of(self, kind: str) -> list[Arm]:
         return [a for a in self.arms.values() if a.kind == kind]
+
+    def grpo_arms(self) -> list[Arm]:
+        """The arms of a `GRPO_KINDS` kind (grpo, grpo_checker), in experiment.json order."""
+        return [a for a in self.arms.values() if a.kind in GRPO_KINDS]
 
     def primary(self, kind: str) -> Arm | None:
         """The arm named like its kind if there is one, else the first arm of that kind."""

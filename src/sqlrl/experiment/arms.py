@@ -16,7 +16,8 @@
   single-turn data) in `arms/grpo_sft/sft_init`, resumed like any arm, so that the `sft` arm is a pure
   control whose steps can cover grpo_sft's whole training time. Its train run.json records the SFT run
   it started from (`init_sft`: folder, train_seconds, final identity) and its experiment.json entry
-  names it (`init_run`); the evidence gate adds that run's time to the GRPO part (`evidence/rltime.py`).
+  names it (`init_run`); the evidence gate adds that run's time to the GRPO part (`evidence/rltime.py`);
+- `grpo_checker` is `grpo` with agent.checker = true, in its training rollouts and its evaluation.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def arm_config(cfg: Config, kind: str, turns: int, context: int | None = None) -
         return cfg.replace(agent=agent, grpo={"control": "none", "reward": "validity"})
     if kind == "sft":  # trained single-turn (the answer format), evaluated with `turns`
         return cfg.replace(agent=agent)
+    if kind == "grpo_checker":
+        return cfg.replace(agent={**agent, "checker": True}, grpo={"control": "none", "reward": "execution"})
     return cfg.replace(agent=agent, grpo={"control": "none", "reward": "execution"})
 
 

@@ -5,7 +5,8 @@ Arms, with the same model, tasks, fingerprint, prompts, budgets, steps, prompts 
 bit-identical), `validity` (validity-only reward: 1 when the SQL executes). Opt-in (`experiment.arms`):
 `sft`, the SFT-only control (`training/sft.py` on the training golds, budget in [sft]), and `grpo_sft`,
 GRPO as `grpo` from SFT weights: the `sft` arm's, or with `sft.init_steps > 0` its own SFT stage's, so
-the sft control can cover its whole training time. The matrix runs once per cell of its axes:
+the sft control can cover its whole training time; `grpo_checker`, GRPO as `grpo` with agent.checker =
+true in training and evaluation (docs/PROMPT.md, "Checker turn"), held to base and the controls as grpo. The matrix runs once per cell of its axes:
 `turns = [1, 3]` (arm names get a `_t3` suffix) times `context_tokens = [2048, 4096]`
 (agent.max_context_tokens per cell, arm names get `_c2048`; empty = the agent's own, no suffix).
 
@@ -43,7 +44,7 @@ from sqlrl.experiment.arms import arm_config, arm_name, cell_suffix, run_arm
 
 log = logging.getLogger(__name__)
 
-ARM_KINDS = ("base", "grpo", "no_update", "validity", "sft", "grpo_sft")
+ARM_KINDS = ("base", "grpo", "no_update", "validity", "sft", "grpo_sft", "grpo_checker")
 DEFAULT_ARMS = ("base", "grpo", "no_update", "validity")
 
 
@@ -53,7 +54,8 @@ class ExperimentConfig:
     """Name shown in the report."""
     arms: tuple[str, ...] = DEFAULT_ARMS
     """Arms to run, in order; base, grpo, no_update and validity are needed for a claim, and sft for a
-    claim that RL beats supervised fine-tuning. Also: grpo_sft (needs sft before it unless sft.init_steps > 0)."""
+    claim that RL beats supervised fine-tuning. Also: grpo_sft (needs sft before it unless sft.init_steps > 0),
+    grpo_checker (grpo with agent.checker = true)."""
     turns: tuple[int, ...] = (1,)
     """Turn budgets; the matrix runs once per value (1 = single-turn)."""
     context_tokens: tuple[int, ...] = ()
@@ -110,6 +112,11 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tup
         raise ConfigError(
             f"{path}: experiment.arms has grpo_sft without sft before it; with sft.init_steps = 0 grpo_sft "
             "starts from the sft arm's final weights: list sft before grpo_sft, or set sft.init_steps > 0"
+        )
+    if "grpo_checker" in exp.arms and cfg.agent.checker:
+        raise ConfigError(
+            f"{path}: experiment.arms has grpo_checker (grpo with agent.checker = true) but agent.checker is "
+            "already true for every arm, so no arm runs without the checker; set agent.checker = false"
         )
     if any(t < 1 for t in exp.turns):
         raise ConfigError(f"{path}: experiment.turns must be >= 1")
@@ -269,7 +276,9 @@ def _cell_key(turns: int, context: int | None) -> str:
 def _leakage_for_cell(
     cfg: Config, exp: ExperimentConfig, out: Path, turns: int, context: int | None, eval_tasks: list
 ) -> None:
-    """The leakage audit of one cell with the base model, into leakage<suffix>.json (once; `_t3_c2048`)."""
+    """The leakage audit of one cell with the base model, into leakage<suffix>.json (once; `_t3_c2048`).
+    With a grpo_checker arm it runs with agent.checker on: the turns before the answer are those of every
+    other arm, and the checker turn (which executes the prediction) is audited too."""
     from sqlrl.agent.envs import make_env
     from sqlrl.agent.loop import Budgets
     from sqlrl.evaluation.runner import load_policy
@@ -280,7 +289,8 @@ def _leakage_for_cell(
     leak_path = out / f"leakage{suffix}.json"
     if leak_path.exists():
         return
-    budgets = Budgets.from_config(arm_config(cfg, "base", turns, context).agent)
+    kind = "grpo_checker" if "grpo_checker" in exp.arms else "base"
+    budgets = Budgets.from_config(arm_config(cfg, kind, turns, context).agent)
     policy = load_policy(
         cfg.model.name,
         device=cfg.run.device,
@@ -475,7 +485,9 @@ def disk_needed(cfg: Config, exp: ExperimentConfig, params: int) -> tuple[int, s
     checkpoints (float32 weights + AdamW state) training keeps."""
     own_stage = "grpo_sft" in exp.arms and exp.sft.init_steps > 0  # grpo_sft's SFT stage: one more run
     cells = len(exp.cells())
-    stored = (sum(1 for k in exp.arms if k in ("grpo", "validity", "sft", "grpo_sft")) + own_stage) * cells
+    stored = (
+        sum(1 for k in exp.arms if k in ("grpo", "validity", "sft", "grpo_sft", "grpo_checker")) + own_stage
+    ) * cells
     trained = (sum(1 for k in exp.arms if k != "base") + own_stage) * cells
     g, r = cfg.grpo, cfg.run
     half = r.final_dtype == "auto" and (

@@ -60,6 +60,7 @@ ADDED_KEYS = {
     ("agent", "schema_order"): "file",
     ("agent", "show_evidence"): True,
     ("agent", "column_descriptions"): False,
+    ("agent", "checker"): False,
     ("data", "train_paraphrases"): False,
 }
 

@@ -278,6 +278,11 @@ def check_sft_settings(cfg: Config, sft: SFTConfig, budgets) -> None:
             "sft.submit_turns is for debugging tasks; text-to-SQL SFT uses sft.trace_turns for the "
             "multi-turn protocol: set sft.submit_turns = 0"
         )
+    if cfg.agent.checker:
+        raise ConfigError(
+            "agent.checker is set, but SFT examples have no checker turn (they end with the answer), so "
+            "the model would be trained on another protocol than it runs: set agent.checker = false for SFT"
+        )
     if sft.trace_turns:
         from sqlrl.training.sft_traces import check_trace_budgets
 

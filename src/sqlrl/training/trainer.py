@@ -313,6 +313,7 @@ def step_metrics(
         "gen_max_batch_used": getattr(policy, policy.batch_attr),
         "gen_tokens": sum(tr.generated_tokens for tr in s.generated),
         "mean_turns": sum(len(tr.turns) for tr in trajs) / len(trajs),
+        **checker_metrics(trajs),
         "time_rollout_s": round(s.t_roll, 3),
         "time_score_s": round(s.t_score, 3),
         "score_timeouts": s.score_timeouts,
@@ -323,13 +324,25 @@ def step_metrics(
     }
 
 
+def checker_metrics(trajs: list) -> dict:
+    """agent.checker only (else {}): the fractions of the step's first-round trajectories whose answer got
+    a checker reply (`checker_checked`) and whose answer it changed (`checker_changed`)."""
+    checks = [tr.checker for tr in trajs if tr.checker is not None]
+    if not checks:
+        return {}
+    return {
+        "checker_checked": sum(c["checked"] for c in checks) / len(trajs),
+        "checker_changed": sum(c["changed"] for c in checks) / len(trajs),
+    }
+
+
 def arm_kind(cfg: Config) -> str:
-    """The experiment arm a config runs: "no_update", "validity" or "grpo"."""
+    """The experiment arm a config runs: "no_update", "validity", "grpo_checker" (agent.checker) or "grpo"."""
     if cfg.grpo.control == "no-update":
         return "no_update"
     if cfg.grpo.reward == "validity":
         return "validity"
-    return "grpo"
+    return "grpo_checker" if cfg.agent.checker else "grpo"
 
 
 def checkpoint_due(cfg: Config, step: int) -> bool:

@@ -70,6 +70,12 @@ def verl_overrides(
             "GRPO trainer has no dynamic sampling (veRL's DAPO recipe has its own `filter_groups`). Set "
             "grpo.dynamic_sampling_rounds = 0 for the veRL backend, or train on one machine with `sqlrl train`."
         )
+    if a.checker:
+        raise ValueError(
+            "agent.checker is not mapped to veRL: its response lengths are sized for agent.turns replies, "
+            "not the checker's extra one. Set agent.checker = false for the veRL backend, or train on one "
+            "machine with `sqlrl train`."
+        )
     prompt_len, response_len = _token_lengths(a)
     lr = 0.0 if g.control == "no-update" else float(g.lr)
     loss_agg = {"token-mean": "token-mean", "seq-mean": "seq-mean-token-mean"}[g.loss_agg]
