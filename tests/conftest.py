@@ -77,3 +77,28 @@ def hold_run_lock():
         if p.poll() is None:
             p.kill()
         p.wait(timeout=30)
+
+
+def make_name_age_db(path: Path, rows: list[tuple]) -> str:
+    """A real SQLite file at `path` (its folder is created) with one table t(name TEXT, age INTEGER)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (name TEXT, age INTEGER)")
+    con.executemany("INSERT INTO t VALUES (?, ?)", rows)
+    con.commit()
+    con.close()
+    return str(path)
+
+
+class ParentOnlySandbox:
+    """A sandbox without `execute_scored`: drives the Evaluator's parent-side scoring path."""
+
+    def __init__(self, sb) -> None:
+        self.sb = sb
+        self.max_rows, self.max_result_bytes = sb.max_rows, sb.max_result_bytes
+
+    def execute(self, db, sql, timeout_s=None):
+        return self.sb.execute(db, sql, timeout_s)
+
+    def execute_many(self, items):
+        return self.sb.execute_many(items)

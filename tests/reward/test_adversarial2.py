@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import make_name_age_db
 from sqlrl.reward import cut as cut_module
 from sqlrl.reward.evaluator import Evaluator
 from sqlrl.sql.engine import fits_caps
@@ -29,14 +30,7 @@ ROWS = [("A", 30), ("B", 30), ("C", 40), ("D", 25), ("E", 40), ("F", 50)]
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("adv2") / "toy" / "toy.sqlite"
-    path.parent.mkdir()
-    con = sqlite3.connect(path)
-    con.execute("CREATE TABLE t (name TEXT, age INTEGER)")
-    con.executemany("INSERT INTO t VALUES (?, ?)", ROWS)
-    con.commit()
-    con.close()
-    return str(path)
+    return make_name_age_db(tmp_path_factory.mktemp("adv2") / "toy" / "toy.sqlite", ROWS)
 
 
 @pytest.fixture(scope="module")

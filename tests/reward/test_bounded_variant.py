@@ -8,11 +8,9 @@ test-suite match is 0 (reason `pred_variant_too_long`); the reward itself does n
 
 from __future__ import annotations
 
-import sqlite3
-import time
-
 import pytest
 
+from conftest import ParentOnlySandbox, make_name_age_db
 from sqlrl.reward import shape as shape_module
 from sqlrl.reward.evaluator import Evaluator
 from sqlrl.reward.shape import VARIANT_MAX_CHARS, distinct_free, remove_distinct
@@ -43,35 +41,14 @@ def test_distinct_free_never_tokenizes_a_huge_prediction(monkeypatch):
         raise AssertionError("tokenizer called")
 
     monkeypatch.setattr(shape_module, "_remove_distinct_tokens", boom)
-    t0 = time.perf_counter()
-    assert distinct_free(HUGE) is None
-    assert time.perf_counter() - t0 < 1.0  # the fast scan only (the tokenizer took 3.5 s here)
+    assert distinct_free(HUGE) is None  # the fast scan only (the tokenizer took 3.5 s here)
 
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("variant") / "toy" / "toy.sqlite"
-    path.parent.mkdir()
-    con = sqlite3.connect(path)
-    con.execute("CREATE TABLE t (name TEXT, age INTEGER)")
-    con.executemany("INSERT INTO t VALUES (?, ?)", [("A", 1), ("A", 2), ("B", 3)])
-    con.commit()
-    con.close()
-    return str(path)
-
-
-class _ParentOnly:
-    """A sandbox without `execute_scored`: the Evaluator's parent-side path."""
-
-    def __init__(self, sb: Sandbox) -> None:
-        self.sb = sb
-        self.max_rows, self.max_result_bytes = sb.max_rows, sb.max_result_bytes
-
-    def execute(self, db, sql, timeout_s=None):
-        return self.sb.execute(db, sql, timeout_s)
-
-    def execute_many(self, items):
-        return self.sb.execute_many(items)
+    return make_name_age_db(
+        tmp_path_factory.mktemp("variant") / "toy" / "toy.sqlite", [("A", 1), ("A", 2), ("B", 3)]
+    )
 
 
 # (prediction, status, value, test_suite_match, test_suite_reason) against the gold SELECT name FROM t
@@ -90,12 +67,9 @@ CASES = [
 def test_variant_rule_on_both_paths(toy, path):
     task = PrivateTask(PublicTask("t/0", "toy", "q?", "", "", toy), "SELECT name FROM t")
     with Sandbox(workers=1, timeout_s=20) as sb, GoldCache(executor=sb) as gc:
-        ev = Evaluator(sb if path == "workers" else _ParentOnly(sb), gc)
+        ev = Evaluator(sb if path == "workers" else ParentOnlySandbox(sb), gc)
         for sql, status, value, ts, reason in CASES:
-            t0 = time.perf_counter()
             r = ev.score(sql, task)
-            took = time.perf_counter() - t0
             assert (r.status, r.value) == (status, value), sql[:40]
             assert r.parts["test_suite_match"] == ts, sql[:40]
             assert r.parts.get("test_suite_reason") == reason, sql[:40]
-            assert took < 3.0, (sql[:40], took)  # the tokenizer alone took 3.5 s on HUGE

@@ -8,12 +8,11 @@ rows the gold happened to return matched. The verdicts below are worked out by h
 
 from __future__ import annotations
 
-import sqlite3
-import time
 from pathlib import Path
 
 import pytest
 
+from conftest import ParentOnlySandbox, make_name_age_db
 from sqlrl.reward.cut import Cut, CutQuery, cut_query
 from sqlrl.reward.evaluator import Evaluator
 from sqlrl.reward.match import execution_match
@@ -74,28 +73,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("lim") / "toy" / "toy.sqlite"
-    path.parent.mkdir()
-    con = sqlite3.connect(path)
-    con.execute("CREATE TABLE t (name TEXT, age INTEGER)")
-    con.executemany("INSERT INTO t VALUES (?, ?)", ROWS)
-    con.commit()
-    con.close()
-    return str(path)
-
-
-class _ParentOnly:
-    """A sandbox without `execute_scored`: the Evaluator's parent-side path."""
-
-    def __init__(self, sb: Sandbox) -> None:
-        self.sb = sb
-        self.max_rows, self.max_result_bytes = sb.max_rows, sb.max_result_bytes
-
-    def execute(self, db, sql, timeout_s=None):
-        return self.sb.execute(db, sql, timeout_s)
-
-    def execute_many(self, items):
-        return self.sb.execute_many(items)
+    return make_name_age_db(tmp_path_factory.mktemp("lim") / "toy" / "toy.sqlite", ROWS)
 
 
 def _task(db: str, gold: str) -> PrivateTask:
@@ -105,7 +83,7 @@ def _task(db: str, gold: str) -> PrivateTask:
 @pytest.mark.parametrize("path", ["workers", "parent"])
 def test_limit_without_order_by(toy, path):
     with Sandbox(workers=1) as sb, GoldCache(executor=sb) as gc:
-        ev = Evaluator(sb if path == "workers" else _ParentOnly(sb), gc)
+        ev = Evaluator(sb if path == "workers" else ParentOnlySandbox(sb), gc)
         got = ev.score_many([(pred, _task(toy, gold)) for gold, pred, _, _ in CASES])
     wrong = [(g, p, r.status) for (g, p, v, _), r in zip(CASES, got) if r.status != v]
     assert wrong == []
@@ -153,6 +131,7 @@ def _float_pool(k: int, n: int) -> list[tuple]:
     return [tuple((i * k + j) / 7 for j in range(k)) for i in range(n)]
 
 
+@pytest.mark.timeout(30)  # a hang guard (uncharged, it ran past 100 s), not a speed target
 def test_pool_matching_is_charged_to_the_budget():
     """Every permutation of 7 float columns fails against a 4,096-row pool: each full check ran an
     exact matching of 64 x 4,096 row comparisons uncharged (5,040 of them: over 100 s here). The
@@ -161,9 +140,7 @@ def test_pool_matching_is_charged_to_the_budget():
     gold = pool[:64]
     pred = [(r[0] + 0.01, *r[1:]) for r in pool[100:164]]  # no row of the pool, under any permutation
     shape = GoldShape(order_matters=False, has_limit=True, limit=64)
-    t0 = time.perf_counter()
     m = execution_match(None, gold, None, pred, shape, Cut((64,), ((0, tuple(pool)),)))
-    assert time.perf_counter() - t0 < 10.0
     assert (m.match, m.reason) == (False, "permutation_bound")
 
 
