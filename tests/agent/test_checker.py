@@ -251,3 +251,39 @@ def test_leakage_audit_passes_through_the_checker_turn(tasks, sandbox, tmp_path)
     )
     assert res["passed"] and res["golds_mutated"] == 4 and res["budgets"]["checker"] is True
     assert res["static_check"]["passed"] and res["first_difference"] is None
+
+
+def test_turn_use_describes_the_turns_before_the_checker_turn(tasks, sandbox, tmp_path):
+    """turn_use leaves the checker turn out: its turns, mean turns and `revised` (the answer the turns
+    produced vs the first query) are those before the checker reply, in summary.json and in the report
+    (trajectories.jsonl rows). By hand, 2-turn budget, tasks 00002 (gold RIGHT) and 00003 (gold RIGHT):
+    00002 inspects WRONG, answers RIGHT (revised, right), the checker reply confirms it;
+    00003 answers WRONG at once (not revised), the checker turns it to RIGHT (not a revision by turns)."""
+    import json
+
+    from sqlrl.evidence.analysis import turn_use as report_turn_use
+
+    plan = {
+        "How many different allergy types exist?": (sql(WRONG), sql(RIGHT, final=True), "FINAL"),
+        "How many distinct allergies are there?": (sql(WRONG, final=True), sql(RIGHT, final=True)),
+    }
+
+    def script(text, turn):
+        return next(v for q, v in plan.items() if f"Question: {q}" in text)[turn]
+
+    out = evaluate_tasks(
+        tasks[2:4],
+        ScriptedPolicy(script),
+        sandbox,
+        GoldCache(tmp_path / "gc"),
+        Budgets(checker=True, turns=2, max_sql_executions=3),
+        progress=False,
+    )
+    by = {r["task_id"]: r for r in out.results}
+    assert by["train_spider/00002"]["correct"] is True and by["train_spider/00003"]["correct"] is True
+    assert by["train_spider/00002"]["turns"] == 3  # results.jsonl counts every reply, the checker's too
+    u = out.summary["turn_use"]
+    assert u["turns_used"] == {"1": 1, "2": 1} and u["mean_turns"] == 1.5
+    assert (u["with_sql"], u["revised"], u["revised_correct"], u["repeated"]) == (2, 1, 1, 0)
+    rows = [json.loads(json.dumps(tr.to_dict())) for tr in out.trajectories]
+    assert report_turn_use(out.results, rows) == u

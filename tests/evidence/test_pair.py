@@ -103,3 +103,23 @@ def test_cli_prints_writes_json_and_fails_cleanly(runs, tmp_path, capsys):
     assert main(["compare", str(tmp_path / "missing"), str(runs[1])]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("sqlrl compare:") and "no results.jsonl" in err[0]
+
+
+@pytest.mark.parametrize("broken", ["missing", "unreadable"])
+def test_a_run_without_run_json_is_not_said_to_share_the_settings(runs, broken):
+    """Without a readable run.json on a side, what the runs vary is unknown: never 'none recorded
+    (same model, tasks, ...)', and a side's absent settings are not shown as defaults."""
+    for folder in runs:
+        if broken == "missing":
+            (folder / "run.json").unlink()
+        else:
+            (folder / "run.json").write_text("{not json")
+    c = compare_runs(*runs, n_boot=200)
+    text = format_comparison(c)
+    assert "none recorded" not in text
+    assert c.differences == {} and c.no_run_json == ("A", "B")
+    assert "settings not compared: no readable run.json in A and B" in text
+    (runs[0] / "run.json").write_text(json.dumps({"model": {"name": "m"}, "budgets": {"turns": 1}}))
+    c = compare_runs(*runs, n_boot=200)
+    assert c.differences == {} and c.no_run_json == ("B",)
+    assert "(not recorded: default)" not in format_comparison(c)

@@ -204,3 +204,27 @@ def test_sft_curve_of_a_full_fine_tune_generates_with_a_refreshed_generation_dty
     final = load_file(str(next((out / "final").glob("*.safetensors"))))
     name = next(k for k in final if k.endswith("embed_tokens.weight"))
     assert torch.equal(final[name].to(torch.bfloat16), seen[1][1])  # the last point: the final weights
+
+
+def test_sft_curve_setup_time_is_not_taken_out_of_train_seconds(tmp_path, monkeypatch):
+    """The curve's generation policy is built before training starts; its time goes to curve_seconds and
+    must not be subtracted from train_seconds, which then still covers the steps' own time (steps.jsonl
+    time_step_s). The setup is made to take 4 s, far more than the steps of this tiny model."""
+    from sqlrl.training import trainer
+    from sqlrl.training.sft import train_sft
+
+    real = trainer.rollout_policy
+
+    def slow(*a, **k):
+        time.sleep(4.0)
+        return real(*a, **k)
+
+    monkeypatch.setattr(trainer, "rollout_policy", slow)
+    sft = T.sft_from_dict({"steps": 2, "batch_size": 2, "micro_batch": 2, "lr": 1e-3})
+    cfg = _curve_cfg().replace(run={"eval_every": 2, "eval_tasks": 1})
+    out = tmp_path / "setup"
+    train_sft(cfg, sft, out, policy_factory=tiny_factory, progress=False)
+    run = json.loads((out / "run.json").read_text())
+    steps_s = sum(s["time_step_s"] for s in _lines(out / "steps.jsonl"))
+    assert run["curve_seconds"] >= 4.0
+    assert run["train_seconds"] >= steps_s - 0.01, (run["train_seconds"], steps_s)

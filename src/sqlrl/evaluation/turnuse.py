@@ -19,8 +19,8 @@ policy replied FINAL, `max_turns` = it ran out of turns, ...) and `mean_turns`. 
 - `accuracy_by_turns`: {turns: {n, correct, accuracy}} by execution match.
 Queries are compared whitespace-normalised, trailing semicolons ignored. Rates are given beside their
 counts (None when the count is 0). Without trajectories the trajectory figures are None.
-The checker turn (action `check`, `agent.checker`) is left out here; the `checker` block
-(`sqlrl.evaluation.checker`) covers it.
+The checker turn (`agent.checker`) is left out: turns, `mean_turns` and `revised` (of the answer before
+the checker reply and its `first_correct`) are the turns'; `accuracy_by_turns` is the final answer's.
 What is not covered: why a policy repeated itself; these are descriptive counts only.
 """
 
@@ -47,9 +47,14 @@ def _rate(k: int, n: int) -> float | None:
     return k / n if n else None
 
 
+def _checked(r: dict) -> bool:
+    """A results.jsonl row whose trajectory has a checker reply (one reply more in its `turns`)."""
+    return bool((r.get("checker") or {}).get("checked"))
+
+
 def _from_results(scored: list[dict]) -> dict:
     stops = Counter(str(r.get("stop_reason")) for r in scored)
-    turns = [r["turns"] for r in scored if isinstance(r.get("turns"), int)]
+    turns = [r["turns"] - _checked(r) for r in scored if isinstance(r.get("turns"), int)]
     return {
         "n": len(scored),
         "stop_reasons": dict(sorted(stops.items(), key=lambda kv: -kv[1])),
@@ -87,10 +92,13 @@ def turn_use(results: list[dict], trajectories: list | None) -> dict:
         sqls = [q for q in (norm_sql(_get(t, "sql")) for t in turns) if q]
         if sqls:
             with_sql += 1
-            final = norm_sql(_get(tr, "final_sql"))
+            checker = _get(tr, "checker")
+            answer = checker["first_sql"] if checker else _get(tr, "final_sql")
+            final = norm_sql(answer)
             if final is not None and final != sqls[0]:
                 revised += 1
-                revised_correct += int(bool(r.get("correct")))
+                right = (r.get("checker") or {}).get("first_correct", r.get("correct"))
+                revised_correct += int(bool(right))
         if len(sqls) >= 2:
             multi += 1
             repeat += int(sqls[0] in sqls[1:])

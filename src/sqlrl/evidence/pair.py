@@ -7,7 +7,8 @@ What is covered:
 - diff = accuracy(B) - accuracy(A) with a paired percentile bootstrap CI, the exact McNemar test, the
   discordant counts, and the repair decomposition (format/validity repair vs answer change);
 - what differs between the runs' run.json: model, task set (fingerprint), budgets (schema view, turns,
-  tokens), sampling, engine. Listed so a reader sees what the comparison varies.
+  tokens), sampling, engine. Listed so a reader sees what the comparison varies; a side without a
+  readable run.json is named and nothing is compared.
 
 What is not:
 - no check that the difference is the only one intended: the listed settings are the caller's to read;
@@ -69,6 +70,8 @@ class Comparison:
     """`analysis.repair_decomposition` of the paired outcomes."""
     differences: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     """Setting -> (A's value, B's value) for every run.json setting that differs."""
+    no_run_json: tuple[str, ...] = ()
+    """Sides ("A", "B") without a readable run.json: settings not compared, `differences` empty."""
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -92,14 +95,16 @@ def _results(folder: Path) -> list[dict]:
     return rows
 
 
-def _run_json(folder: Path) -> dict:
+def _run_json(folder: Path) -> dict | None:
+    """The folder's run.json, or None when it is missing, unreadable or not an object."""
     from sqlrl.artifacts import read_json
 
     path = (folder if folder.is_dir() else folder.parent) / "run.json"
     try:
-        return read_json(path) if path.is_file() else {}
+        run = read_json(path) if path.is_file() else None
     except (OSError, ValueError):
-        return {}
+        return None
+    return run if isinstance(run, dict) else None
 
 
 def _get(d: dict, dotted: str) -> Any:
@@ -144,6 +149,8 @@ def compare_runs(
         raise CompareError(f"{pa} and {pb} have no task scored in both")
     boot = stats.paired_bootstrap(p["a"], p["b"], n_boot=n_boot, seed=seed, ci=ci)
     mc = stats.mcnemar_exact(p["a"], p["b"])
+    run_a, run_b = _run_json(pa), _run_json(pb)
+    missing = tuple(side for side, run in (("A", run_a), ("B", run_b)) if run is None)
     return Comparison(
         a=_side(pa, ra),
         b=_side(pb, rb),
@@ -160,7 +167,8 @@ def compare_runs(
         dropped_excluded=p["dropped_excluded"],
         unpaired=p["unpaired"],
         repair=repair_decomposition(p),
-        differences=setting_differences(_run_json(pa), _run_json(pb)),
+        differences={} if missing else setting_differences(run_a or {}, run_b or {}),
+        no_run_json=missing,
     )
 
 
@@ -190,7 +198,12 @@ def format_comparison(c: Comparison) -> str:
         f"match -> non-executable {r['breakages']}), answer change {pp(r['answer_part'])} "
         f"(mismatch -> match {r['answer_gains']}, match -> mismatch {r['answer_losses']})",
     ]
-    if c.differences:
+    if c.no_run_json:
+        lines.append(
+            f"settings not compared: no readable run.json in {' and '.join(c.no_run_json)} "
+            "(what the runs vary is unknown)"
+        )
+    elif c.differences:
         lines.append("settings that differ (A -> B):")
         lines += [f"  {k}: {_shown(va)} -> {_shown(vb)}" for k, (va, vb) in c.differences.items()]
     else:

@@ -414,6 +414,7 @@ def train_sft(
         model,
         (tokenizer, base_name, base_identity, gen_dtype),
     )
+    setup_s = curve.seconds  # the curve's setup, before t_train0: in curve_seconds, not taken out of training
     loop = StepLoop(
         model,
         optimizer,
@@ -437,7 +438,7 @@ def train_sft(
         last = run_steps(loop, out, start_step, bar, deadline, stop_after)
     if bar is not None:
         bar.close()
-    train_s = time.perf_counter() - t_train0 - curve.seconds
+    train_s = time.perf_counter() - t_train0 - (curve.seconds - setup_s)
     finished = last >= sft.steps
     result: dict = {"steps": last, "finished": finished, "base_identity": base_identity}
     if finished:
