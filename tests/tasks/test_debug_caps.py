@@ -8,26 +8,11 @@ longer than `MAX_VALUE_BYTES`, and a query's result over the sandbox's caps is a
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
-
 import pytest
 
 from sqlrl.tasks import debug_episode as de
 from sqlrl.tasks.debug_episode import apply_submission, prepare_state
 from sqlrl.tasks.debugging import DebugTaskPrivate, DebugTaskPublic
-
-
-@pytest.fixture()
-def tiny_db(tmp_path: Path) -> str:
-    p = tmp_path / "tiny.sqlite"
-    con = sqlite3.connect(p)
-    con.executescript(
-        "CREATE TABLE t (a INTEGER, b REAL); INSERT INTO t VALUES (1, 1.5), (2, 2.0), (3, 4.0);"
-    )
-    con.commit()
-    con.close()
-    return str(p)
 
 
 def _task(db: str, category: str) -> DebugTaskPrivate:

@@ -85,20 +85,6 @@ def _manual_task(db_path: str) -> DebugTaskPrivate:
     return DebugTaskPrivate(pub, ["UPDATE t SET b = b * 2 WHERE a = 1"], tests, ["DROP TABLE IF EXISTS log"])
 
 
-@pytest.fixture()
-def tiny_db(tmp_path: Path) -> str:
-    import sqlite3
-
-    p = tmp_path / "tiny.sqlite"
-    con = sqlite3.connect(p)
-    con.executescript(
-        "CREATE TABLE t (a INTEGER, b REAL); INSERT INTO t VALUES (1, 1.5), (2, 2.0), (3, 4.0);"
-    )
-    con.commit()
-    con.close()
-    return str(p)
-
-
 # ------------------------------------------------------------------------------------------ types
 
 
