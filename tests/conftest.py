@@ -1,4 +1,5 @@
-"""Shared fixtures: a small real SQLite database and public/private tasks on it."""
+"""Shared fixtures: a small real SQLite database and public/private tasks on it. The only conftest.py:
+tests import its helpers with `from conftest import ...`, which a second conftest.py would shadow."""
 
 from __future__ import annotations
 
@@ -102,3 +103,16 @@ class ParentOnlySandbox:
 
     def execute_many(self, items):
         return self.sb.execute_many(items)
+
+
+@pytest.fixture()
+def tiny_db(tmp_path: Path) -> str:
+    """t(a INTEGER, b REAL) with rows (1, 1.5), (2, 2.0), (3, 4.0) (the debugging-task tests)."""
+    p = tmp_path / "tiny.sqlite"
+    con = sqlite3.connect(p)
+    con.executescript(
+        "CREATE TABLE t (a INTEGER, b REAL); INSERT INTO t VALUES (1, 1.5), (2, 2.0), (3, 4.0);"
+    )
+    con.commit()
+    con.close()
+    return str(p)
