@@ -75,8 +75,6 @@ def compare_arms(
     exp: Experiment, a: str, b: str, *, n_boot: int = 10000, seed: int = 0, ci: float = 0.95
 ) -> dict:
     """Paired comparison of arm b against arm a (diff = acc(b) - acc(a)) on tasks scored in both."""
-    from sqlrl.evidence import stats
-
     ra, rb = exp.results(a), exp.results(b)
     row: dict[str, Any] = {"a": a, "b": b, "n": 0, "available": False}
     if ra is None or rb is None:
@@ -87,25 +85,30 @@ def compare_arms(
     if not p["a"]:
         row["reason"] = "no task scored in both arms"
         return row
+    row.update(available=True, **paired_statistics(p, n_boot=n_boot, seed=seed, ci=ci))
+    return row
+
+
+def paired_statistics(p: dict, *, n_boot: int = 10000, seed: int = 0, ci: float = 0.95) -> dict:
+    """The paired numbers of `paired_outcomes` p (b against a): diff with its bootstrap CI, the means, the
+    exact McNemar p, the discordant counts (b_only: a wrong, b right) and the repair decomposition."""
+    from sqlrl.evidence import stats
+
     boot = stats.paired_bootstrap(p["a"], p["b"], n_boot=n_boot, seed=seed, ci=ci)
     mc = stats.mcnemar_exact(p["a"], p["b"])
-    gains = sum(1 for x, y in zip(p["a"], p["b"]) if not x and y)
-    losses = sum(1 for x, y in zip(p["a"], p["b"]) if x and not y)
-    row.update(
-        available=True,
-        diff=boot["diff"],
-        ci_low=boot["ci_low"],
-        ci_high=boot["ci_high"],
-        mean_a=boot.get("mean_a", sum(p["a"]) / len(p["a"])),
-        mean_b=boot.get("mean_b", sum(p["b"]) / len(p["b"])),
-        p_value=mc.get("p_value", mc.get("p")),
-        b_only=gains,  # a wrong, b right
-        a_only=losses,  # a right, b wrong
-        bootstrap=boot,
-        mcnemar=mc,
-    )
-    row["repair"] = repair_decomposition(p)
-    return row
+    return {
+        "diff": boot["diff"],
+        "ci_low": boot["ci_low"],
+        "ci_high": boot["ci_high"],
+        "mean_a": boot.get("mean_a", sum(p["a"]) / len(p["a"])),
+        "mean_b": boot.get("mean_b", sum(p["b"]) / len(p["b"])),
+        "p_value": mc.get("p_value", mc.get("p")),
+        "b_only": mc["n01"],  # a wrong, b right
+        "a_only": mc["n10"],  # a right, b wrong
+        "bootstrap": boot,
+        "mcnemar": mc,
+        "repair": repair_decomposition(p),
+    }
 
 
 def _group(status: str, correct: int) -> str:

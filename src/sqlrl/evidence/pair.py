@@ -139,34 +139,32 @@ def compare_runs(
     a: str | Path, b: str | Path, *, n_boot: int = 10000, seed: int = 0, ci: float = 0.95
 ) -> Comparison:
     """Paired comparison of evaluation run `b` against `a` (folders holding results.jsonl, or the files)."""
-    from sqlrl.evidence import stats
-    from sqlrl.evidence.analysis import paired_outcomes, repair_decomposition
+    from sqlrl.evidence.analysis import paired_outcomes, paired_statistics
 
     pa, pb = Path(a), Path(b)
     ra, rb = _results(pa), _results(pb)
     p = paired_outcomes(ra, rb)
     if not p["a"]:
         raise CompareError(f"{pa} and {pb} have no task scored in both")
-    boot = stats.paired_bootstrap(p["a"], p["b"], n_boot=n_boot, seed=seed, ci=ci)
-    mc = stats.mcnemar_exact(p["a"], p["b"])
+    st = paired_statistics(p, n_boot=n_boot, seed=seed, ci=ci)
     run_a, run_b = _run_json(pa), _run_json(pb)
     missing = tuple(side for side, run in (("A", run_a), ("B", run_b)) if run is None)
     return Comparison(
         a=_side(pa, ra),
         b=_side(pb, rb),
         n=len(p["a"]),
-        mean_a=sum(p["a"]) / len(p["a"]),
-        mean_b=sum(p["b"]) / len(p["b"]),
-        diff=boot["diff"],
-        ci_low=boot["ci_low"],
-        ci_high=boot["ci_high"],
+        mean_a=st["mean_a"],
+        mean_b=st["mean_b"],
+        diff=st["diff"],
+        ci_low=st["ci_low"],
+        ci_high=st["ci_high"],
         ci=ci,
-        p_value=mc["p_value"],
-        b_only=sum(1 for x, y in zip(p["a"], p["b"]) if not x and y),
-        a_only=sum(1 for x, y in zip(p["a"], p["b"]) if x and not y),
+        p_value=st["p_value"],
+        b_only=st["b_only"],
+        a_only=st["a_only"],
         dropped_excluded=p["dropped_excluded"],
         unpaired=p["unpaired"],
-        repair=repair_decomposition(p),
+        repair=st["repair"],
         differences={} if missing else setting_differences(run_a or {}, run_b or {}),
         no_run_json=missing,
     )
