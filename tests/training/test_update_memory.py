@@ -251,3 +251,31 @@ def test_the_rollout_engine_cache_is_dropped_before_the_update(tmp_path, monkeyp
     T.train(cfg, tmp_path / "r", policy_factory=tiny_factory, evaluator_factory=Alternating, progress=False)
     assert after_generate and all(after_generate)  # float32 on CPU: the trained model generates itself
     assert at_update == [False, False]
+
+
+def test_gpu_memory_script_records_each_pass(monkeypatch):
+    """scripts/gpu_update_memory.py on CPU with the CUDA memory readings faked: one record per pass, in
+    the passes a 100-token budget makes of lengths 23, 23, 25, 25 | 43, 43 | 45, 45 (4 x 25 = 100 fits)."""
+    import importlib.util
+
+    import torch
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location(
+        "gpu_update_memory", root / "scripts" / "gpu_update_memory.py"
+    )
+    G = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(G)
+    readings = iter(range(1, 100))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: next(readings) * 1e9)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 0.5e9)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: None)
+    learner, _, _, g = _learner_and_trajs()
+    g.max_grad_norm, g.control = 1.0, "none"
+    learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda s: 1.0)
+    trajs = G._trajectories(4, 2, [20, 40], [3, 5], learner.model.config.vocab_size)
+    assert sorted(len(t.token_ids) for t in trajs) == [23, 23, 25, 25, 43, 43, 45, 45]
+    r = G._measure(learner, trajs, torch.tensor([1.0, -1.0] * 4), g, PassCaps(0, 100), 1)
+    assert r["error"] is None and r["oom_retries"] == 0 and r["allocated_before_update_gb"] == 0.5
+    got = [(p["trajectories"], p["padded_length"], p["peak_gb"]) for p in r["passes"]]
+    assert got == [(4, 25, 1.0), (2, 43, 2.0), (2, 45, 3.0)] and r["peak_gb"] == 3.0
