@@ -160,6 +160,10 @@ case "$cmd" in
   oomcheck)
     # HFPolicy's out-of-memory retry on the real GPU (scripts/gpu_oom_check.py; extra args go to it)
     python3 scripts/gpu_oom_check.py --model "$MODEL" "$@" ;;
+  updmem)
+    # peak GPU memory per GRPO update pass, engine cache held / dropped, with and without
+    # grpo.micro_batch_tokens (scripts/gpu_update_memory.py; extra args go to it, --out FILE needed)
+    python3 scripts/gpu_update_memory.py --config "$CONFIG" "$@" ;;
   verify)
     # does this code sample what the committed runs sampled? (after `setup`; 0.5B only) (1) the seed-3
     # matrix's command with a 75 s budget: Base is evaluated, then the budget stops it before training
@@ -324,5 +328,5 @@ PY
     tar czf "$dest/exp.tgz" -C "$S" --exclude='*.safetensors' --exclude='*.pt' --exclude='.goldcache' \
       --exclude='.gold_real' --exclude='.gold_mutated' --exclude='tokenizer.json' $dirs
     ls -la "$dest" ;;
-  *) echo "usage: gpu.sh preflight|verl preflight|verl stage NN ...|verl install|stage NN|tree|setup|bench|oomcheck|engine BENCH.json|experiment SECONDS|evalrun RUN DEST|curriculum SECONDS|go DEST [SECONDS]|scoretime DEST [SECONDS]|finished EXP [TURNS]|pack DIR [EXPDIRS]|slim|unslim" >&2; exit 2 ;;
+  *) echo "usage: gpu.sh preflight|verl preflight|verl stage NN ...|verl install|stage NN|tree|setup|bench|oomcheck|updmem --out FILE|engine BENCH.json|experiment SECONDS|evalrun RUN DEST|curriculum SECONDS|go DEST [SECONDS]|scoretime DEST [SECONDS]|finished EXP [TURNS]|pack DIR [EXPDIRS]|slim|unslim" >&2; exit 2 ;;
 esac

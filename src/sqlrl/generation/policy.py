@@ -224,11 +224,9 @@ class HFPolicy:
         """The batch-size attribute this engine uses: ``batch_size`` for ``"hf"``, else ``max_batch``."""
         return "batch_size" if self.engine == "hf" else "max_batch"
 
-    def _halve_batch(self, n_prompts: int) -> None:
-        """After an out-of-memory error in generation: drop the static engine's cache, free the CUDA cache
-        and halve the batch (kept for the rest of this policy's life, recorded in
-        ``memory_adjustments``). Sampling draws depend on (seed, prompt index, step), not on the batch,
-        so the retry draws the same random numbers. Raises RuntimeError when the batch is already 1."""
+    def release_memory(self) -> None:
+        """Drop the static engine's KV cache and CUDA graphs (kept between calls; the next call
+        rebuilds them) and return cached CUDA blocks, e.g. before a training update."""
         from sqlrl.generation.device import free_memory
 
         if self.engine == "static":
@@ -236,6 +234,13 @@ class HFPolicy:
 
             staticgen.release(self.model)
         free_memory()
+
+    def _halve_batch(self, n_prompts: int) -> None:
+        """After an out-of-memory error in generation: drop the static engine's cache, free the CUDA cache
+        and halve the batch (kept for the rest of this policy's life, recorded in
+        ``memory_adjustments``). Sampling draws depend on (seed, prompt index, step), not on the batch,
+        so the retry draws the same random numbers. Raises RuntimeError when the batch is already 1."""
+        self.release_memory()
         attr = self.batch_attr
         size = min(getattr(self, attr), n_prompts)
         if size <= 1:

@@ -32,7 +32,11 @@ log = logging.getLogger(__name__)
 
 # Settings that change only how an update is split into passes (memory), never what is computed: a
 # resumed run may change them, e.g. after running out of GPU memory.
-MEMORY_ONLY_KEYS = {("grpo", "micro_batch"), ("grpo", "micro_batch_logit_tokens")}
+MEMORY_ONLY_KEYS = {
+    ("grpo", "micro_batch"),
+    ("grpo", "micro_batch_logit_tokens"),
+    ("grpo", "micro_batch_tokens"),
+}
 # Settings that change only what is written for inspection (never what is computed): a resume may change
 # them too (recorded like the memory-only ones); sql.jsonl of a run resumed with log_sql turned on
 # starts at the resumed step
@@ -50,6 +54,7 @@ ADDED_KEYS = {
     ("grpo", "dynamic_sampling_rounds"): 0,
     ("grpo", "score_timeout_s"): 0.0,
     ("grpo", "task_sampling"): "epoch",
+    ("grpo", "micro_batch_tokens"): 0,
     ("sft", "submit_turns"): 0,
     ("sft", "checkpoint_every"): 0,
     ("sft", "init_steps"): 0,

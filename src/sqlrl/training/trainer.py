@@ -13,8 +13,9 @@ What is covered:
   rewards any SQL that executes.
 - Full fine-tuning keeps float32 master weights; on CUDA rollouts use a bfloat16 copy that is
   re-synced after every optimizer step (updates of ~1e-6 would be lost if accumulated in bf16).
-- Out of GPU memory: the update is redone with smaller passes (`update.py`); rollout generation with
-  half the batch (`HFPolicy`; `gen_oom_retries`, `gen_max_batch_used` in steps.jsonl,
+- GPU memory: the rollout engine's KV cache and CUDA graphs are dropped before each update. Out of
+  memory, the update is redone with smaller passes (`update.py`); rollout generation with half the
+  batch (`HFPolicy`; `gen_oom_retries`, `gen_max_batch_used` in steps.jsonl,
   `generation_memory_adjustments` in run.json; a resumed run starts again from `run.gen_max_batch`).
 - Determinism: tasks come from a seeded epoch permutation (cursor saved in checkpoints), sampling
   seeds are a function of (run seed, step, round), RNG states are checkpointed. On CPU in float32 a
@@ -58,7 +59,7 @@ from sqlrl.training.runfolder import (
 )
 from sqlrl.training.sampling import make_sampler
 from sqlrl.training.schedule import lr_factor
-from sqlrl.training.update import Learner, UpdateResult, update_policy
+from sqlrl.training.update import Learner, PassCaps, UpdateResult, resumed_caps, update_policy
 
 log = logging.getLogger(__name__)
 
@@ -210,20 +211,20 @@ def build_models(cfg: Config, device: str, gen_dtype: str, policy_factory=None) 
 @dataclass
 class Resumed:
     """Where a GRPO run continues: last checkpointed step, training seconds and out-of-memory cap
-    changes of earlier invocations (kept steps only), and the logit-token cap to start with."""
+    changes of earlier invocations (kept steps only), and the pass caps to start with."""
 
     start_step: int = 0
     prev_train_s: float = 0.0
     earlier_adjustments: list[dict] = field(default_factory=list)
-    logit_cap: int = 0
+    caps: PassCaps = field(default_factory=PassCaps)
 
 
 def resume_grpo(
     cfg: Config, out: Path, models: PolicyModels, optimizer, scheduler, sampler, changes, from_valid=False
 ) -> Resumed:
     """Restore a GRPO run from its newest checkpoint; record allowed config `changes`; drop metric lines
-    of later steps. A resumed run keeps a logit-token cap an earlier invocation lowered, unless the
-    resume sets a new one."""
+    of later steps. A resumed run keeps a pass cap an earlier invocation lowered, unless the resume
+    sets a new one (`update.resumed_caps`)."""
     prev_run = previous_run(out)
     r = Resumed(prev_train_s=previous_seconds(prev_run))
     with contextlib.suppress(Exception):
@@ -237,9 +238,7 @@ def resume_grpo(
         write_json_atomic(out / "config.json", cfg.resolve())
     drop_steps_after(out, ("steps.jsonl", "rollouts.jsonl", "sql.jsonl"), r.start_step)
     r.earlier_adjustments = [a for a in r.earlier_adjustments if a.get("step", 0) <= r.start_step]
-    r.logit_cap = cfg.grpo.micro_batch_logit_tokens
-    if r.earlier_adjustments and not any(c.startswith("grpo.micro_batch_logit_tokens:") for c in changes):
-        r.logit_cap = int(r.earlier_adjustments[-1]["micro_batch_logit_tokens"])
+    r.caps = resumed_caps(cfg.grpo, r.earlier_adjustments, changes)
     return r
 
 
@@ -308,7 +307,8 @@ def step_metrics(
         "ds_trajectories": len(s.generated),
         "trained_tokens": int(u.tokens),
         "oom_retries": u.oom_retries,
-        "micro_batch_logit_tokens_used": u.logit_cap,
+        "micro_batch_logit_tokens_used": u.caps.logit_tokens,
+        "micro_batch_tokens_used": u.caps.tokens,
         "gen_oom_retries": len(policy.memory_adjustments) - gen_before,
         "gen_max_batch_used": getattr(policy, policy.batch_attr),
         "gen_tokens": sum(tr.generated_tokens for tr in s.generated),
@@ -425,10 +425,10 @@ def train(
     if resume:
         r = resume_grpo(cfg, out, m, optimizer, scheduler, sampler, resume_changes, resume_from_valid)
     else:
-        r = Resumed(logit_cap=g.micro_batch_logit_tokens)
+        r = Resumed(caps=PassCaps(g.micro_batch_logit_tokens, g.micro_batch_tokens))
         write_json_atomic(out / "config.json", cfg.resolve())
         write_json_atomic(out / "split.json", env.split_info())
-    start_step, logit_cap = r.start_step, r.logit_cap
+    start_step, caps = r.start_step, r.caps
     resumed_from = start_step if resume else None
     run_info = run_record(cfg, env, m, budgets, device, gen_dtype, command, resumed_from, resume_changes)
     write_json_atomic(out / "run.json", run_info)
@@ -481,8 +481,9 @@ def train(
             sample = source.sample(step)
             adv = advantages(sample.train_groups, g)
             t1 = time.perf_counter()
-            upd = update_policy(learner, sample.train_valid, adv, g, step, logit_cap)
-            logit_cap = upd.logit_cap
+            m.policy.release_memory()  # the rollout engine's KV cache and graphs are not needed now
+            upd = update_policy(learner, sample.train_valid, adv, g, step, caps)
+            caps = upd.caps
             memory_adjustments += upd.memory_adjustments
             m.sync()
             lr = scheduler.get_last_lr()[0]

@@ -2,20 +2,23 @@
 
 What is covered:
 - Trajectories with advantage 0 (and `grpo.kl_coef` = 0) or no generated token are left out; the rest
-  run shortest first, in passes (`grpo.micro_batch`, `grpo.micro_batch_logit_tokens`) that only split
-  the step's sum: the objective is normalised over the whole step (`grpo.policy_loss`).
+  run shortest first, in passes (`grpo.micro_batch`, `micro_batch_logit_tokens`, `micro_batch_tokens`)
+  that only split the step's sum: the objective is normalised over the whole step (`grpo.policy_loss`).
 - Token ids and log-probs are those of generation time; the update never re-tokenizes text. Batches
   are left-padded with explicit position ids, so `logits_to_keep` covers every generated token.
-- A pass that runs out of GPU memory makes the update start again with a halved logit-token cap (kept
-  for the rest of the run, recorded); a single trajectory that does not fit raises a RuntimeError that
-  names the settings to change.
+- A pass that runs out of GPU memory makes the update start again with a halved cap: the token cap
+  when `micro_batch_tokens` is set, else the logit-token cap (kept for the run, recorded); a single
+  trajectory that does not fit raises a RuntimeError that names the settings to change.
+- GPU memory of a pass (docs/LOG.md, 2026-12-07): every layer's saved activations cover all B x T padded
+  columns, prompt included (~1.8 MB a token for Qwen2.5-0.5B under bf16 autocast, estimated), beside
+  fp32 weights, grads and AdamW state (~7.9 GB); the trainer drops the rollout engine's cache first.
 - A non-finite gradient norm never reaches the weights: the step is recorded as skipped, with
   diagnostics (non-finite log-probs, passes with a non-finite loss, parameters with non-finite grads).
 - `grpo.control = "no-update"` runs everything except `optimizer.step()`: AdamW with lr = 0 changes no
   value but turns -0.0 into +0.0, which the bit-level weight audit must not excuse.
 
-What is not: the same float summation order under different caps (results agree up to rounding), nor
-bit-identical GPU kernels between runs.
+What is not: the same float summation order under different caps (results agree up to rounding),
+bit-identical GPU kernels between runs, measured GPU memory (scripts/gpu_update_memory.py measures it).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import contextlib
 import logging
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlrl.generation.device import free_memory
@@ -110,39 +113,88 @@ def logit_span(traj) -> int:
     return 2 if gen is None else max(2, len(traj.token_ids) - gen + 1)
 
 
-def micro_batches(spans: list[int], max_seqs: int, max_logit_tokens: int = 0) -> list[tuple[int, int]]:
+def micro_batches(
+    spans: list[int],
+    max_seqs: int,
+    max_logit_tokens: int = 0,
+    lengths: list[int] | None = None,
+    max_tokens: int = 0,
+) -> list[tuple[int, int]]:
     """Split consecutive items (already in batch order) into [start, end) micro-batches.
 
-    A micro-batch holds at most `max_seqs` items and, when `max_logit_tokens` > 0, at most that many
-    items x largest span (the padded logit block the log-prob pass materialises). An item whose own
-    span is above the cap still gets a micro-batch of its own (it cannot be split).
+    A micro-batch holds at most `max_seqs` items; when `max_logit_tokens` > 0, at most that many
+    items x largest span (the padded logit block the log-prob pass materialises); when `max_tokens` > 0,
+    at most that many items x longest of `lengths` (the padded batch every layer's activations cover).
+    An item above a cap on its own still gets a micro-batch of its own (it cannot be split).
     """
     if max_seqs < 1:
         raise ValueError(f"max_seqs must be >= 1, got {max_seqs}")
+    if max_tokens > 0 and (lengths is None or len(lengths) != len(spans)):
+        raise ValueError("max_tokens needs one length per item")
+    lens = lengths if lengths is not None else [0] * len(spans)
     out: list[tuple[int, int]] = []
-    start, widest = 0, 0
+    start, widest, longest = 0, 0, 0
     for i, span in enumerate(spans):
-        w = max(widest, span)
+        w, t = max(widest, span), max(longest, lens[i])
         n = i - start + 1
-        if n > 1 and (n > max_seqs or (max_logit_tokens > 0 and n * w > max_logit_tokens)):
+        over = (
+            n > max_seqs
+            or (max_logit_tokens > 0 and n * w > max_logit_tokens)
+            or (max_tokens > 0 and n * t > max_tokens)
+        )
+        if n > 1 and over:
             out.append((start, i))
-            start, w = i, span
-        widest = w
+            start, w, t = i, span, lens[i]
+        widest, longest = w, t
     if start < len(spans):
         out.append((start, len(spans)))
     return out
 
 
-def oom_message(step: int, n: int, keep: int, g, retries: int = 0) -> str:
+@dataclass(frozen=True)
+class PassCaps:
+    """The caps that split an update into passes (0 = none): `grpo.micro_batch_logit_tokens` and
+    `grpo.micro_batch_tokens`, or what out-of-memory retries lowered them to."""
+
+    logit_tokens: int = 0
+    tokens: int = 0
+
+    def lowered(self, n: int, width: int, length: int) -> tuple[PassCaps, dict]:
+        """The caps after a pass of `n` trajectories x `width` logit columns x `length` padded columns ran
+        out of memory: that pass halved, in the token cap when one is set, else in the logit-token cap;
+        and the adjustment to record (without its step)."""
+        if self.tokens > 0:
+            new = replace(self, tokens=max(1, n * length // 2))
+            return new, {"micro_batch_tokens": new.tokens}
+        new = replace(self, logit_tokens=max(1, n * width // 2))
+        return new, {"micro_batch_logit_tokens": new.logit_tokens}
+
+
+def resumed_caps(g, adjustments: list[dict], changes: list[str]) -> PassCaps:
+    """The caps a resumed run starts with: per cap, the last value an earlier invocation lowered it to
+    (`adjustments`, as in run.json), unless the resume sets that setting anew (`changes`)."""
+    caps = {
+        "micro_batch_logit_tokens": g.micro_batch_logit_tokens,
+        "micro_batch_tokens": g.micro_batch_tokens,
+    }
+    for key in caps:
+        lowered = [int(a[key]) for a in adjustments if key in a]
+        if lowered and not any(c.startswith(f"grpo.{key}:") for c in changes):
+            caps[key] = lowered[-1]
+    return PassCaps(caps["micro_batch_logit_tokens"], caps["micro_batch_tokens"])
+
+
+def oom_message(step: int, n: int, keep: int, g, retries: int = 0, length: int = 0) -> str:
     """The error of an update that does not fit even one trajectory per pass: what to change, how to resume."""
     tried = f" (after {retries} retries with smaller passes)" if retries else ""
     return (
         f"out of GPU memory in the update of step {step}{tried}: a micro-batch of {n} trajectories x {keep} "
-        f"logit columns. Lower grpo.micro_batch (now {g.micro_batch}) or cap "
-        f"grpo.micro_batch_logit_tokens (now {g.micro_batch_logit_tokens}; e.g. 4096), then resume from "
-        "the last checkpoint: `sqlrl train ... --resume RUN_DIR`, or for `sqlrl experiment` / `sqlrl "
-        "curriculum` the same command with the new setting (both are memory-only settings, which a resume "
-        "may change)"
+        f"logit columns ({length} padded columns). Lower grpo.micro_batch (now {g.micro_batch}), cap "
+        f"grpo.micro_batch_tokens (now {g.micro_batch_tokens}; e.g. 16384) or "
+        f"grpo.micro_batch_logit_tokens (now {g.micro_batch_logit_tokens}; e.g. 4096), or turn on "
+        "model.gradient_checkpointing, then resume from the last checkpoint: `sqlrl train ... --resume "
+        "RUN_DIR`, or for `sqlrl experiment` / `sqlrl curriculum` the same command with the new setting "
+        "(the grpo ones are memory-only settings, which a resume may change)"
     )
 
 
@@ -156,7 +208,7 @@ class Passes:
     tokens: float = 0
     nonfinite_logp: int = 0  # diagnostics for a skipped (non-finite) update
     nonfinite_loss_mb: int = 0
-    oom_at: tuple[int, int] | None = None  # (trajectories, logit columns) of the pass being run
+    oom_at: tuple[int, int, int] | None = None  # (trajectories, logit columns, padded length) of the pass
 
 
 @dataclass
@@ -172,7 +224,7 @@ class UpdateResult:
     nonfinite: dict | None
     applied: bool
     oom_retries: int
-    logit_cap: int
+    caps: PassCaps
     memory_adjustments: list[dict] = field(default_factory=list)
 
 
@@ -190,17 +242,17 @@ class Learner:
     autocast: Any
 
 
-def _run_passes(
-    learner: Learner, active: list, spans: list[int], g, logit_cap: int, total_tokens, n_seqs, acc
-):
+def _run_passes(learner: Learner, active: list, g, caps: PassCaps, total_tokens, n_seqs, acc):
     """Forward and backward every micro-batch of `active`, accumulating into `acc` (a `Passes`)."""
     import torch
 
     from sqlrl.training.grpo import policy_loss
 
-    for mb_start, mb_end in micro_batches(spans, g.micro_batch, logit_cap):
+    spans = [logit_span(x[0]) for x in active]
+    lengths = [len(x[0].token_ids) for x in active]
+    for mb_start, mb_end in micro_batches(spans, g.micro_batch, caps.logit_tokens, lengths, caps.tokens):
         mb = active[mb_start:mb_end]
-        acc.oom_at = (len(mb), max(spans[mb_start:mb_end]))
+        acc.oom_at = (len(mb), max(spans[mb_start:mb_end]), max(lengths[mb_start:mb_end]))
         batch = build_batch([x[0] for x in mb], [x[1] for x in mb], learner.device, learner.pad_id)
         keep = batch["keep"]
         logp = sequence_logprobs(learner.model, batch, g.temperature, learner.autocast)  # [b, keep-1]
@@ -235,9 +287,9 @@ def _run_passes(
     acc.oom_at = None
 
 
-def accumulate_gradients(learner: Learner, trajs: list, adv, g, step: int, logit_cap: int):
+def accumulate_gradients(learner: Learner, trajs: list, adv, g, step: int, caps: PassCaps):
     """Gradients of the step's loss over `trajs` (advantages `adv`), in passes; an out-of-memory pass
-    makes it start again with a halved cap. Returns (sums, retries, cap used, cap adjustments)."""
+    makes it start again with a halved cap. Returns (sums, retries, caps used, cap adjustments)."""
     import torch
 
     learner.model.train()
@@ -249,32 +301,32 @@ def accumulate_gradients(learner: Learner, trajs: list, adv, g, step: int, logit
         if (a != 0.0 or g.kl_coef > 0) and tr.generated_tokens > 0
     ]
     active.sort(key=lambda x: len(x[0].token_ids))
-    spans = [logit_span(x[0]) for x in active]
     oom_retries = 0
     adjustments: list[dict] = []
     while True:  # once, unless a pass runs out of GPU memory (then again with smaller passes)
         learner.optimizer.zero_grad(set_to_none=True)
         acc = Passes()
         try:
-            _run_passes(learner, active, spans, g, logit_cap, total_tokens, n_seqs, acc)
+            _run_passes(learner, active, g, caps, total_tokens, n_seqs, acc)
         except torch.OutOfMemoryError:
             pass  # handled below, outside the except block, so that its frames free their tensors
         if acc.oom_at is None:
-            return acc, oom_retries, logit_cap, adjustments
+            return acc, oom_retries, caps, adjustments
         learner.optimizer.zero_grad(set_to_none=True)
         free_memory()
-        n_mb, width = acc.oom_at
+        n_mb, width, length = acc.oom_at
         if n_mb <= 1:  # one trajectory per pass already: nothing smaller to try
-            raise RuntimeError(oom_message(step, n_mb, width, g, oom_retries))
+            raise RuntimeError(oom_message(step, n_mb, width, g, oom_retries, length))
         # The passes only split the step's token sum (the objective is normalised over the whole
         # step), so a smaller cap changes memory, not what is computed (up to float summation
         # order). Halve the failing pass; the cap stays for the rest of the run.
-        logit_cap = max(1, n_mb * width // 2)
+        caps, change = caps.lowered(n_mb, width, length)
         oom_retries += 1
-        adjustments.append({"step": step, "micro_batch_logit_tokens": logit_cap})
+        adjustments.append({"step": step, **change})
+        key, value = next(iter(change.items()))
         log.warning(
             f"sqlrl train: step {step}: out of GPU memory in a pass of {n_mb} trajectories x {width} "
-            f"logit columns; redoing the update with micro_batch_logit_tokens = {logit_cap} "
+            f"logit columns x {length} padded columns; redoing the update with {key} = {value} "
             "(memory only; kept for the rest of the run, recorded in steps.jsonl and run.json)"
         )
 
@@ -294,12 +346,12 @@ def step_schedule(scheduler, *, optimizer_stepped: bool) -> None:
         scheduler.step()
 
 
-def update_policy(learner: Learner, trajs: list, adv, g, step: int, logit_cap: int) -> UpdateResult:
+def update_policy(learner: Learner, trajs: list, adv, g, step: int, caps: PassCaps) -> UpdateResult:
     """One step's update: gradients, clipping, the optimizer step (unless the gradient norm is not
     finite, or the run is the No-update control), the scheduler step."""
     import torch
 
-    acc, oom_retries, logit_cap, adjustments = accumulate_gradients(learner, trajs, adv, g, step, logit_cap)
+    acc, oom_retries, caps, adjustments = accumulate_gradients(learner, trajs, adv, g, step, caps)
     params, optimizer = learner.params, learner.optimizer
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, g.max_grad_norm).item()) if params else 0.0
     skipped = not math.isfinite(grad_norm)
@@ -333,6 +385,6 @@ def update_policy(learner: Learner, trajs: list, adv, g, step: int, logit_cap: i
         nonfinite=nonfinite_diag,
         applied=bool(applied),
         oom_retries=oom_retries,
-        logit_cap=logit_cap,
+        caps=caps,
         memory_adjustments=adjustments,
     )
