@@ -1,6 +1,6 @@
 """The update pass's memory settings on CPU: passes bounded by padded tokens (`grpo.micro_batch_tokens`),
-the out-of-memory retry that halves that budget, resuming with a changed or lowered cap, and the rollout
-engine's cache dropped before the update.
+the out-of-memory retry that first drops the rollout engine's cache, then halves that budget, and
+resuming with a changed or lowered cap.
 
 Out-of-memory errors are simulated: `sequence_logprobs` raises `torch.OutOfMemoryError` when a pass holds
 more than a given number of padded tokens (B x T), the way activation memory grows on a GPU. Real GPU
@@ -120,13 +120,13 @@ def _grad_norm(learner) -> float:
 
 def test_out_of_memory_halves_the_token_budget_and_keeps_the_sum(monkeypatch):
     learner, trajs, adv, g = _learner_and_trajs()
-    ref, _, _, _ = U.accumulate_gradients(learner, trajs, adv, g, 7, PassCaps(0, 0))  # one pass, no limit
+    ref, _, _, _, _ = U.accumulate_gradients(learner, trajs, adv, g, 7, PassCaps(0, 0))  # one pass, no limit
     ref_norm = _grad_norm(learner)
     seen: list = []
     _fake_memory(monkeypatch, 40, seen)
     # cap 100: passes [10, 12, 20] (3 x 20 = 60 > 40: out of memory) and [30];
     # halved: 3 x 20 // 2 = 30 -> [10, 12] (24), [20], [30] (30): all fit
-    acc, retries, caps, adj = U.accumulate_gradients(learner, trajs, adv, g, 7, PassCaps(0, 100))
+    acc, retries, caps, adj, _ = U.accumulate_gradients(learner, trajs, adv, g, 7, PassCaps(0, 100))
     assert seen == [(3, 20), (2, 12), (1, 20), (1, 30)]
     assert (retries, caps, adj) == (1, PassCaps(0, 30), [{"step": 7, "micro_batch_tokens": 30}])
     assert acc.tokens == ref.tokens == 12
@@ -140,7 +140,7 @@ def test_without_a_token_budget_the_logit_cap_halves_as_before(monkeypatch):
     _fake_memory(monkeypatch, 40, seen)
     # logit span 4 each. No cap: one pass of 4 x 30 (OOM) -> cap 4 x 4 // 2 = 8: [10, 12] (24), [20, 30]
     # (2 x 30 = 60: OOM) -> cap 2 x 4 // 2 = 4: one trajectory a pass
-    _, retries, caps, adj = U.accumulate_gradients(learner, trajs, adv, g, 7, PassCaps(0, 0))
+    _, retries, caps, adj, _ = U.accumulate_gradients(learner, trajs, adv, g, 7, PassCaps(0, 0))
     assert seen == [(4, 30), (2, 12), (2, 30), (1, 10), (1, 12), (1, 20), (1, 30)]
     assert (retries, caps) == (2, PassCaps(4, 0))
     assert adj == [{"step": 7, "micro_batch_logit_tokens": 8}, {"step": 7, "micro_batch_logit_tokens": 4}]
@@ -226,9 +226,45 @@ def test_resume_may_set_a_token_budget_and_records_it(tmp_path):
     assert [s["micro_batch_tokens_used"] for s in steps(run)] == [0, 64]
 
 
-def test_the_rollout_engine_cache_is_dropped_before_the_update(tmp_path, monkeypatch):
-    """The static engine keeps its KV cache (and on CUDA its graphs) on the model between calls; the
-    trainer drops it before each update, after the step's generation built it."""
+def test_out_of_memory_first_releases_then_retries_with_the_same_caps(monkeypatch):
+    """With `Learner.release`, the first out-of-memory pass calls it and redoes the update with the same
+    caps; only a second failure in the step halves a cap."""
+    learner, trajs, adv, g = _learner_and_trajs()
+    freed: list = []
+    limit = {"padded": 40}
+
+    def release():
+        freed.append(1)
+        limit["padded"] = 70  # the released cache leaves room for [10, 12, 20] (3 x 20 = 60)
+
+    learner.release = release
+    seen: list = []
+    import torch
+
+    real = U.sequence_logprobs
+
+    def logprobs(model, batch, *a, **k):
+        b, t = batch["input_ids"].shape
+        seen.append((b, t))
+        if b * t > limit["padded"]:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(model, batch, *a, **k)
+
+    monkeypatch.setattr(U, "sequence_logprobs", logprobs)
+    acc, retries, caps, adj, released = U.accumulate_gradients(learner, trajs, adv, g, 7, PassCaps(0, 100))
+    assert seen == [(3, 20), (3, 20), (1, 30)]  # the same passes again after the release
+    assert (retries, caps, adj, released, freed) == (1, PassCaps(0, 100), [], True, [1])
+    # still too little after the release: the cap halves as without one (release called once a step)
+    learner2, trajs2, adv2, g2 = _learner_and_trajs()
+    learner2.release = lambda: freed.append(2)
+    _fake_memory(monkeypatch, 40, seen := [])
+    _, retries, caps, adj, released = U.accumulate_gradients(learner2, trajs2, adv2, g2, 7, PassCaps(0, 100))
+    assert (retries, caps, released, len(freed)) == (2, PassCaps(0, 30), True, 2)
+    assert adj == [{"step": 7, "micro_batch_tokens": 30}]
+
+
+def _engine_spy(monkeypatch):
+    """(whether the static engine's cache was on the model after each generation, at each update)."""
     from sqlrl.generation import policy as P
     from sqlrl.generation import staticgen
     from sqlrl.training import trainer as T
@@ -247,10 +283,47 @@ def test_the_rollout_engine_cache_is_dropped_before_the_update(tmp_path, monkeyp
 
     monkeypatch.setattr(P.HFPolicy, "generate", generate)
     monkeypatch.setattr(T, "update_policy", update)
+    return after_generate, at_update
+
+
+def test_the_rollout_engine_cache_is_kept_while_memory_suffices(tmp_path, monkeypatch):
+    """The static engine keeps its KV cache (and on CUDA its graphs) on the model between calls: kept
+    through an update that fits, so the next step's generation need not rebuild it."""
+    from sqlrl.training import trainer as T
+
+    after_generate, at_update = _engine_spy(monkeypatch)
     cfg = tiny_cfg(steps=2).replace(run={"gen_engine": "static"})
     T.train(cfg, tmp_path / "r", policy_factory=tiny_factory, evaluator_factory=Alternating, progress=False)
     assert after_generate and all(after_generate)  # float32 on CPU: the trained model generates itself
-    assert at_update == [False, False]
+    assert at_update == [True, True]
+    assert [s["gen_cache_dropped"] for s in steps(tmp_path / "r")] == [False, False]
+
+
+def test_an_update_out_of_memory_drops_the_engine_cache_for_the_rest_of_the_run(tmp_path, monkeypatch):
+    """Step 1's update runs out of memory while the engine's cache is on the model: the cache is dropped,
+    the update redone with the same caps; every later update starts without it (steps.jsonl says so)."""
+    import torch
+
+    from sqlrl.generation import staticgen
+    from sqlrl.training import trainer as T
+
+    after_generate, at_update = _engine_spy(monkeypatch)
+    real = U.sequence_logprobs
+
+    def logprobs(model, batch, *a, **k):
+        if hasattr(staticgen._hf_model(model), "_sqlrl_static"):
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated: the cache is in the way)")
+        return real(model, batch, *a, **k)
+
+    monkeypatch.setattr(U, "sequence_logprobs", logprobs)
+    cfg = tiny_cfg(steps=3).replace(run={"gen_engine": "static"})
+    T.train(cfg, tmp_path / "r", policy_factory=tiny_factory, evaluator_factory=Alternating, progress=False)
+    st = steps(tmp_path / "r")
+    assert at_update == [True, False, False] and all(after_generate)
+    assert [s["oom_retries"] for s in st] == [1, 0, 0]
+    assert [s["gen_cache_dropped"] for s in st] == [True, True, True]
+    assert [s["micro_batch_logit_tokens_used"] for s in st] == [cfg.grpo.micro_batch_logit_tokens] * 3
+    assert json.loads((tmp_path / "r" / "run.json").read_text()).get("memory_adjustments", []) == []
 
 
 def test_gpu_memory_script_records_each_pass(monkeypatch):

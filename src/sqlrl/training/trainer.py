@@ -13,10 +13,10 @@ What is covered:
   rewards any SQL that executes.
 - Full fine-tuning keeps float32 master weights; on CUDA rollouts use a bfloat16 copy that is
   re-synced after every optimizer step (updates of ~1e-6 would be lost if accumulated in bf16).
-- GPU memory: the rollout engine's KV cache and CUDA graphs are dropped before each update. Out of
-  memory, the update is redone with smaller passes (`update.py`); rollout generation with half the
-  batch (`HFPolicy`; `gen_oom_retries`, `gen_max_batch_used` in steps.jsonl,
-  `generation_memory_adjustments` in run.json; a resumed run starts again from `run.gen_max_batch`).
+- GPU memory: the rollout engine's KV cache and CUDA graphs stay between steps and go after a curve
+  evaluation; an update out of memory drops them and retries (dropping them before every later update:
+  `gen_cache_dropped`), then uses smaller passes (`update.py`); generation out of memory halves its batch
+  (`HFPolicy`); steps.jsonl and run.json record each change (a resume restarts at `run.gen_max_batch`).
 - Determinism: tasks come from a seeded epoch permutation (cursor saved in checkpoints), sampling
   seeds are a function of (run seed, step, round), RNG states are checkpointed. On CPU in float32 a
   resumed run takes the same next step as an uninterrupted one (tested).
@@ -307,6 +307,7 @@ def step_metrics(
         "ds_trajectories": len(s.generated),
         "trained_tokens": int(u.tokens),
         "oom_retries": u.oom_retries,
+        "gen_cache_dropped": u.released,
         "micro_batch_logit_tokens_used": u.caps.logit_tokens,
         "micro_batch_tokens_used": u.caps.tokens,
         "gen_oom_retries": len(policy.memory_adjustments) - gen_before,
@@ -382,6 +383,18 @@ def _finish(cfg: Config, m, out: Path, finished: bool, last_step: int) -> dict:
     return result
 
 
+def make_learner(m: PolicyModels, optimizer, scheduler, params: list, device: str) -> Learner:
+    """The update pass's view of the models (bfloat16 autocast on CUDA); out of memory, it may drop the
+    rollout engine's cache (`HFPolicy.release_memory`)."""
+    import torch
+
+    autocast = torch.bfloat16 if device == "cuda" else None
+    pad = pad_token_id(m.tokenizer)
+    return Learner(
+        m.train, m.ref, optimizer, scheduler, params, device, pad, autocast, m.policy.release_memory
+    )
+
+
 @holds_run_lock("out_dir")
 def train(
     cfg: Config,
@@ -403,7 +416,6 @@ def train(
     (model, tokenizer, name, identity) and `evaluator_factory(sandbox, gold_cache, kind)` replace the
     model loading and the reward (tests use them for tiny models and scripted rewards). `progress`: True
     for a progress line of its own, False, or an experiment's opener (`progress.open_part`)."""
-    import torch
 
     from sqlrl.agent.envs import make_env
     from sqlrl.agent.loop import Budgets
@@ -433,7 +445,6 @@ def train(
     run_info = run_record(cfg, env, m, budgets, device, gen_dtype, command, resumed_from, resume_changes)
     write_json_atomic(out / "run.json", run_info)
 
-    autocast = torch.bfloat16 if device == "cuda" else None
     sinks = MetricSinks(cfg, out)
     if resume:
         log.info(f"resuming training {out} from step {start_step} of {g.steps}")
@@ -447,9 +458,8 @@ def train(
     )
     t_train0 = time.perf_counter()
     steps_done, last_step, last_step_s = 0, start_step, 0.0
-    learner = Learner(
-        m.train, m.ref, optimizer, scheduler, params, device, pad_token_id(m.tokenizer), autocast
-    )
+    learner = make_learner(m, optimizer, scheduler, params, device)
+    drop_cache = False  # after an out-of-memory update released the engine's cache: before every update
     source = RolloutSource(
         env,
         env.tasks,
@@ -481,8 +491,10 @@ def train(
             sample = source.sample(step)
             adv = advantages(sample.train_groups, g)
             t1 = time.perf_counter()
-            m.policy.release_memory()  # the rollout engine's KV cache and graphs are not needed now
+            if drop_cache:
+                m.policy.release_memory()
             upd = update_policy(learner, sample.train_valid, adv, g, step, caps)
+            upd.released = drop_cache = drop_cache or upd.released  # dropped for this step's update
             caps = upd.caps
             memory_adjustments += upd.memory_adjustments
             m.sync()
@@ -508,6 +520,7 @@ def train(
                 checkpoint(step)
             point = curve(step, m.policy, step == g.steps)
             if point is not None:
+                m.policy.release_memory()  # the curve's batch grew the engine past a step's rollouts
                 sinks.log({"val_execution_match": point["execution_match"]}, step)
             steps_done, last_step, last_step_s = steps_done + 1, step, time.perf_counter() - t0
             if stop_after is not None and steps_done >= stop_after:
