@@ -76,6 +76,11 @@ def test_without_branch_json_the_time_is_the_controls_steps_up_to_the_branch(tmp
     (p / "arms/sft/train/steps.jsonl").write_text("\n".join(lines[:3]) + "\n")
     parts = rl_training(Experiment(p), exp.arms["grpo_sft"])
     assert (parts["branch_step"], parts["sft"], parts["total"]) == (4, None, None)
+    assert [x for x in evidence_gate(p).sft_control.problems if "not recorded" in x] == [
+        "arm 'grpo_sft': the training time of the SFT run it started from is not recorded (branch.json "
+        "train_seconds of its branch at step 4, or steps.jsonl time_step_s of every step up to it, in "
+        "arms/sft/train), so its total is unknown"
+    ]
 
 
 def test_gate_with_a_branch_asks_for_more_control_steps_not_an_own_stage(tmp_path: Path) -> None:
