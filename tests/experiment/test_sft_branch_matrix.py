@@ -68,12 +68,28 @@ def test_branch_folders_and_disk(tmp_path):
     assert disk_needed(cfg, exp, 1_000_000_000)[0] == 16_200_000_000
 
 
-def test_a_finished_sft_arm_without_its_branch_is_refused_in_one_line(tmp_path):
+def test_an_sft_arm_past_its_branch_step_without_the_branch_is_refused_in_one_line(tmp_path):
     sft = T.sft_from_dict({"steps": 5, "init_steps": 2, "init_from": "control"})
+    cells, arms = [(1, None)], ("base", "sft", "grpo_sft")
+    write_json_atomic(tmp_path / "arms/sft/train/run.json", {"status": "stopped"})
+
+    def checkpoint(step: int, weights: bool = True) -> None:
+        d = tmp_path / f"arms/sft/train/checkpoints/step_{step:06d}"
+        write_json_atomic(d / "sidecar.json", {"files": {"model.pt": "sha256:..."}})
+        if weights:
+            (d / "model.pt").write_bytes(b"w")
+
+    checkpoint(1)
+    check_branches(tmp_path, cells, arms, sft)  # stopped before step 2: it exports the branch when it resumes
+    checkpoint(2, weights=False)
+    check_branches(tmp_path, cells, arms, sft)  # carried without weights: no checkpoint to resume after 2
+    checkpoint(2)
+    with pytest.raises(C.ConfigError, match="branch_step_000002 is missing"):
+        check_branches(tmp_path, cells, arms, sft)  # it would resume after step 2, without exporting it
     write_json_atomic(tmp_path / "arms/sft/train/run.json", {"status": "finished"})
-    check_branches(tmp_path, [(1, None)], ("base", "sft"), sft)  # no grpo_sft: nothing to check
+    check_branches(tmp_path, cells, ("base", "sft"), sft)  # no grpo_sft: nothing to check
     with pytest.raises(C.ConfigError) as e:
-        check_branches(tmp_path, [(1, None)], ("base", "sft", "grpo_sft"), sft)
+        check_branches(tmp_path, cells, arms, sft)
     branch = tmp_path / "arms/sft/train/branch_step_000002"
     assert str(e.value) == (
         'arm grpo_sft starts from the sft arm\'s weights at step 2 (sft.init_from = "control"), but '
@@ -82,7 +98,7 @@ def test_a_finished_sft_arm_without_its_branch_is_refused_in_one_line(tmp_path):
     )
     # a grpo_sft that finished training does not need it any more
     write_json_atomic(tmp_path / "arms/grpo_sft/train/run.json", {"status": "finished"})
-    check_branches(tmp_path, [(1, None)], ("base", "sft", "grpo_sft"), sft)
+    check_branches(tmp_path, cells, arms, sft)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@
   `arms/grpo_sft/sft_init`, resumed like any arm, so the `sft` arm is a pure control that can cover
   grpo_sft's whole training time; with `sft.init_from = "control"` no stage: the sft arm exports its
   weights after step init_steps (`training/sft_branch.py`: arms/sft/train/branch_step_<N>) and grpo_sft
-  starts from them (`check_branches`: one line when a finished sft arm lacks that folder). Its train
+  starts from them (`check_branches`: one line when an sft arm past that step lacks it). Its train
   run.json records the SFT start (`init_sft`: run, train_seconds, identity; a branch: also its folder
   and step) and its experiment.json entry names it (`init_run`, `init_branch`); the evidence gate adds
   that time to the GRPO part (`evidence/rltime.py`);
@@ -99,17 +99,24 @@ def _no_branch(out: Path, name: str, branch: Path, sft: SFTConfig) -> str:
 
 
 def check_branches(out: Path, cells, arms: tuple[str, ...], sft: SFTConfig) -> None:
-    """Before the matrix runs: ConfigError (one line) when a cell's sft arm finished without the branch
-    folder that its grpo_sft, not finished training, starts from (init_from = "control")."""
-    if branch_step(sft) is None or "grpo_sft" not in arms:
+    """Before the matrix runs: ConfigError (one line) when a cell's sft arm is past its branch step
+    (finished, or a loadable checkpoint at or after it to resume from) without the branch folder that its
+    grpo_sft, not finished training, starts from (init_from = "control")."""
+    step = branch_step(sft)
+    if step is None or "grpo_sft" not in arms:
         return
     for turns, context in cells:
         branch = init_weights(out, turns, sft, context)
         name = arm_name("grpo_sft", turns, context)
         run, gs_run = branch.parent / "run.json", out / "arms" / name / "train" / "run.json"
-        sft_done = run.is_file() and read_json(run).get("status") == "finished"
+        saved = [
+            int(p.name[5:])
+            for p in (branch.parent / "checkpoints").glob("step_*")
+            if p.name[5:].isdigit() and _checkpoint_loadable(p)  # one without weights is not resumed from
+        ]
+        past = (run.is_file() and read_json(run).get("status") == "finished") or max(saved, default=0) >= step
         gs_done = gs_run.is_file() and read_json(gs_run).get("status") == "finished"
-        if sft_done and not gs_done and not (branch / "identity.json").is_file():
+        if past and not gs_done and not (branch / "identity.json").is_file():
             raise ConfigError(_no_branch(out, name, branch, sft))
 
 
