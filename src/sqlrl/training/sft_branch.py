@@ -4,8 +4,7 @@ The matrix's `sft` arm with `sft.init_from = "control"` exports `RUN/branch_step
 right after step N, before that step's checkpoint: weights and tokenizer with identity.json, as a final
 (`runfolder.export_final`: final dtype, a patch over the base when smaller; no optimizer state), plus
 branch.json {step, of_steps, train_seconds, lr (of step N's update), lr_schedule, same_as_n_step_run,
-identity}. grpo_sft
-then trains GRPO from it instead of running an SFT stage of its own. `train_seconds` is the run's
+identity}. grpo_sft then trains GRPO from it instead of running an SFT stage of its own. `train_seconds` is the run's
 training time up to and including step N, as run.json counts it (earlier invocations included, curve
 points and the export itself left out).
 
