@@ -45,7 +45,8 @@ class SFTConfig:
     """Linear warm-up steps (step k of them at k/warmup_steps * lr), then lr_schedule."""
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
     """After the warm-up: `constant` (lr), or a `cosine` / `linear` decay that reaches min_lr_ratio * lr
-    at the last step, sft.steps (`training/schedule.py`); grpo_sft's own stage decays over init_steps."""
+    at the last step, sft.steps (`training/schedule.py`); grpo_sft's own stage decays over init_steps
+    (init_from = "control": grpo_sft starts from the control's weights mid-decay)."""
     min_lr_ratio: float = 0.0
     """Where a cosine / linear decay ends, as a fraction of lr (0 = the last step's update is zero); in [0, 1)."""
     max_grad_norm: float = 1.0
@@ -72,7 +73,13 @@ class SFTConfig:
     init_steps: int = 0
     """The matrix's `grpo_sft` arm: 0 = GRPO starts from the `sft` arm's final weights; > 0 = it first runs
     its own SFT stage (these settings, steps = init_steps, the same seed) in arms/grpo_sft/sft_init, then
-    GRPO from that stage's weights, so `sft` is a pure control whose steps can cover grpo_sft's total."""
+    GRPO from that stage's weights, so `sft` is a pure control whose steps can cover grpo_sft's total;
+    with init_from = "control", the step of the sft arm's run whose weights grpo_sft starts from."""
+    init_from: Literal["stage", "control"] = "stage"
+    """With init_steps > 0, where grpo_sft's SFT weights come from: `stage` (its own SFT stage of init_steps
+    steps) or `control` (the sft arm's own weights at step init_steps, exported as
+    arms/sft/train/branch_step_<N>: no second SFT run; needs sft before grpo_sft and init_steps < steps;
+    with a cosine / linear schedule they are the control's weights mid-decay, not those of an N-step run)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,7 @@ def sft_from_dict(raw: Any, source: str = "<dict>") -> SFTConfig:
         s.init_steps >= 0,
         f"sft.init_steps = {s.init_steps} must be >= 0 (0 = grpo_sft starts from the sft arm's weights)",
     )
+    _check_init_from(s, need)
     need(s.batch_size >= 1, f"sft.batch_size = {s.batch_size} must be >= 1")
     need(s.micro_batch >= 1, f"sft.micro_batch = {s.micro_batch} must be >= 1")
     need(s.lr > 0, f"sft.lr = {s.lr}: the warm start needs a positive learning rate")
@@ -142,6 +150,22 @@ def sft_from_dict(raw: Any, source: str = "<dict>") -> SFTConfig:
 TRACE_KINDS = ("final", "check", "peek", "repair", "fix_error")
 
 
+def _check_init_from(s: SFTConfig, need) -> None:
+    need(
+        s.init_from in ("stage", "control"),
+        f'sft.init_from = {s.init_from!r}: choose "stage" (grpo_sft\'s own SFT stage) or "control" '
+        "(the sft arm's weights at step init_steps)",
+    )
+    if s.init_from != "control":
+        return
+    need(
+        0 < s.init_steps < s.steps,
+        f'sft.init_from = "control" starts grpo_sft from the sft arm\'s weights at step sft.init_steps = '
+        f"{s.init_steps}, which must be a step of that run, 1 .. sft.steps - 1 = {s.steps - 1}; set "
+        'init_steps in that range (init_steps = 0: from its final weights, with init_from = "stage")',
+    )
+
+
 def _check_schedule(s: SFTConfig, need) -> None:
     need(
         0.0 <= s.min_lr_ratio < 1.0,
@@ -157,7 +181,7 @@ def _check_schedule(s: SFTConfig, need) -> None:
         return
     for key, steps in (("steps", s.steps), ("init_steps", s.init_steps)):
         need(
-            steps == 0 and key == "init_steps" or steps > s.warmup_steps,
+            (steps == 0 or s.init_from == "control") and key == "init_steps" or steps > s.warmup_steps,
             f"sft.lr_schedule = {s.lr_schedule!r} decays after the warm-up until sft.{key} = {steps}, but "
             f"sft.warmup_steps = {s.warmup_steps} leaves no step to decay over; lower warmup_steps or "
             f"raise {key}",

@@ -526,9 +526,15 @@ def check_sft_control(exp: Experiment) -> Check:
                     f"training time of '{s.name}' or '{g.name}' not recorded (train run.json train_seconds)"
                 )
             elif parts["total"] is None:
+                where = (
+                    f"{parts['sft_run'] or 'no SFT run found'}/run.json train_seconds"
+                    if parts.get("branch_step") is None
+                    else f"branch.json train_seconds of its branch at step {parts['branch_step']}, or steps.jsonl "
+                    f"time_step_s of every step up to it, in {parts['sft_run']}"
+                )
                 problems.append(
                     f"arm '{g.name}': the training time of the SFT run it started from is not recorded "
-                    f"({parts['sft_run'] or 'no SFT run found'}/run.json train_seconds), so its total is unknown"
+                    f"({where}), so its total is unknown"
                 )
             elif (line := time_problem(exp, s, g, ts, parts)) is not None:
                 problems.append(line)

@@ -3,13 +3,19 @@
 An RL arm's training time is its whole training: a `grpo` arm's own train run, a `grpo_sft` arm's GRPO
 run plus the SFT run it started from (`init_run`: experiment.json's `init_run`, else its train run.json's
 `init_sft.run`, else the sft arm of its cell, as in folders written before the matrix recorded it).
+A grpo_sft that started from the sft arm's weights at a branch step N (`sft.init_from = "control"`:
+experiment.json's `init_branch`, else run.json's `init_sft.branch`) counts that run's time up to N:
+the branch's branch.json `train_seconds`, else the sum of steps.jsonl `time_step_s` of steps 1..N.
 `rl_training` returns the parts, `time_problem` the one line refusing a control that trained less.
 Times are run.json `train_seconds` (else `gpu_minutes`); absent or unreadable files read as None.
+Not covered: the steps.jsonl fallback leaves out checkpoint writes, which `train_seconds` holds.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from pathlib import Path
 
 from sqlrl.artifacts import read_json
@@ -55,19 +61,70 @@ def init_run(exp: Experiment, arm: Arm) -> tuple[Path | None, dict | None]:
     return d, run if isinstance(run, dict) else None
 
 
+def _num(x) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
+def init_branch(exp: Experiment, arm: Arm, run_dir: Path | None) -> tuple[int | None, float | None]:
+    """(step, the SFT run's training seconds up to it) of the branch a grpo_sft arm started from, or
+    (None, None) when it started from a run's final weights. Seconds: branch.json's, else steps.jsonl's
+    `time_step_s` summed over steps 1..step (None when a step's line is missing)."""
+    from sqlrl.training.sft_branch import read_branch
+
+    init = (exp.train_run(arm.name) or {}).get("init_sft") or {}
+    declared = arm.spec.get("init_branch") or init.get("branch")
+    if not isinstance(declared, str) or not declared:
+        return None, None
+    folder = Path(declared) if Path(declared).is_absolute() else exp.dir / declared
+    branch = read_branch(folder) or {}
+    match = re.fullmatch(r"branch_step_(\d+)", folder.name)
+    step = branch.get("step") or init.get("step") or (int(match.group(1)) if match else None)
+    seconds = _num(branch.get("train_seconds"))
+    if seconds is None and isinstance(step, int) and run_dir is not None:
+        seconds = _steps_seconds(run_dir / "steps.jsonl", step)
+    return step, seconds
+
+
+def _steps_seconds(path: Path, step: int) -> float | None:
+    """Sum of `time_step_s` of steps 1..`step` in a steps.jsonl (a resumed run's last line per step)."""
+    per_step: dict[int, float] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        t = _num(row.get("time_step_s")) if isinstance(row, dict) else None
+        if isinstance(row.get("step"), int) and t is not None and row["step"] <= step:
+            per_step[row["step"]] = t
+    return sum(per_step.values()) if len(per_step) == step else None
+
+
 def rl_training(exp: Experiment, arm: Arm) -> dict:
     """An RL arm's training time in parts: {"rl": its own train run's seconds, "sft": the seconds of the
     SFT run it started from (grpo_sft; None for an arm that started from the base model or when not
-    recorded), "sft_run": that run's folder relative to the experiment, "from_control": the name of the
-    sft arm whose own run that is (None for grpo_sft's own stage), "total": rl + sft (None when a part
-    is unknown)}. The SFT part counts: an SFT-only control must match the whole."""
+    recorded; from a branch: that run's seconds up to the branch step), "sft_run": that run's folder
+    relative to the experiment, "from_control": the name of the sft arm whose own run that is (None for
+    grpo_sft's own stage), "branch_step": the step of the sft arm's weights it started from (None: the
+    run's final), "total": rl + sft (None when a part is unknown)}. The SFT part counts: an SFT-only
+    control must match the whole."""
     rl = train_seconds(exp, arm)
-    out: dict = {"rl": rl, "sft": None, "sft_run": None, "from_control": None, "total": rl}
+    out: dict = {
+        "rl": rl,
+        "sft": None,
+        "sft_run": None,
+        "from_control": None,
+        "branch_step": None,
+        "total": rl,
+    }
     if arm.kind != "grpo_sft":
         return out
     d, run = init_run(exp, arm)
-    t = (run or {}).get("train_seconds")
-    out["sft"] = float(t) if isinstance(t, int | float) and not isinstance(t, bool) else None
+    out["branch_step"], branch_s = init_branch(exp, arm, d)
+    out["sft"] = branch_s if out["branch_step"] is not None else _num((run or {}).get("train_seconds"))
     out["sft_run"] = rel_path(exp, d) if d is not None else None
     if d is not None:
         for s in exp.arms_of("sft"):
@@ -87,12 +144,13 @@ def time_problem(exp: Experiment, s: Arm, g: Arm, ts: float, parts: dict) -> str
             f"arm '{s.name}' trained {ts / 60:.2f} min, less than '{g.name}' ({total / 60:.2f} min): "
             "not an equal-time control; raise sft.steps"
         )
+    at = f" up to step {parts['branch_step']}" if parts.get("branch_step") is not None else ""
     head = (
         f"arm '{s.name}' trained {ts / 60:.2f} min, less than '{g.name}' in total ({total / 60:.2f} min = "
-        f"SFT part {parts['sft'] / 60:.2f} min in {parts['sft_run']} + GRPO part {parts['rl'] / 60:.2f} min): "
-        "not an equal-time control; "
+        f"SFT part {parts['sft'] / 60:.2f} min in {parts['sft_run']}{at} + GRPO part {parts['rl'] / 60:.2f} "
+        "min): not an equal-time control; "
     )
-    if parts["from_control"] is not None:
+    if parts["from_control"] is not None and parts.get("branch_step") is None:
         return head + (
             f"grpo_sft started from the '{parts['from_control']}' arm's own weights, so no sft.steps can "
             "match it: set sft.init_steps > 0 (grpo_sft then runs its own SFT stage) and size sft.steps to the total"

@@ -12,11 +12,14 @@
   experiment folder moved, that path (and a patch final's `base`) is pointed at the same folder there;
 - `grpo_sft` trains GRPO (the `grpo` arm's settings) from SFT weights. With `sft.init_steps = 0` they are
   the `sft` arm's final weights; with `sft.init_steps > 0` the arm first runs its own SFT stage
-  (`sft_stage`: `training/sft.py` with the [sft] settings, steps = init_steps, the sft arm's seed and
-  single-turn data) in `arms/grpo_sft/sft_init`, resumed like any arm, so that the `sft` arm is a pure
-  control whose steps can cover grpo_sft's whole training time. Its train run.json records the SFT run
-  it started from (`init_sft`: folder, train_seconds, final identity) and its experiment.json entry
-  names it (`init_run`); the evidence gate adds that run's time to the GRPO part (`evidence/rltime.py`);
+  (`sft_stage`: [sft] settings, steps = init_steps, the sft arm's seed and single-turn data) in
+  `arms/grpo_sft/sft_init`, resumed like any arm, so the `sft` arm is a pure control that can cover
+  grpo_sft's whole training time; with `sft.init_from = "control"` no stage: the sft arm exports its
+  weights after step init_steps (`training/sft_branch.py`: arms/sft/train/branch_step_<N>) and grpo_sft
+  starts from them (`check_branches`: one line when an sft arm past that step lacks it). Its train
+  run.json records the SFT start (`init_sft`: run, train_seconds, identity; a branch: also its folder
+  and step) and its experiment.json entry names it (`init_run`, `init_branch`); the evidence gate adds
+  that time to the GRPO part (`evidence/rltime.py`);
 - `grpo_checker` is `grpo` with agent.checker = true, in its training rollouts and its evaluation.
 """
 
@@ -67,9 +70,54 @@ def sft_run_config(cfg: Config, turns: int, context: int | None = None) -> Confi
 def init_dir(out: Path, turns: int, sft: SFTConfig, context: int | None = None) -> Path:
     """The SFT run folder grpo_sft (of the cell) starts from: its own stage, or the sft arm's training."""
     suffix = cell_suffix(turns, context)
-    if sft.init_steps > 0:
+    if sft.init_steps > 0 and sft.init_from == "stage":
         return out / "arms" / f"grpo_sft{suffix}" / "sft_init"
     return out / "arms" / f"sft{suffix}" / "train"
+
+
+def branch_step(sft: SFTConfig) -> int | None:
+    """The step after which the sft arm exports its weights for grpo_sft (init_from = "control"), or None."""
+    return sft.init_steps if sft.init_from == "control" and sft.init_steps > 0 else None
+
+
+def init_weights(out: Path, turns: int, sft: SFTConfig, context: int | None = None) -> Path:
+    """The weights folder grpo_sft's GRPO run starts from: the SFT run's final, or the sft arm's branch."""
+    from sqlrl.training.sft_branch import branch_dir
+
+    run = init_dir(out, turns, sft, context)
+    step = branch_step(sft)
+    return run / "final" if step is None else branch_dir(run, step)
+
+
+def _no_branch(out: Path, name: str, branch: Path, sft: SFTConfig) -> str:
+    sft_arm = branch.parent.parent.relative_to(out).as_posix()
+    return (
+        f'arm {name} starts from the sft arm\'s weights at step {sft.init_steps} (sft.init_from = "control"), '
+        f"but {branch} is missing (the sft arm ran without that export); delete {out / sft_arm} to rerun "
+        "the sft arm, which exports it"
+    )
+
+
+def check_branches(out: Path, cells, arms: tuple[str, ...], sft: SFTConfig) -> None:
+    """Before the matrix runs: ConfigError (one line) when a cell's sft arm is past its branch step
+    (finished, or a loadable checkpoint at or after it to resume from) without the branch folder that its
+    grpo_sft, not finished training, starts from (init_from = "control")."""
+    step = branch_step(sft)
+    if step is None or "grpo_sft" not in arms:
+        return
+    for turns, context in cells:
+        branch = init_weights(out, turns, sft, context)
+        name = arm_name("grpo_sft", turns, context)
+        run, gs_run = branch.parent / "run.json", out / "arms" / name / "train" / "run.json"
+        saved = [
+            int(p.name[5:])
+            for p in (branch.parent / "checkpoints").glob("step_*")
+            if p.name[5:].isdigit() and _checkpoint_loadable(p)  # one without weights is not resumed from
+        ]
+        past = (run.is_file() and read_json(run).get("status") == "finished") or max(saved, default=0) >= step
+        gs_done = gs_run.is_file() and read_json(gs_run).get("status") == "finished"
+        if past and not gs_done and not (branch / "identity.json").is_file():
+            raise ConfigError(_no_branch(out, name, branch, sft))
 
 
 def sft_stage(
@@ -139,12 +187,21 @@ def missing_weights(run_dir: Path, *, need_final: bool) -> str | None:
 
 
 def drop_unloadable(
-    out: Path, name: str, kind: str, init: Path | None, *, own_stage: bool, eval_done: bool
+    out: Path,
+    name: str,
+    kind: str,
+    init: Path | None,
+    *,
+    own_stage: bool,
+    eval_done: bool,
+    start: Path | None = None,
 ) -> None:
     """Before arm `name` trains or evaluates: a training run whose weights are not here (with grpo_sft's
     own SFT stage `init`: either of them) is removed, so that the arm trains again from the start, with
-    one log line saying why; a grpo_sft that would start from the sft arm's final weights, not here, is
-    refused in one line (retraining an arm that is evaluated is not safe)."""
+    one log line saying why; a grpo_sft that would start from the sft arm's weights (`start`: its final,
+    default, or its branch), not here, is refused in one line (retraining an arm that is evaluated is
+    not safe)."""
+    start = start if start is not None else (init / "final" if init is not None else None)
     train_dir = out / "arms" / name / "train"
     why = missing_weights(train_dir, need_final=not eval_done)
     run = train_dir / "run.json"
@@ -157,9 +214,9 @@ def drop_unloadable(
             if stage_why is not None:  # GRPO started from the stage's weights: it starts again too
                 drop = [init, train_dir]
                 reasons.insert(0, stage_why)
-        elif (init / "final" / "identity.json").is_file() and not _final_loadable(init / "final"):
+        elif (start / "identity.json").is_file() and not _final_loadable(start):
             raise ConfigError(
-                f"arm {name} starts from {init / 'final'}, which holds no weights (a folder carried without "
+                f"arm {name} starts from {start}, which holds no weights (a folder carried without "
                 f"them); copy them back, or delete {init.parent} and {out / 'arms' / name} to train both again"
             )
     if not drop:
@@ -191,15 +248,28 @@ def _follow_move(out: Path, train_dir: Path, start: Path) -> None:
             write_json_atomic(path, data)
 
 
-def _record_init(out: Path, train_dir: Path, init: Path) -> None:
-    """Write into grpo_sft's train run.json which SFT run it started from and that run's train time."""
+def _record_init(out: Path, train_dir: Path, init: Path, start: Path) -> None:
+    """Write into grpo_sft's train run.json which SFT run it started from and that run's train time (for
+    a branch of the sft arm: the branch, its step and the run's train time up to it, branch.json's)."""
+    from sqlrl.training.sft_branch import read_branch
+
     run = read_json(train_dir / "run.json")
-    ident = init / "final" / "identity.json"
-    run["init_sft"] = {
-        "run": init.relative_to(out).as_posix(),
-        "train_seconds": read_json(init / "run.json").get("train_seconds"),
-        "final_identity": read_json(ident).get("weights_hash") if ident.is_file() else None,
-    }
+    if start.name == "final":
+        ident = start / "identity.json"
+        run["init_sft"] = {
+            "run": init.relative_to(out).as_posix(),
+            "train_seconds": read_json(init / "run.json").get("train_seconds"),
+            "final_identity": read_json(ident).get("weights_hash") if ident.is_file() else None,
+        }
+    else:
+        branch = read_branch(start) or {}
+        run["init_sft"] = {
+            "run": init.relative_to(out).as_posix(),
+            "branch": start.relative_to(out).as_posix(),
+            "step": branch.get("step"),
+            "train_seconds": branch.get("train_seconds"),
+            "identity": branch.get("identity"),
+        }
     write_json_atomic(train_dir / "run.json", run)
 
 
@@ -233,22 +303,25 @@ def train_arm(
             command=command,
             deadline=deadline,
             curve_turns=turns,  # trained single-turn, its curve at the turns the arm is evaluated with
+            branch_step=branch_step(sft),  # grpo_sft's start with init_from = "control"
         )
         return res, sft.steps
-    init = None
+    init = start = None
     if kind == "grpo_sft":
-        init = init_dir(out, turns, sft, context)
-        if sft.init_steps > 0:
+        init, start = init_dir(out, turns, sft, context), init_weights(out, turns, sft, context)
+        if sft.init_steps > 0 and branch_step(sft) is None:
             sft_stage(cfg, sft, init, turns, name, command, deadline, context)
-        elif not (init / "final" / "identity.json").is_file():
+        elif branch_step(sft) is not None and not (start / "identity.json").is_file():
+            raise ConfigError(_no_branch(out, name, start, sft))
+        elif not (start / "identity.json").is_file():
             raise ConfigError(
-                f"arm {name} starts from the sft arm's final weights, but {init / 'final'} holds none; list "
+                f"arm {name} starts from the sft arm's final weights, but {start} holds none; list "
                 "sft before grpo_sft in experiment.arms and let it finish, or set sft.init_steps > 0"
             )
-        acfg = acfg.replace(model={"name": str((init / "final").resolve())})
+        acfg = acfg.replace(model={"name": str(start.resolve())})
     res = train(acfg, train_dir, resume=resume, command=command, deadline=deadline, progress=progress)
     if init is not None:
-        _record_init(out, train_dir, init)
+        _record_init(out, train_dir, init, start)
     return res, acfg.grpo.steps
 
 
@@ -287,15 +360,19 @@ def run_arm(
     }
     if kind == "grpo_sft":
         entry["init_run"] = init_dir(out, turns, sft, context).relative_to(out).as_posix()
+        if branch_step(sft) is not None:
+            entry["init_branch"] = init_weights(out, turns, sft, context).relative_to(out).as_posix()
     model_for_eval = cfg.model.name
     if kind != "base":
         train_dir = arm_dir / "train"
         entry["train_run"] = f"arms/{name}/train"
         init = init_dir(out, turns, sft, context) if kind == "grpo_sft" else None
+        start = init_weights(out, turns, sft, context) if kind == "grpo_sft" else None
         eval_done = (arm_dir / "eval" / "summary.json").exists()
-        drop_unloadable(out, name, kind, init, own_stage=sft.init_steps > 0, eval_done=eval_done)
-        if init is not None:
-            _follow_move(out, train_dir, (init / "final").resolve())
+        own_stage = sft.init_steps > 0 and branch_step(sft) is None
+        drop_unloadable(out, name, kind, init, own_stage=own_stage, eval_done=eval_done, start=start)
+        if start is not None:
+            _follow_move(out, train_dir, start.resolve())
         run_json = train_dir / "run.json"
         finished = run_json.exists() and read_json(run_json).get("status") == "finished"
         if finished:

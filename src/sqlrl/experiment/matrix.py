@@ -4,8 +4,8 @@ Arms, with the same model, tasks, fingerprint, prompts, budgets, steps, prompts 
 (no training), `grpo` (execution-match reward), `no_update` (learning rate 0: weights stay
 bit-identical), `validity` (validity-only reward: 1 when the SQL executes). Opt-in (`experiment.arms`):
 `sft`, the SFT-only control (`training/sft.py` on the training golds, budget in [sft]), and `grpo_sft`,
-GRPO as `grpo` from SFT weights: the `sft` arm's, or with `sft.init_steps > 0` its own SFT stage's, so
-the sft control can cover its whole training time; `grpo_checker`, GRPO as `grpo` with agent.checker =
+GRPO as `grpo` from SFT weights: the `sft` arm's final, its own SFT stage's (`sft.init_steps > 0`) or
+the sft arm's at step init_steps (`sft.init_from = "control"`), so sft can cover its whole training time; `grpo_checker`, GRPO as `grpo` with agent.checker =
 true in training and evaluation (docs/PROMPT.md, "Checker turn"), held to base and the controls as grpo. The matrix runs once per cell of its axes:
 `turns = [1, 3]` (arm names get a `_t3` suffix) times `context_tokens = [2048, 4096]`
 (agent.max_context_tokens per cell, arm names get `_c2048`; empty = the agent's own, no suffix).
@@ -40,7 +40,7 @@ from pathlib import Path
 from sqlrl.artifacts import git_commit, holds_run_lock, machine_info, read_json, write_json_atomic
 from sqlrl.config import Config, ConfigError, from_dict
 from sqlrl.config_tables import SFTConfig, sft_from_dict
-from sqlrl.experiment.arms import arm_config, arm_name, cell_suffix, run_arm
+from sqlrl.experiment.arms import arm_config, arm_name, cell_suffix, check_branches, run_arm
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,8 @@ class ExperimentConfig:
     """Name shown in the report."""
     arms: tuple[str, ...] = DEFAULT_ARMS
     """Arms to run, in order; base, grpo, no_update and validity are needed for a claim, and sft for a
-    claim that RL beats supervised fine-tuning. Also: grpo_sft (needs sft before it unless sft.init_steps > 0),
+    claim that RL beats supervised fine-tuning. Also: grpo_sft (needs sft before it unless sft.init_steps > 0
+    with sft.init_from = "stage"),
     grpo_checker (grpo with agent.checker = true)."""
     turns: tuple[int, ...] = (1,)
     """Turn budgets; the matrix runs once per value (1 = single-turn)."""
@@ -106,12 +107,18 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tup
             )
     if (
         "grpo_sft" in exp.arms
-        and sft.init_steps == 0
+        and (sft.init_steps == 0 or sft.init_from == "control")
         and ("sft" not in exp.arms or exp.arms.index("sft") > exp.arms.index("grpo_sft"))
     ):
         raise ConfigError(
-            f"{path}: experiment.arms has grpo_sft without sft before it; with sft.init_steps = 0 grpo_sft "
-            "starts from the sft arm's final weights: list sft before grpo_sft, or set sft.init_steps > 0"
+            f"{path}: experiment.arms has grpo_sft without sft before it; "
+            + (
+                "with sft.init_steps = 0 grpo_sft starts from the sft arm's final weights: list sft before "
+                "grpo_sft, or set sft.init_steps > 0"
+                if sft.init_from != "control"
+                else f'with sft.init_from = "control" grpo_sft starts from the sft arm\'s weights at step '
+                f'{sft.init_steps}: list sft before grpo_sft, or set sft.init_from = "stage"'
+            )
         )
     if "grpo_checker" in exp.arms and cfg.agent.checker:
         raise ConfigError(
@@ -350,6 +357,7 @@ def _run_matrix(
     deadline: float | None,
 ) -> None:
     """Every arm of every cell, then that cell's leakage audit; experiment.json after each arm."""
+    check_branches(out, exp.cells(), exp.arms, exp.sft)
     for turns, context in exp.cells():
         suffix = cell_suffix(turns, context)
         for kind in exp.arms:
@@ -481,12 +489,14 @@ def model_parameters(path: Path) -> int | None:
 def disk_needed(cfg: Config, exp: ExperimentConfig, params: int) -> tuple[int, str]:
     """(bytes, how) the experiment folder needs at its peak: the final weights of every trained arm but
     No-update (stored as hashes) at their dense size in the final dtype (bfloat16 when generation is
-    bfloat16 for sure: `model.dtype` or a CUDA `run.device`; a patch over the base is smaller), plus the
-    checkpoints (float32 weights + AdamW state) training keeps."""
-    own_stage = "grpo_sft" in exp.arms and exp.sft.init_steps > 0  # grpo_sft's SFT stage: one more run
+    bfloat16 for sure: `model.dtype` or a CUDA `run.device`; a patch over the base is smaller; grpo_sft's
+    SFT stage or the sft arm's branch one more), plus the checkpoints (float32 weights + AdamW state)
+    training keeps."""
+    start = "grpo_sft" in exp.arms and exp.sft.init_steps > 0  # grpo_sft's SFT stage (one more run) or branch
+    own_stage = start and exp.sft.init_from == "stage"
     cells = len(exp.cells())
     stored = (
-        sum(1 for k in exp.arms if k in ("grpo", "validity", "sft", "grpo_sft", "grpo_checker")) + own_stage
+        sum(1 for k in exp.arms if k in ("grpo", "validity", "sft", "grpo_sft", "grpo_checker")) + start
     ) * cells
     trained = (sum(1 for k in exp.arms if k != "base") + own_stage) * cells
     g, r = cfg.grpo, cfg.run

@@ -19,7 +19,7 @@ What is covered:
   the reference; examples that do not, that exceed the agent's budgets (`max_new_tokens`,
   `max_context_tokens`), or whose gold is unscorable are dropped and counted in run.json (never truncated).
 - The run folder is that of `sqlrl train` (`runfolder.py`; curve.jsonl: `sft_loop.py`; the schedule:
-  `schedule.py`); `--resume` continues from the last checkpoint.
+  `schedule.py`; a branch point: `sft_branch.py`); `--resume` continues from the last checkpoint.
 Not covered: that imitation of references helps; a short CPU run proves nothing.
 """
 
@@ -54,6 +54,7 @@ from sqlrl.training.runfolder import (
     restore_latest,
 )
 from sqlrl.training.sampling import TaskSampler
+from sqlrl.training.sft_branch import Branch
 from sqlrl.training.sft_data import build_text2sql_examples, load_text2sql_sft
 from sqlrl.training.sft_data import completion_tail as _completion_tail
 from sqlrl.training.sft_loop import SFTCurve, StepLoop, run_steps
@@ -157,11 +158,11 @@ def build_sft_examples(tasks, tokenizer, budgets, submit_turns: int = 0) -> tupl
 
 
 def resolved(cfg: Config, sft: SFTConfig) -> dict:
-    """The run's config as config.json holds it; sft.init_steps is the matrix's grpo_sft setting, not
-    this run's, so it is left out (changing it does not change an SFT run), and so are the trace_*
-    settings while trace_turns = 0 and lr_schedule, min_lr_ratio while the schedule is constant (they
-    change nothing then)."""
-    skip = {"init_steps"} | (
+    """The run's config as config.json holds it; sft.init_steps and init_from are the matrix's grpo_sft
+    settings, not this run's, so they are left out (they change none of its steps; a branch export is an
+    extra output), and so are the trace_* settings while trace_turns = 0 and lr_schedule, min_lr_ratio
+    while the schedule is constant (they change nothing then)."""
+    skip = {"init_steps", "init_from"} | (
         {"trace_turns", "trace_kinds", "trace_weights"} if not sft.trace_turns else set()
     )
     if sft.lr_schedule == "constant":
@@ -328,13 +329,16 @@ def train_sft(
     deadline: float | None = None,
     resume_from_valid: bool = False,
     curve_turns: int | None = None,
+    branch_step: int | None = None,
 ) -> dict:
     """Run the warm start into `out_dir` (`resume_from_valid`: see `trainer.train`). `policy_factory() ->
     (model, tokenizer, name, identity)` replaces model loading (tests). `deadline` (a `time.monotonic()`
     value) stops cleanly, with a checkpoint, before a step that would probably end after it (the trainer's
     rule). With `run.eval_every` > 0 the learning curve (`sft_loop.SFTCurve`) evaluates at `curve_turns`
-    turns (None = agent.turns); its time is run.json's `curve_seconds`, not in `train_seconds`. Returns
-    {steps, finished, final, final_identity, base_identity, weights_changed}."""
+    turns (None = agent.turns); its time is run.json's `curve_seconds`, not in `train_seconds`. With
+    `branch_step` = N the weights after step N are exported to RUN/branch_step_<N> (`sft_branch.py`; its
+    time is run.json's `branch_seconds`, not in `train_seconds`). Returns {steps, finished, final,
+    final_identity, base_identity, weights_changed}."""
     import torch
 
     from sqlrl.agent.loop import Budgets
@@ -431,14 +435,16 @@ def train_sft(
         device,
         torch.bfloat16 if device == "cuda" else None,
         every,
+        Branch(out, branch_step, cfg, sft, tokenizer, base_identity),
     )
     bar = progress_bar(progress, sft.steps, start_step, "sft")
     t_train0 = time.perf_counter()
+    loop.branch.start(prev_s, lambda: curve.seconds - setup_s)  # counts its seconds as train_s does
     with curve:
         last = run_steps(loop, out, start_step, bar, deadline, stop_after)
     if bar is not None:
         bar.close()
-    train_s = time.perf_counter() - t_train0 - (curve.seconds - setup_s)
+    train_s = time.perf_counter() - t_train0 - (curve.seconds - setup_s) - loop.branch.seconds
     finished = last >= sft.steps
     result: dict = {"steps": last, "finished": finished, "base_identity": base_identity}
     if finished:
@@ -451,6 +457,7 @@ def train_sft(
             "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "train_seconds": round(total_s, 2),
             "curve_seconds": round(curve.seconds, 2),
+            **loop.branch.run_info(),
             "gpu_minutes": round(total_s / 60.0, 3) if device == "cuda" else None,
             **result,
         }

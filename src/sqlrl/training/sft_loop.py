@@ -5,7 +5,8 @@ What is covered:
   on target tokens only, averaged over the step's answer tokens; a non-finite gradient norm skips the
   parameter write but not the learning-rate schedule (`update.step_schedule`).
 - `run_steps`: the steps after the checkpoint up to `sft.steps`, a steps.jsonl line each, a checkpoint
-  every `sft.checkpoint_every` (else `run.checkpoint_every`) steps and at the last, the time budget.
+  every `sft.checkpoint_every` (else `run.checkpoint_every`) steps and at the last, the time budget;
+  with a branch step, its weights exported before that step's checkpoint (`sft_branch.py`).
 - `SFTCurve`: with `run.eval_every` = N > 0 (text-to-SQL), the GRPO trainer's learning curve
   (`curve.Curve`: greedy validation accuracy after every N-th and the last step, curve.jsonl, points
   after a resumed run's checkpoint dropped and measured again), on the weights being trained; a full
@@ -182,6 +183,8 @@ class StepLoop:
     device: str
     autocast: Any
     every: int
+    branch: Any = None
+    """`sft_branch.Branch` (called after every step, before its checkpoint), or None."""
 
 
 def run_steps(
@@ -227,6 +230,8 @@ def run_steps(
         if bar is not None:
             bar.set_postfix(loss=f"{metrics['loss']:.4f}", gn=f"{grad_norm:.3g}")
             bar.update(1)
+        if loop.branch is not None:  # before the checkpoint: a checkpoint past the branch implies it
+            loop.branch(step, loop.model)
         if step % loop.every == 0 or step == sft.steps:
             loop.checkpoint(step)
         loop.curve(step, step == sft.steps)
