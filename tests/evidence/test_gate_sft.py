@@ -282,3 +282,16 @@ def test_plain_grpo_and_cpu_runs_compare_by_device_description(tmp_path: Path) -
     assert evidence_gate(p).sft_control.problems == [
         "arm 'sft' trained 1.50 min, less than 'grpo' (6.00 min): not an equal-time control; raise sft.steps"
     ]
+
+
+def test_committed_equal_time_matrix_on_two_gpu_models_is_refused_by_device() -> None:
+    # results/2026-12-02-spider-0.5b-sft-eq-seed0: sft 639.51 s on an H200; grpo_sft 262.76 s of SFT stage
+    # + 383.3 s of GRPO on an H100. Minutes of two GPU models are not compared (no "raise sft.steps")
+    v = evidence_gate(REPO / "results" / "2026-12-02-spider-0.5b-sft-eq-seed0")
+    assert v.claim_allowed and not v.rl_over_sft_allowed
+    assert v.sft_control.problems == [
+        "'sft' vs 'grpo_sft': trained on different devices (arms/sft/train on GPU: NVIDIA H200; "
+        "arms/grpo_sft/train on GPU: NVIDIA H100 80GB HBM3; arms/grpo_sft/sft_init on GPU: NVIDIA H100 80GB "
+        "HBM3), and training times on different devices are not comparable: train 'sft' on the device "
+        "'grpo_sft' trained on (GPU: NVIDIA H100 80GB HBM3), or train all of these runs on one device"
+    ]
