@@ -15,7 +15,7 @@ from sqlrl.evidence.gate import SFT_MISSING, evidence_gate
 from sqlrl.evidence.report import write_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-from make_experiment import make_experiment  # noqa: E402
+from make_experiment import MACHINE_GPU, make_experiment  # noqa: E402
 
 CORE = ("base", "grpo", "no_update", "validity")
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def test_sft_arm_with_at_least_grpo_time_allows_the_rl_over_sft_claim(tmp_path: 
     v = evidence_gate(make_experiment(tmp_path / "e", synthetic=False, arms=(*CORE, "sft")))
     assert v.claim_allowed and v.rl_over_sft_allowed
     assert v.sft_control.detail == (
-        "sft control present for every RL arm; sft 6.00 min >= grpo 6.00 min of training"
+        "sft control present for every RL arm; sft 6.00 min >= grpo 6.00 min of training on GPU: SYNTHETIC H200"
     )
     assert v.rl_over_sft_line.startswith("RL over SFT: may be claimed (")
 
@@ -62,12 +62,18 @@ def test_grpo_sft_from_the_sft_arm_counts_both_parts_and_can_never_match(tmp_pat
 
 
 def _own_stage(p: Path, seconds: float | None, *, declare: str = "experiment") -> None:
-    """Give grpo_sft its own SFT stage (arms/grpo_sft/sft_init, 5 steps, `seconds` of training) and the
-    sft arm's run.json its 12 steps; the stage is declared in experiment.json or in the train run.json."""
+    """Give grpo_sft its own SFT stage (arms/grpo_sft/sft_init, 5 steps, `seconds` of training, on the
+    fixture's GPU) and the sft arm's run.json its 12 steps; the stage is declared in experiment.json or in the train run.json."""
     if seconds is not None:
         write_json_atomic(
             p / "arms/grpo_sft/sft_init/run.json",
-            {"kind": "sft", "status": "finished", "steps": 5, "train_seconds": seconds},
+            {
+                "kind": "sft",
+                "status": "finished",
+                "steps": 5,
+                "train_seconds": seconds,
+                "machine": MACHINE_GPU,
+            },
         )
     if declare == "experiment":
         e = read_json(p / "experiment.json")
@@ -101,7 +107,7 @@ def test_grpo_sft_with_its_own_stage_needs_a_control_as_long_as_both_parts(tmp_p
     v = evidence_gate(p)
     assert v.rl_over_sft_allowed and v.sft_control.detail == (
         "sft control present for every RL arm; sft 8.50 min >= grpo 6.00 min, sft 8.50 min >= grpo_sft "
-        "8.50 min (SFT part 2.50 + GRPO part 6.00) of training"
+        "8.50 min (SFT part 2.50 + GRPO part 6.00) of training on GPU: SYNTHETIC H200"
     )
 
 
@@ -185,4 +191,107 @@ def test_committed_sft_then_grpo_probe_is_refused_by_time() -> None:
         "arms/sft/train + GRPO part 5.14 min): not an equal-time control; grpo_sft started from the 'sft' "
         "arm's own weights, so no sft.steps can match it: set sft.init_steps > 0 (grpo_sft then runs its "
         "own SFT stage) and size sft.steps to the total"
+    ]
+
+
+H100 = {**MACHINE_GPU, "accelerator": "SYNTHETIC H100"}
+
+
+def _machine(p: Path, run: str, machine: dict | None, device: str | None = "cuda") -> None:
+    """Set (or, with None, drop) the machine and device a run.json records."""
+    r = read_json(p / run / "run.json")
+    r.pop("machine", None)
+    r.update({"machine": machine} if machine is not None else {})
+    r.update({"device": device} if device is not None else {})
+    write_json_atomic(p / run / "run.json", r)
+
+
+def test_runs_on_different_devices_are_not_compared_by_time(tmp_path: Path) -> None:
+    # the measured case: grpo_sft (own SFT stage + GRPO) on an H100, the sft control on an H200; the
+    # control trained 6.00 min < 8.50 min, yet the time line is not given: the times are not comparable
+    p = make_experiment(tmp_path / "e", synthetic=False, arms=(*CORE, "sft", "grpo_sft"))
+    _own_stage(p, 150.0)
+    _machine(p, "arms/grpo_sft/sft_init", H100)
+    _machine(p, "arms/grpo_sft/train", H100)
+    v = evidence_gate(p)
+    assert v.claim_allowed and not v.rl_over_sft_allowed
+    want = (
+        "'sft' vs 'grpo_sft': trained on different devices (arms/sft/train on GPU: SYNTHETIC H200; "
+        "arms/grpo_sft/train on GPU: SYNTHETIC H100; arms/grpo_sft/sft_init on GPU: SYNTHETIC H100), and "
+        "training times on different devices are not comparable: train 'sft' on the device 'grpo_sft' "
+        "trained on (GPU: SYNTHETIC H100), or train all of these runs on one device"
+    )
+    assert v.sft_control.problems == [want]
+    assert v.rl_over_sft_line == "RL over SFT: no claim: " + want
+    _sft_seconds(p, 600.0)  # longer than the total: still refused, time cannot fix a device mismatch
+    assert evidence_gate(p).sft_control.problems == [want]
+    _machine(p, "arms/sft/train", H100)  # the control on grpo_sft's device: time decides, and passes
+    _machine(p, "arms/grpo/train", H100)
+    v = evidence_gate(p)
+    assert v.rl_over_sft_allowed and v.sft_control.detail.endswith("of training on GPU: SYNTHETIC H100")
+
+
+def test_an_rl_arm_split_over_two_devices_or_without_one_is_refused(tmp_path: Path) -> None:
+    p = make_experiment(tmp_path / "e", synthetic=False, arms=(*CORE, "sft", "grpo_sft"))
+    _own_stage(p, 150.0)
+    _sft_seconds(p, 600.0)
+    _machine(p, "arms/grpo_sft/sft_init", H100)  # its SFT stage on an H100, its GRPO part on the H200
+    assert evidence_gate(p).sft_control.problems == [
+        "'sft' vs 'grpo_sft': trained on different devices (arms/sft/train on GPU: SYNTHETIC H200; "
+        "arms/grpo_sft/train on GPU: SYNTHETIC H200; arms/grpo_sft/sft_init on GPU: SYNTHETIC H100), and "
+        "training times on different devices are not comparable: train all of these runs on one device"
+    ]
+    _machine(p, "arms/grpo_sft/sft_init", None, device=None)
+    assert evidence_gate(p).sft_control.problems == [
+        "'sft' vs 'grpo_sft': the device of arms/grpo_sft/sft_init is not recorded (run.json machine), so "
+        "the training times cannot be compared; train the runs on one device with sqlrl, which records it"
+    ]
+    _machine(p, "arms/grpo_sft/sft_init", {**MACHINE_GPU, "accelerator": None})  # cuda without a GPU name
+    assert "the device of arms/grpo_sft/sft_init is not recorded" in evidence_gate(p).sft_control.problems[0]
+
+
+def test_plain_grpo_and_cpu_runs_compare_by_device_description(tmp_path: Path) -> None:
+    p = make_experiment(tmp_path / "e", synthetic=False, arms=(*CORE, "sft"))
+    cpu = {
+        "hostname": "h",
+        "platform": "Linux-6.1-x86_64-with-glibc2.39",
+        "cpu_count": 2,
+        "accelerator": None,
+    }
+    _machine(p, "arms/grpo/train", cpu, "cpu")
+    _machine(p, "arms/sft/train", {**cpu, "hostname": "other"}, "cpu")  # another host, same description
+    v = evidence_gate(p)
+    assert v.rl_over_sft_allowed and v.sft_control.detail.endswith("of training on CPU: 2-core x86_64")
+    _machine(p, "arms/sft/train", {**cpu, "cpu_count": 16}, "cpu")
+    assert evidence_gate(p).sft_control.problems == [
+        "'sft' vs 'grpo': trained on different devices (arms/sft/train on CPU: 16-core x86_64; "
+        "arms/grpo/train on CPU: 2-core x86_64), and training times on different devices are not "
+        "comparable: train 'sft' on the device 'grpo' trained on (CPU: 2-core x86_64), or train all of "
+        "these runs on one device"
+    ]
+    _machine(p, "arms/sft/train", {**MACHINE_GPU, "gpu_count": 2})  # same GPU, another count
+    _machine(p, "arms/grpo/train", {**MACHINE_GPU, "gpu_count": 1})
+    assert (
+        "(arms/sft/train on GPU: 2× SYNTHETIC H200; arms/grpo/train on GPU: 1× SYNTHETIC H200)"
+        in (evidence_gate(p).sft_control.problems[0])
+    )
+    # a time refusal on one device reads as before
+    _machine(p, "arms/sft/train", MACHINE_GPU)
+    _machine(p, "arms/grpo/train", MACHINE_GPU)
+    _sft_seconds(p, 90.0)
+    assert evidence_gate(p).sft_control.problems == [
+        "arm 'sft' trained 1.50 min, less than 'grpo' (6.00 min): not an equal-time control; raise sft.steps"
+    ]
+
+
+def test_committed_equal_time_matrix_on_two_gpu_models_is_refused_by_device() -> None:
+    # results/2026-12-02-spider-0.5b-sft-eq-seed0: sft 639.51 s on an H200; grpo_sft 262.76 s of SFT stage
+    # + 383.3 s of GRPO on an H100. Minutes of two GPU models are not compared (no "raise sft.steps")
+    v = evidence_gate(REPO / "results" / "2026-12-02-spider-0.5b-sft-eq-seed0")
+    assert v.claim_allowed and not v.rl_over_sft_allowed
+    assert v.sft_control.problems == [
+        "'sft' vs 'grpo_sft': trained on different devices (arms/sft/train on GPU: NVIDIA H200; "
+        "arms/grpo_sft/train on GPU: NVIDIA H100 80GB HBM3; arms/grpo_sft/sft_init on GPU: NVIDIA H100 80GB "
+        "HBM3), and training times on different devices are not comparable: train 'sft' on the device "
+        "'grpo_sft' trained on (GPU: NVIDIA H100 80GB HBM3), or train all of these runs on one device"
     ]

@@ -53,6 +53,11 @@ def test_branch_time_is_the_controls_time_up_to_the_branch_plus_grpo(tmp_path: P
         "from_control": "sft",
         "branch_step": 4,
         "total": 490.0,
+        # one device for grpo_sft's run and the control's run it branched from (the device check's input)
+        "devices": [
+            ("arms/grpo_sft/train", "GPU: SYNTHETIC H200"),
+            ("arms/sft/train", "GPU: SYNTHETIC H200"),
+        ],
     }
     # the control trained 360 s < 490 s: refused, with the steps it needs (490 / 30 s = 17)
     line = time_problem(exp, exp.arms["sft"], exp.arms["grpo_sft"], 360.0, parts)

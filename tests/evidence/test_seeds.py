@@ -4,6 +4,7 @@ and across-seed numbers recomputed by hand from results.jsonl, the CLI's files a
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -11,10 +12,13 @@ from pathlib import Path
 import pytest
 
 from sqlrl.artifacts import read_json, read_jsonl, write_json_atomic, write_jsonl
-from sqlrl.evidence.seeds import summarize
+from sqlrl.evidence.gate import SFT_MISSING
+from sqlrl.evidence.seeds import render_html, render_markdown, summarize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-from make_experiment import make_experiment  # noqa: E402
+from make_experiment import MACHINE_GPU, make_experiment  # noqa: E402
+
+CORE = ("base", "grpo", "no_update", "validity")
 
 
 def seeded(root: Path, k: int, **config) -> Path:
@@ -267,3 +271,114 @@ def test_seeds_of_a_context_axis_matrix_compare_the_first_cell(tmp_path):
         common = sorted(set(g) & set(b))
         want = sum(g[t] for t in common) / len(common) - sum(b[t] for t in common) / len(common)
         assert run["comparisons"]["base"]["diff"] == pytest.approx(want, abs=1e-12)
+
+
+def _mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant counts, by the binomial sum."""
+    k, n = min(b, c), b + c
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
+
+
+def with_sft(root: Path, k: int, device: dict | None = None) -> Path:
+    """seeded(k) plus an sft arm (10.00 min) and a grpo_sft arm with its own 2.50 min SFT stage and
+    6.00 min of GRPO: an equal-time control; `device` moves grpo_sft's two runs to another machine."""
+    d = make_experiment(
+        root / f"seed{k}", synthetic=False, n_tasks=400, seed=k, arms=(*CORE, "sft", "grpo_sft")
+    )
+    meta = read_json(d / "experiment.json")
+    meta["config"] = {"run": {"seed": k}}
+    meta["arms"]["grpo_sft"]["init_run"] = "arms/grpo_sft/sft_init"
+    write_json_atomic(d / "experiment.json", meta)
+    stage = {"kind": "sft", "status": "finished", "steps": 5, "train_seconds": 150.0, "machine": MACHINE_GPU}
+    write_json_atomic(d / "arms/grpo_sft/sft_init/run.json", stage)
+    edits = [("arms/sft/train", {"train_seconds": 600.0})]
+    if device is not None:
+        edits += [
+            ("arms/grpo_sft/train", {"machine": device}),
+            ("arms/grpo_sft/sft_init", {"machine": device}),
+        ]
+    for run, new in edits:
+        write_json_atomic(d / run / "run.json", {**read_json(d / run / "run.json"), **new})
+    return d
+
+
+def test_rl_over_sft_per_seed_needs_the_sft_control_and_p_below_001(tmp_path):
+    dirs = [with_sft(tmp_path, k) for k in range(3)]
+    s = summarize(dirs, n_boot=200)
+    assert s["claim_allowed"], s["problems"]  # the GRPO claim is separate from RL over SFT
+    for d, run in zip(dirs, s["runs"]):
+        o = run["rl_over_sft"]
+        assert o["allowed"] and o["line"].startswith("RL over SFT: may be claimed (")
+        assert sorted(o["comparisons"]) == ["grpo", "grpo_sft"]
+        sft = dict(acc(d, "sft"))
+        for kind, c in o["comparisons"].items():
+            g = dict(acc(d, kind))
+            common = sorted(set(g) & set(sft))
+            b_only = sum(1 for t in common if g[t] and not sft[t])
+            a_only = sum(1 for t in common if sft[t] and not g[t])
+            assert (c["n"], c["b_only"], c["a_only"]) == (len(common), b_only, a_only)
+            assert c["diff"] == pytest.approx((b_only - a_only) / len(common), abs=1e-12)
+            assert c["p_value"] == pytest.approx(_mcnemar_exact(b_only, a_only), rel=1e-9)
+            assert c["holds"] is c["ahead"] is (b_only > a_only and c["p_value"] < 0.01)
+    # by hand from results.jsonl: grpo beats sft with p < 0.01 in seeds 0 and 2 only (seed 1: 34 vs 19
+    # discordant tasks, p = 0.053); grpo_sft in all three
+    assert [r["rl_over_sft"]["comparisons"]["grpo"]["holds"] for r in s["runs"]] == [True, False, True]
+    assert [r["rl_over_sft"]["comparisons"]["grpo"]["b_only"] for r in s["runs"]][1] == 34
+    rs = s["rl_over_sft"]
+    assert rs["kinds"] == {
+        "grpo": {"seeds": 3, "seeds_ahead": 2, "seeds_holding": 2, "allowed": False},
+        "grpo_sft": {"seeds": 3, "seeds_ahead": 3, "seeds_holding": 3, "allowed": True},
+    }
+    assert rs["line"] == (
+        "RL over SFT across seeds: may be claimed for grpo_sft; grpo holds in 2 of 3 seeds, grpo_sft "
+        "holds in 3 of 3 seeds"
+    )
+    assert rs["problems"] == ["grpo is ahead of sft with McNemar p < 0.01 in 2 of 3 seeds"]
+    md = render_markdown(s)
+    assert "## RL over SFT (the SFT-only control: a separate claim)" in md
+    assert "| 1 | passed | +3.8 pp, p = 0.053 | +12.8 pp, p = 9.1e-10 (holds) |" in md
+
+
+def test_rl_over_sft_fails_in_a_seed_whose_control_ran_on_another_device(tmp_path):
+    h100 = {**MACHINE_GPU, "accelerator": "SYNTHETIC H100"}
+    dirs = [with_sft(tmp_path, 0), with_sft(tmp_path, 1, device=h100)]
+    s = summarize(dirs, n_boot=200)
+    assert s["claim_allowed"], s["problems"]
+    o = s["runs"][1]["rl_over_sft"]
+    assert not o["allowed"] and "trained on different devices" in o["line"]
+    assert o["comparisons"]["grpo_sft"]["ahead"] and not o["comparisons"]["grpo_sft"]["holds"]
+    rs = s["rl_over_sft"]
+    assert rs["kinds"]["grpo_sft"] == {"seeds": 2, "seeds_ahead": 2, "seeds_holding": 1, "allowed": False}
+    assert rs["line"].startswith("RL over SFT across seeds: no claim; ")
+    assert rs["problems"][0] == (
+        "run.seed 1: RL over SFT: no claim: 'sft' vs 'grpo_sft': trained on different devices (arms/sft/train "
+        "on GPU: SYNTHETIC H200; arms/grpo_sft/train on GPU: SYNTHETIC H100; arms/grpo_sft/sft_init on GPU: "
+        "SYNTHETIC H100), and training times on different devices are not comparable: train 'sft' on the "
+        "device 'grpo_sft' trained on (GPU: SYNTHETIC H100), or train all of these runs on one device"
+    )
+    assert "| 1 | no claim: 'sft' vs 'grpo_sft': trained on different devices" in render_markdown(s)
+    html = render_html(s)
+    assert "<h2>RL over SFT (the SFT-only control: a separate claim)</h2>" in html
+    assert "no claim: &#x27;sft&#x27; vs &#x27;grpo_sft&#x27;: trained on different devices" in html
+
+
+def test_rl_over_sft_without_sft_arms_is_not_answered_and_needs_consistent_folders(tmp_path):
+    s = summarize([seeded(tmp_path / "a", k) for k in range(2)], n_boot=200)
+    assert s["claim_allowed"] and s["rl_over_sft"] == {
+        "answered": False,
+        "kinds": {},
+        "problems": [SFT_MISSING],
+        "line": SFT_MISSING,
+    }
+    assert f"## RL over SFT (the SFT-only control: a separate claim)\n\n{SFT_MISSING}\n" in render_markdown(s)
+    d0, d1 = with_sft(tmp_path / "b", 0), with_sft(tmp_path / "b", 1)
+    meta = read_json(d1 / "experiment.json")
+    meta["config"]["sft"] = {"steps": 3}  # only in seed 1's folder: noted; differing: refused
+    write_json_atomic(d1 / "experiment.json", meta)
+    assert summarize([d0, d1], n_boot=200)["rl_over_sft"]["kinds"]["grpo_sft"]["allowed"]
+    meta = read_json(d0 / "experiment.json")
+    meta["config"]["sft"] = {"steps": 4}
+    write_json_atomic(d0 / "experiment.json", meta)
+    rs = summarize([d0, d1], n_boot=200)["rl_over_sft"]
+    assert not rs["kinds"]["grpo_sft"]["allowed"] and rs["kinds"]["grpo_sft"]["seeds_holding"] == 2
+    assert rs["problems"][0] == "the folders are not one matrix with different seeds (see problems)"

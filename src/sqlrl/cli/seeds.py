@@ -17,7 +17,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="sqlrl seeds",
         description="Summarise one experiment matrix run with several training seeds (run.seed): consistency "
-        "checks, each folder's evidence gate, per-seed and across-seed comparisons. Writes seeds.json, seeds.md and "
+        "checks, each folder's evidence gate, per-seed and across-seed comparisons, and RL over the SFT-only control "
+        "(a separate claim that does not change the exit code). Writes seeds.json, seeds.md and "
         "seeds.html. "
         "Exit 0 if a claim across seeds is allowed, 1 if not (the files are still written), 2 for bad folders.",
     )
@@ -39,6 +40,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     print(f"verdict across seeds: {s['verdict'].upper()}")
     for p in s["problems"]:
         print(f"  {p}")
+    print(s["rl_over_sft"]["line"])
     for path in paths.values():
         print(f"wrote {path}")
     return 0 if s["claim_allowed"] else 1

@@ -13,10 +13,10 @@ budgets within each cell but a kind's treatment, `rundir.TREATMENT_BUDGETS`, whi
 recorded by each eval run), `same_tasks`, `same_fingerprint`, `leakage_audit` (passed).
 
 "RL adds value over supervised fine-tuning" is a separate claim (`check_sft_control`, outside
-`claim_allowed`): the whole gate plus an `sft` arm (train + eval, sound steps) in the cell of every
-RL arm (kind `grpo*`), trained at least as long as each RL arm in total (run.json train_seconds; for
-grpo_sft its GRPO part plus the SFT run it started from, `rl_training`); without one it says "no SFT
-control: whether RL beats SFT is not answered".
+`claim_allowed`): the whole gate plus an `sft` arm (train + eval, sound steps) in the cell of every RL
+arm (kind `grpo*`), trained at least as long as each RL arm in total (run.json train_seconds; grpo_sft:
+GRPO part + the SFT run it started from, `rl_training`) on the same device (`device_problem`); without
+one it says "no SFT control: whether RL beats SFT is not answered".
 
 Covered: every defect of a readable experiment folder becomes a failed check with a named problem; a
 folder that is not an experiment folder raises `rundir.ExperimentError` (CLI exit 2); no torch import.
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlrl.evidence.rltime import device_problem, rl_training, time_problem, train_seconds
 from sqlrl.evidence.rltime import rel_path as _rel
-from sqlrl.evidence.rltime import rl_training, time_problem, train_seconds
 from sqlrl.evidence.rundir import GRPO_KINDS, RUN_FLAGS, TREATMENT_BUDGETS, Arm, Experiment
 
 CONTROL_KINDS = ("no_update", "validity")
@@ -492,7 +492,8 @@ def check_leakage(exp: Experiment) -> Check:
 def check_sft_control(exp: Experiment) -> Check:
     """The SFT-only control behind a claim that RL adds value over supervised fine-tuning (not in
     `CHECKS`: it decides `Verdict.rl_over_sft_allowed`, not `claim_allowed`). The control must train at
-    least as long as every RL arm's whole training: for grpo_sft its GRPO part plus its SFT start."""
+    least as long as every RL arm's whole training: for grpo_sft its GRPO part plus its SFT start; times
+    are compared only when all those runs trained on one recorded device (`rltime.device_problem`)."""
     rl = [a for a in exp.arms.values() if a.kind.startswith("grpo")]
     sfts = exp.arms_of("sft")
     if not sfts:
@@ -516,7 +517,7 @@ def check_sft_control(exp: Experiment) -> Check:
             problems.append(
                 f"arm '{arm.name}': weights did not change (train run.json weights_changed=false)"
             )
-    times = []
+    times, devices = [], set()
     for g in rl:
         parts = rl_training(exp, g)
         for s in exp.same_cell(g, "sft"):
@@ -536,16 +537,19 @@ def check_sft_control(exp: Experiment) -> Check:
                     f"arm '{g.name}': the training time of the SFT run it started from is not recorded "
                     f"({where}), so its total is unknown"
                 )
-            elif (line := time_problem(exp, s, g, ts, parts)) is not None:
+            elif (line := device_problem(exp, s, g, parts) or time_problem(exp, s, g, ts, parts)) is not None:
                 problems.append(line)
             else:
+                devices.add(parts["devices"][0][1])
                 split = (
                     f" (SFT part {parts['sft'] / 60:.2f} + GRPO part {parts['rl'] / 60:.2f})"
                     if parts["sft"] is not None
                     else ""
                 )
                 times.append(f"{s.name} {ts / 60:.2f} min >= {g.name} {parts['total'] / 60:.2f} min{split}")
-    detail = "sft control present for every RL arm" + (f"; {', '.join(times)} of training" if times else "")
+    detail = "sft control present for every RL arm" + (
+        f"; {', '.join(times)} of training on {', '.join(sorted(devices))}" if times else ""
+    )
     return _check("sft_control", problems, detail)
 
 

@@ -9,6 +9,11 @@ the branch's branch.json `train_seconds`, else the sum of steps.jsonl `time_step
 `rl_training` returns the parts, `time_problem` the one line refusing a control that trained less.
 Times are run.json `train_seconds` (else `gpu_minutes`); absent or unreadable files read as None.
 Not covered: the steps.jsonl fallback leaves out checkpoint writes, which `train_seconds` holds.
+Times are compared only between runs on one device: `device_problem` refuses the comparison unless the
+control's train run and every run of the RL arm's training name the same device (`fmt.device_str` of
+run.json `machine` and `device`: GPU name, with the GPU count where recorded; a CPU run's core count and
+architecture); an unrecorded device refuses too. Not covered: a run resumed in another session
+records only its last session's machine; no GPU count is recorded (same model, other count: equal).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import re
 from pathlib import Path
 
 from sqlrl.artifacts import read_json
+from sqlrl.evidence.fmt import device_str
 from sqlrl.evidence.rundir import Arm, Experiment
 
 
@@ -40,6 +46,15 @@ def train_seconds(exp: Experiment, arm: Arm) -> float | None:
         if isinstance(t, int | float) and not isinstance(t, bool):
             return float(t) * scale
     return None
+
+
+def run_device(run: dict | None) -> str | None:
+    """The device a train run.json records, as `fmt.device_str` names it (`GPU: NVIDIA H200`, `CPU:
+    16-core x86_64`); None when it records no machine, or a CUDA run without the GPU's name."""
+    m = (run or {}).get("machine")
+    if not isinstance(m, dict) or not m or (run.get("device") == "cuda" and not m.get("accelerator")):
+        return None
+    return device_str(m, run.get("device"))
 
 
 def init_run(exp: Experiment, arm: Arm) -> tuple[Path | None, dict | None]:
@@ -109,9 +124,12 @@ def rl_training(exp: Experiment, arm: Arm) -> dict:
     recorded; from a branch: that run's seconds up to the branch step), "sft_run": that run's folder
     relative to the experiment, "from_control": the name of the sft arm whose own run that is (None for
     grpo_sft's own stage), "branch_step": the step of the sft arm's weights it started from (None: the
-    run's final), "total": rl + sft (None when a part is unknown)}. The SFT part counts: an SFT-only
-    control must match the whole."""
+    run's final), "total": rl + sft (None when a part is unknown), "devices": [(run folder,
+    `run_device`) of its train run, then of that SFT run]}. The SFT part counts: an SFT-only control
+    must match the whole, on the same device."""
     rl = train_seconds(exp, arm)
+    own = exp.train_run(arm.name) if arm.train_dir is not None else None
+    devices = [(rel_path(exp, arm.train_dir), run_device(own))]
     out: dict = {
         "rl": rl,
         "sft": None,
@@ -119,10 +137,13 @@ def rl_training(exp: Experiment, arm: Arm) -> dict:
         "from_control": None,
         "branch_step": None,
         "total": rl,
+        "devices": devices,
     }
     if arm.kind != "grpo_sft":
         return out
     d, run = init_run(exp, arm)
+    if d is not None:
+        devices.append((rel_path(exp, d), run_device(run)))
     out["branch_step"], branch_s = init_branch(exp, arm, d)
     out["sft"] = branch_s if out["branch_step"] is not None else _num((run or {}).get("train_seconds"))
     out["sft_run"] = rel_path(exp, d) if d is not None else None
@@ -160,3 +181,29 @@ def time_problem(exp: Experiment, s: Arm, g: Arm, ts: float, parts: dict) -> str
         need = math.ceil(round(total / (ts / steps), 6))
         return head + f"raise sft.steps to at least {need} ({ts / steps:.2f} s a step in '{s.name}')"
     return head + "raise sft.steps"
+
+
+def device_problem(exp: Experiment, s: Arm, g: Arm, parts: dict) -> str | None:
+    """The line refusing to compare `s`'s training time with `g`'s whole training (`parts`, from
+    `rl_training`) because the runs did not all train on one recorded device; None when they did."""
+    runs = [(rel_path(exp, s.train_dir), run_device(exp.train_run(s.name))), *parts["devices"]]
+    unknown = [d for d, dev in runs if dev is None]
+    if unknown:
+        return (
+            f"'{s.name}' vs '{g.name}': the device of {', '.join(unknown)} is not recorded (run.json "
+            "machine), so the training times cannot be compared; train the runs on one device with "
+            "sqlrl, which records it"
+        )
+    if len({dev for _, dev in runs}) == 1:
+        return None
+    where = "; ".join(f"{d} on {dev}" for d, dev in runs)
+    rl_devs = {dev for _, dev in parts["devices"]}
+    fix = (
+        f"train '{s.name}' on the device '{g.name}' trained on ({next(iter(rl_devs))}), or "
+        if len(rl_devs) == 1
+        else ""
+    )
+    return (
+        f"'{s.name}' vs '{g.name}': trained on different devices ({where}), and training times on "
+        f"different devices are not comparable: {fix}train all of these runs on one device"
+    )

@@ -14,6 +14,9 @@ self-contained page in the report's style, no JavaScript, all text HTML-escaped)
 - whether the Base evaluations agree answer for answer (greedy, same model: they should).
 A claim across seeds needs every check passed, every gate passed, and GRPO ahead of both controls with
 p < 0.01 in every seed. Compared arms: each folder's primary arm of each kind (`Experiment.primary`).
+"RL adds over SFT" is a separate claim per RL kind (`rl_over_sft`, outside `claim_allowed`, as in the
+gate): every check passed and, in every seed, the folder's `sft_control` (gate, equal time, one device)
+passed and that kind's arm ahead of the sft arm with McNemar p < 0.01.
 
 What is covered: numbers recomputed from the results.jsonl files, deterministically (bootstrap seed 0,
 10,000 resamples by default).
@@ -31,8 +34,8 @@ from typing import Any
 from sqlrl.artifacts import write_bytes_atomic, write_json_atomic
 from sqlrl.evidence.analysis import KIND_COLOR, compare_arms
 from sqlrl.evidence.charts import svg_interval_chart
-from sqlrl.evidence.fmt import esc, fmt_p, html_table, pct, pp
-from sqlrl.evidence.gate import evidence_gate, flatten
+from sqlrl.evidence.fmt import esc, fmt_p, html_table, md_cell, pct, pp
+from sqlrl.evidence.gate import SFT_MISSING, evidence_gate, flatten
 from sqlrl.evidence.page import CSS
 from sqlrl.evidence.rundir import Experiment
 
@@ -134,7 +137,62 @@ def _seed_row(
             continue
         c = compare_arms(e, ctl, grpo, n_boot=n_boot, seed=seed, ci=ci)
         row["comparisons"][kind] = {k: c.get(k) for k in _COMPARISON_KEYS if k in c}
+    row["rl_over_sft"] = _rl_over_sft_row(e, verdict, n_boot=n_boot, seed=seed, ci=ci)
     return row, problems
+
+
+def _ahead(c: dict) -> bool:
+    """A comparison's second arm ahead with McNemar p < P_CLAIM."""
+    return bool(c.get("available") and c["diff"] > 0 and c["p_value"] is not None and c["p_value"] < P_CLAIM)
+
+
+def _rl_over_sft_row(e: Experiment, verdict, *, n_boot: int, seed: int, ci: float) -> dict:
+    """One folder's RL-over-SFT evidence: its gate's verdict on the SFT-only control (`allowed`, `line`)
+    and the primary arm of each RL kind (grpo*) vs the primary sft arm; `holds` = both."""
+    out: dict[str, Any] = {
+        "allowed": verdict.rl_over_sft_allowed,
+        "line": verdict.rl_over_sft_line,
+        "comparisons": {},
+    }
+    sft = _arm_of_kind(e, "sft")
+    if sft is None:
+        return out
+    for kind in sorted({a.kind for a in e.arms.values() if a.kind.startswith("grpo")}):
+        c = compare_arms(e, sft, _arm_of_kind(e, kind), n_boot=n_boot, seed=seed, ci=ci)
+        row = {k: c.get(k) for k in _COMPARISON_KEYS if k in c}
+        out["comparisons"][kind] = {**row, "ahead": _ahead(c), "holds": out["allowed"] and _ahead(c)}
+    return out
+
+
+def _rl_over_sft(runs: list[dict], consistent: bool) -> dict:
+    """Across seeds, per RL kind: the seeds where it holds (the folder's SFT control passed and the kind
+    beat sft with p < 0.01); a claim for a kind needs consistent folders and every seed."""
+    per = [r["rl_over_sft"] for r in runs]
+    if not all(p["comparisons"] for p in per):
+        return {"answered": False, "kinds": {}, "problems": [SFT_MISSING], "line": SFT_MISSING}
+    problems = [] if consistent else ["the folders are not one matrix with different seeds (see problems)"]
+    problems += [f"run.seed {r['run_seed']}: {p['line']}" for r, p in zip(runs, per) if not p["allowed"]]
+    kinds: dict[str, dict] = {}
+    for kind in sorted(set().union(*(p["comparisons"] for p in per))):
+        held = sum(1 for p in per if (p["comparisons"].get(kind) or {}).get("holds"))
+        ahead = sum(1 for p in per if (p["comparisons"].get(kind) or {}).get("ahead"))
+        kinds[kind] = {"seeds": len(per), "seeds_ahead": ahead, "seeds_holding": held}
+        kinds[kind]["allowed"] = consistent and held == len(per)
+        if ahead < len(per):
+            problems.append(
+                f"{kind} is ahead of sft with McNemar p < {P_CLAIM} in {ahead} of {len(per)} seeds"
+            )
+    claims = [k for k, v in kinds.items() if v["allowed"]]
+    line = (
+        (
+            f"RL over SFT across seeds: may be claimed for {', '.join(claims)}"
+            if claims
+            else "RL over SFT across seeds: no claim"
+        )
+        + "; "
+        + ", ".join(f"{k} holds in {v['seeds_holding']} of {v['seeds']} seeds" for k, v in kinds.items())
+    )
+    return {"answered": True, "kinds": kinds, "problems": problems, "line": line}
 
 
 def _across_seeds(
@@ -203,6 +261,7 @@ def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0,
     exps = [Experiment(d) for d in exp_dirs]
     seeds = [_run_seed(e) for e in exps]
     problems, partial = _consistency_problems(exps, seeds)
+    consistent = not problems
     # per folder: kind -> {task id: 1 / 0 / None (excluded)} of its primary arm of that kind
     outcomes = [{kind: _outcomes(e, _arm_of_kind(e, kind)) for kind in KINDS} for e in exps]
     runs: list[dict] = []
@@ -231,10 +290,31 @@ def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0,
         "runs": runs,
         "across_seeds": across,
         "base_evaluations_identical": base_same,
+        "rl_over_sft": _rl_over_sft(runs, consistent),
         "n_boot": n_boot,
         "bootstrap_seed": seed,
         "ci": ci,
     }
+
+
+def _rl_over_sft_table(s: dict) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows) of plain text: per seed, the SFT control's verdict and each RL kind minus sft."""
+    kinds = list(s["rl_over_sft"]["kinds"])
+    heads = ["run.seed", "SFT control (gate, equal time, one device)", *[f"{k} − sft, p" for k in kinds]]
+    rows = []
+    for r in s["runs"]:
+        o = r["rl_over_sft"]
+        cells = [str(r["run_seed"]), "passed" if o["allowed"] else o["line"].removeprefix("RL over SFT: ")]
+        for k in kinds:
+            c = o["comparisons"].get(k) or {}
+            ok = c.get("available")
+            cells.append(
+                f"{pp(c['diff'])}, p = {fmt_p(c['p_value'])}" + (" (holds)" if c["holds"] else "")
+                if ok
+                else "-"
+            )
+        rows.append(cells)
+    return heads, rows
 
 
 def render_markdown(s: dict) -> str:
@@ -280,6 +360,13 @@ def render_markdown(s: dict) -> str:
             f"| {a['seeds_ahead_p_lt_0.01']} of {a['seeds']} | {pp(h['diff'])} ({pp(h['ci_low'])} to "
             f"{pp(h['ci_high'])}) | {h['n']} |"
         )
+    rs = s["rl_over_sft"]
+    out += ["", "## RL over SFT (the SFT-only control: a separate claim)", "", rs["line"]]
+    out += [f"- {p}" for p in rs["problems"]]
+    if rs["answered"]:
+        heads, rows = _rl_over_sft_table(s)
+        out += ["", "| " + " | ".join(heads) + " |", "|" + " --- |" * len(heads)]
+        out += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows]
     same = s["base_evaluations_identical"]
     out += [
         "",
@@ -388,6 +475,15 @@ def render_html(s: dict) -> str:
         "tasks",
     ]
     parts.append(html_table([esc(x) for x in heads], across))
+    rs = s["rl_over_sft"]
+    parts.append(
+        f"<h2>RL over SFT (the SFT-only control: a separate claim)</h2><p><b>{esc(rs['line'])}</b></p>"
+    )
+    if rs["problems"]:
+        parts.append("<ul>" + "".join(f"<li>{esc(p)}</li>" for p in rs["problems"]) + "</ul>")
+    if rs["answered"]:
+        heads, rows = _rl_over_sft_table(s)
+        parts.append(html_table([esc(x) for x in heads], [[esc(c) for c in row] for row in rows]))
     same = s["base_evaluations_identical"]
     parts.append(
         "<p>Base evaluations identical across folders: "
