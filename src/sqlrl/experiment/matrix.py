@@ -197,6 +197,7 @@ def _experiment_state(
             state.setdefault("resume_changes", []).append(
                 {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": memory}
             )
+    _check_sft_change(state, exp, out)
     state.update(
         {
             "name": exp.name,
@@ -226,6 +227,35 @@ def _experiment_state(
     state.pop("finished", None)  # set again when this run completes: a stop now leaves it unfinished
     write_json_atomic(exp_path, state)
     return state
+
+
+def _check_sft_change(state: dict, exp: ExperimentConfig, out: Path) -> None:
+    """On resume, [sft] settings other than those experiment.json records: refused while an arm that
+    trained with them (sft, grpo_sft) has a folder, else allowed and recorded in `resume_changes` (so
+    `delete arms/sft, raise sft.steps, rerun` works). A key an older folder lacks counts as its default."""
+    old = (state.get("experiment") or {}).get("sft")
+    if not isinstance(old, dict) or not {"sft", "grpo_sft"} & set(exp.arms):
+        return
+    new, default = (json.loads(json.dumps(dataclasses.asdict(c))) for c in (exp.sft, SFTConfig()))
+    changes = [
+        f"sft.{k}: {old.get(k, default.get(k))} -> {v}"
+        for k, v in new.items()
+        if old.get(k, default.get(k)) != v
+    ]
+    if not changes:
+        return
+    names = [arm_name(k, t, c) for t, c in exp.cells() for k in ("sft", "grpo_sft") if k in exp.arms]
+    started = [n for n in names if (out / "arms" / n).exists()]
+    if started:
+        raise ConfigError(
+            f"{out}: the [sft] settings differ from the ones its arms {started} trained with ({changes}); "
+            f"delete {', '.join(str(out / 'arms' / n) for n in started)} to rerun them with the new settings, "
+            "or resume with the old ones"
+        )
+    log.warning(f"[experiment] resuming with {changes} (no sft or grpo_sft arm has run yet)")
+    state.setdefault("resume_changes", []).append(
+        {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": changes}
+    )
 
 
 def arm_names(exp: ExperimentConfig) -> list[str]:
