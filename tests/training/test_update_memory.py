@@ -373,6 +373,16 @@ def test_a_release_that_frees_nothing_goes_straight_to_a_smaller_cap(monkeypatch
     assert adj == [{"step": 7, "micro_batch_tokens": 30}]
 
 
+def test_one_trajectory_out_of_memory_after_a_release_tried_no_smaller_pass(monkeypatch):
+    learner, trajs, adv, g = _learner_and_trajs()
+    learner.release = lambda: True
+    _fake_memory(monkeypatch, 5, [])
+    with pytest.raises(RuntimeError) as e:
+        U.accumulate_gradients(learner, trajs[:1], adv[:1], g, 7, PassCaps(0, 100))
+    assert "out of GPU memory in the update of step 7: a micro-batch of 1 trajectories" in str(e.value)
+    assert "retries with smaller passes" not in str(e.value)
+
+
 def test_the_engine_releases_report_whether_a_cache_was_dropped():
     from sqlrl.generation.policy import HFPolicy
 

@@ -335,7 +335,7 @@ def accumulate_gradients(learner: Learner, trajs: list, adv, g, step: int, caps:
                 )
                 continue
         if n_mb <= 1:  # one trajectory per pass already: nothing smaller to try
-            raise RuntimeError(oom_message(step, n_mb, width, g, oom_retries, length))
+            raise RuntimeError(oom_message(step, n_mb, width, g, len(adjustments), length))
         # The passes only split the step's token sum (the objective is normalised over the whole
         # step), so a smaller cap changes memory, not what is computed (up to float summation
         # order). Halve the failing pass; the cap stays for the rest of the run.
