@@ -198,8 +198,9 @@ def test_a_matrix_split_over_two_sessions_packed_without_weights(tiny_model_dir,
     for p in packed:
         p.unlink()
 
-    run_experiment(cfg, exp, out, report=False)
+    run_experiment(cfg, exp, out)  # with the report, which reads the weightless sft and grpo_sft runs
     assert {a: (out / f"arms/{a}/train/run.json").read_text() for a in kept} == kept
+    assert json.loads((out / "verdict.json").read_text())["claim_allowed"] is False  # a smoke run
     for arm in ("grpo", "no_update", "validity"):
         run = json.loads((out / f"arms/{arm}/train/run.json").read_text())
         assert run["status"] == "finished" and run["resumed_from_step"] is None
