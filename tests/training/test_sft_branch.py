@@ -77,3 +77,26 @@ def test_cosine_schedule_branch_is_the_controls_weights_mid_decay(tmp_path):
     assert abs(a[0]["lr"] - 0.25e-3) < 1e-12 and b[0]["lr"] == 0.0
     short_final = _read(short_run / "final/identity.json")["weights_hash"]
     assert info["identity"] != short_final
+
+
+def test_the_branch_export_leaves_the_control_run_unchanged(tmp_path):
+    """The sft control with a branch at step 2 ends with the same weights, losses and checkpoints' worth
+    of steps as the same run without one, and a run resumed across the branch step exports it."""
+    sft3 = T.sft_from_dict({**BASE, "steps": 3})
+    kw = dict(policy_factory=tiny_factory, progress=False)
+    train_sft(_cfg(), sft3, tmp_path / "branched", branch_step=2, **kw)
+    train_sft(_cfg(), sft3, tmp_path / "plain", **kw)
+    final = [_read(tmp_path / r / "final/identity.json")["weights_hash"] for r in ("branched", "plain")]
+    assert final[0] == final[1]
+    assert [x["loss"] for x in _steps(tmp_path / "branched")] == [
+        x["loss"] for x in _steps(tmp_path / "plain")
+    ]
+    # stopped after step 1 (checkpoint), resumed: the resumed invocation exports the branch
+    run = tmp_path / "resumed"
+    assert not train_sft(_cfg(), sft3, run, branch_step=2, stop_after=1, **kw)["finished"]
+    assert not list(run.glob("branch_step_*"))
+    train_sft(_cfg(), sft3, run, branch_step=2, resume=True, **kw)
+    info = _read(run / "branch_step_000002/branch.json")
+    assert info["identity"] == _read(tmp_path / "branched/branch_step_000002/identity.json")["weights_hash"]
+    assert 0 < info["train_seconds"] <= _read(run / "run.json")["train_seconds"]
+    assert _read(run / "final/identity.json")["weights_hash"] == final[0]

@@ -352,3 +352,77 @@ def test_gpu_memory_script_records_each_pass(monkeypatch):
     assert r["error"] is None and r["oom_retries"] == 0 and r["allocated_before_update_gb"] == 0.5
     got = [(p["trajectories"], p["padded_length"], p["peak_gb"]) for p in r["passes"]]
     assert got == [(4, 25, 1.0), (2, 43, 2.0), (2, 45, 3.0)] and r["peak_gb"] == 3.0
+
+
+def test_a_release_that_frees_nothing_goes_straight_to_a_smaller_cap(monkeypatch):
+    """`Learner.release` returning False (no engine cache on the model) is no reason to redo the update
+    with the same caps: the same passes would run out of memory again."""
+    learner, trajs, adv, g = _learner_and_trajs()
+    calls: list = []
+
+    def release():
+        calls.append(1)
+        return False
+
+    learner.release = release
+    seen: list = []
+    _fake_memory(monkeypatch, 40, seen)
+    acc, retries, caps, adj, released = U.accumulate_gradients(learner, trajs, adv, g, 7, PassCaps(0, 100))
+    assert seen == [(3, 20), (2, 12), (1, 20), (1, 30)]  # as without a release (the halving test above)
+    assert (retries, caps, released, calls) == (1, PassCaps(0, 30), False, [1])
+    assert adj == [{"step": 7, "micro_batch_tokens": 30}]
+
+
+def test_one_trajectory_out_of_memory_after_a_release_tried_no_smaller_pass(monkeypatch):
+    learner, trajs, adv, g = _learner_and_trajs()
+    learner.release = lambda: True
+    _fake_memory(monkeypatch, 5, [])
+    with pytest.raises(RuntimeError) as e:
+        U.accumulate_gradients(learner, trajs[:1], adv[:1], g, 7, PassCaps(0, 100))
+    assert "out of GPU memory in the update of step 7: a micro-batch of 1 trajectories" in str(e.value)
+    assert "retries with smaller passes" not in str(e.value)
+
+
+def test_the_engine_releases_report_whether_a_cache_was_dropped():
+    from sqlrl.generation.policy import HFPolicy
+
+    model, tok, _, _ = tiny_factory()
+    fast = HFPolicy(model, tok, engine="fast")
+    assert fast.release_memory() is False  # the fast engine keeps nothing between calls
+    static = HFPolicy(model, tok, engine="static")
+    assert static.release_memory() is False  # nothing generated yet
+    static.generate([[5, 6, 7]], max_new_tokens=2)
+    assert static.release_memory() is True and static.release_memory() is False
+
+
+def test_later_updates_out_of_memory_halve_a_cap_without_a_futile_retry(tmp_path, monkeypatch):
+    """Step 1 runs out of memory with the engine's cache on the model (dropped, then it fits); from step 2
+    every pass of more than one trajectory runs out of memory: the cache is already dropped before each
+    update, so every retry of step 2 lowers a cap (none redoes the same passes), and step 3 needs none."""
+    import torch
+
+    from sqlrl.generation import staticgen
+    from sqlrl.training import trainer as T
+
+    real, real_update = U.sequence_logprobs, T.update_policy
+    at: dict = {}
+
+    def update(learner, trajs, adv, g, step, caps):
+        at["step"] = step
+        return real_update(learner, trajs, adv, g, step, caps)
+
+    def logprobs(model, batch, *a, **k):
+        if hasattr(staticgen._hf_model(model), "_sqlrl_static") or (
+            at["step"] >= 2 and batch["input_ids"].shape[0] > 1
+        ):
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(model, batch, *a, **k)
+
+    monkeypatch.setattr(U, "sequence_logprobs", logprobs)
+    monkeypatch.setattr(T, "update_policy", update)
+    cfg = tiny_cfg(steps=3).replace(run={"gen_engine": "static"})
+    T.train(cfg, tmp_path / "r", policy_factory=tiny_factory, evaluator_factory=Alternating, progress=False)
+    st = steps(tmp_path / "r")
+    adj = json.loads((tmp_path / "r" / "run.json").read_text())["memory_adjustments"]
+    assert [s["oom_retries"] for s in st] == [1, len([a for a in adj if a["step"] == 2]), 0]
+    assert st[1]["oom_retries"] >= 1 and [s["gen_cache_dropped"] for s in st] == [True] * 3

@@ -224,16 +224,19 @@ class HFPolicy:
         """The batch-size attribute this engine uses: ``batch_size`` for ``"hf"``, else ``max_batch``."""
         return "batch_size" if self.engine == "hf" else "max_batch"
 
-    def release_memory(self) -> None:
+    def release_memory(self) -> bool:
         """Drop the static engine's KV cache and CUDA graphs (kept between calls; the next call
-        rebuilds them) and return cached CUDA blocks, e.g. before a training update."""
+        rebuilds them) and return cached CUDA blocks, e.g. before a training update. Whether a cache was
+        dropped (False for the other engines, which keep none between calls)."""
         from sqlrl.generation.device import free_memory
 
+        dropped = False
         if self.engine == "static":
             from sqlrl.generation import staticgen
 
-            staticgen.release(self.model)
+            dropped = staticgen.release(self.model)
         free_memory()
+        return dropped
 
     def _halve_batch(self, n_prompts: int) -> None:
         """After an out-of-memory error in generation: drop the static engine's cache, free the CUDA cache

@@ -218,11 +218,13 @@ class _Engine:
         return out
 
 
-def release(model) -> None:
-    """Drop the cached engine (KV cache and graphs) of ``model``."""
+def release(model) -> bool:
+    """Drop the cached engine (KV cache and graphs) of ``model``; whether there was one."""
     m = _hf_model(model)
-    if hasattr(m, "_sqlrl_static"):
-        del m._sqlrl_static
+    if not hasattr(m, "_sqlrl_static"):
+        return False
+    del m._sqlrl_static
+    return True
 
 
 def _engine(model, slots: int, t_max: int, use_graphs: bool) -> _Engine:

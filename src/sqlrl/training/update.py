@@ -6,10 +6,10 @@ What is covered:
   that only split the step's sum: the objective is normalised over the whole step (`grpo.policy_loss`).
 - Token ids and log-probs are those of generation time; the update never re-tokenizes text. Batches
   are left-padded with explicit position ids, so `logits_to_keep` covers every generated token.
-- A pass that runs out of GPU memory makes the update start again: first (once a step) with the same
-  caps after `Learner.release` (the trainer's drops the rollout engine's cache), then with a halved cap:
-  the token cap when `micro_batch_tokens` is set, else the logit-token cap (kept for the run, recorded);
-  a single trajectory that does not fit raises a RuntimeError that names the settings to change.
+- A pass that runs out of GPU memory makes the update start again: first (once a step, when it frees
+  something) with the same caps after `Learner.release` (the trainer's drops the rollout engine's
+  cache), then with a halved cap: the token cap when `micro_batch_tokens` is set, else the logit-token
+  cap (kept for the run, recorded); a single trajectory that does not fit raises a RuntimeError that names the settings to change.
 - GPU memory of a pass (docs/LOG.md, 2026-12-07): every layer's saved activations cover all B x T padded
   columns, prompt included (~1.8 MB a token for Qwen2.5-0.5B under bf16 autocast, estimated), beside
   fp32 weights, grads and AdamW state (~7.9 GB) and the rollout engine's cache unless dropped.
@@ -227,14 +227,15 @@ class UpdateResult:
     oom_retries: int
     caps: PassCaps
     memory_adjustments: list[dict] = field(default_factory=list)
-    released: bool = False  # `Learner.release` ran after an out-of-memory pass of this step
+    released: bool = False  # `Learner.release` freed memory after an out-of-memory pass of this step
 
 
 @dataclass
 class Learner:
     """The models and optimizer the update pass works on. `release`, when given, frees memory the
-    update does not need (the trainer: the rollout engine's KV cache and graphs); the first
-    out-of-memory pass of a step calls it and retries with the same caps before any cap is lowered."""
+    update does not need (the trainer: the rollout engine's KV cache and graphs) and returns False when
+    there was nothing to free; the first out-of-memory pass of a step calls it and, unless it returned
+    False, retries with the same caps before any cap is lowered."""
 
     model: Any
     ref_model: Any
@@ -294,8 +295,9 @@ def _run_passes(learner: Learner, active: list, g, caps: PassCaps, total_tokens,
 
 def accumulate_gradients(learner: Learner, trajs: list, adv, g, step: int, caps: PassCaps):
     """Gradients of the step's loss over `trajs` (advantages `adv`), in passes; an out-of-memory pass
-    makes it start again, first with the same caps after `learner.release()` (once, when given), then
-    with a halved cap. Returns (sums, retries, caps used, cap adjustments, whether it released)."""
+    makes it start again, first with the same caps after `learner.release()` (once, when given, unless
+    it freed nothing), then with a halved cap. Returns (sums, retries, caps used, cap adjustments,
+    whether the release freed memory)."""
     import torch
 
     learner.model.train()
@@ -309,7 +311,7 @@ def accumulate_gradients(learner: Learner, trajs: list, adv, g, step: int, caps:
     active.sort(key=lambda x: len(x[0].token_ids))
     oom_retries = 0
     adjustments: list[dict] = []
-    released = False
+    released = tried_release = False
     while True:  # once, unless a pass runs out of GPU memory (then again with smaller passes)
         learner.optimizer.zero_grad(set_to_none=True)
         acc = Passes()
@@ -322,17 +324,18 @@ def accumulate_gradients(learner: Learner, trajs: list, adv, g, step: int, caps:
         learner.optimizer.zero_grad(set_to_none=True)
         free_memory()
         n_mb, width, length = acc.oom_at
-        if learner.release is not None and not released:
-            learner.release()
-            released, oom_retries = True, oom_retries + 1
-            log.warning(
-                f"sqlrl train: step {step}: out of GPU memory in a pass of {n_mb} trajectories x {length} "
-                "padded columns; dropped the rollout engine's cache, redoing the update with the same passes "
-                "(dropped before every later update of this run)"
-            )
-            continue
+        if learner.release is not None and not tried_release:
+            tried_release = True
+            if learner.release() is not False:  # False: nothing freed, the same passes would fail again
+                released, oom_retries = True, oom_retries + 1
+                log.warning(
+                    f"sqlrl train: step {step}: out of GPU memory in a pass of {n_mb} trajectories x {length} "
+                    "padded columns; dropped the rollout engine's cache, redoing the update with the same "
+                    "passes (dropped before every later update of this run)"
+                )
+                continue
         if n_mb <= 1:  # one trajectory per pass already: nothing smaller to try
-            raise RuntimeError(oom_message(step, n_mb, width, g, oom_retries, length))
+            raise RuntimeError(oom_message(step, n_mb, width, g, len(adjustments), length))
         # The passes only split the step's token sum (the objective is normalised over the whole
         # step), so a smaller cap changes memory, not what is computed (up to float summation
         # order). Halve the failing pass; the cap stays for the rest of the run.
