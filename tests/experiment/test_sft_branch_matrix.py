@@ -22,6 +22,11 @@ from sqlrl.experiment.matrix import ExperimentConfig, disk_needed, load_experime
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_experiment import tiny_model_dir  # noqa: E402, F401  (a module-scoped fixture)
 
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 ARMS = "[experiment]\narms = ['base', 'sft', 'grpo_sft']\n"
 
 
@@ -143,6 +148,20 @@ def test_grpo_sft_trains_from_the_controls_branch_and_resumes(tiny_model_dir, tm
         "train_seconds": info["train_seconds"],
         "identity": ident["weights_hash"],
     }
+    # the branch is evaluated like the arms: same tasks, budgets and files, its own weights
+    be, se = out / "arms/sft/branch_eval", out / "arms/sft/eval"
+    assert (
+        e["arms"]["sft"]["branch_eval_run"] == "arms/sft/branch_eval" and e["arms"]["sft"]["branch_step"] == 2
+    )
+    assert [r["task_id"] for r in _jsonl(be / "results.jsonl")] == [
+        r["task_id"] for r in _jsonl(se / "results.jsonl")
+    ]
+    assert len(_jsonl(be / "trajectories.jsonl")) == len(_jsonl(se / "trajectories.jsonl")) == 2
+    be_run, se_run = (json.loads((d / "run.json").read_text()) for d in (be, se))
+    assert be_run["budgets"] == se_run["budgets"] and be_run["fingerprint"] == se_run["fingerprint"]
+    assert be_run["model"]["identity"] == ident["weights_hash"] != se_run["model"]["identity"]
+    assert (be / "summary.json").is_file() and "branch_eval" not in json.dumps(sft_run)  # not training
+    be_files = {f: (be / f).read_bytes() for f in ("run.json", "summary.json", "results.jsonl")}
     ex = Experiment(out)
     parts = rl_training(ex, ex.arms["grpo_sft"])
     assert (parts["sft"], parts["branch_step"], parts["from_control"]) == (info["train_seconds"], 2, "sft")
@@ -156,6 +175,17 @@ def test_grpo_sft_trains_from_the_controls_branch_and_resumes(tiny_model_dir, tm
     assert json.loads((out / "arms/sft/train/run.json").read_text()) == sft_run
     again = json.loads((out / "arms/grpo_sft/train/run.json").read_text())
     assert again["status"] == "finished" and again["model"]["base_identity"] == ident["weights_hash"]
+    assert {f: (be / f).read_bytes() for f in be_files} == be_files  # kept, not evaluated again
+
+    # resumed without the branch's weights (packed without them) and without its evaluation: skipped
+    shutil.rmtree(be)
+    for w in branch.glob("*.safetensors"):
+        w.unlink()
+    run_experiment(cfg, exp, out, report=False)
+    assert (
+        not be.exists()
+        and "branch_eval_run" not in json.loads((out / "experiment.json").read_text())["arms"]["sft"]
+    )
 
     # the branch gone while grpo_sft still trains: one line naming the folder and the fix
     shutil.rmtree(out / "arms/grpo_sft")

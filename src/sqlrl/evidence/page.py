@@ -1,10 +1,10 @@
 """The HTML page of `sqlrl report`: `render_html(analysis, links)` -> one self-contained document.
 
-Sections, in order: verdict and evidence checks, accuracy per arm, paired differences, repair
-decomposition, turn use (multi-turn arms), accuracy by Spider hardness, validation learning curve,
-self-consistency beside greedy (`sections`), training curves, outcome statuses, accuracy per database,
-tasks that changed (base vs the primary GRPO arm), provenance. `CSS` is shared with the `sqlrl seeds`
-page.
+Sections, in order: verdict and evidence checks, accuracy per arm, paired differences, grpo_sft vs
+its SFT start (`branchstart`), repair decomposition, turn use (multi-turn arms), accuracy by Spider
+hardness, validation learning curve, self-consistency beside greedy (`sections`), training curves,
+outcome statuses, accuracy per database, tasks that changed (base vs the primary GRPO arm),
+provenance. `CSS` is shared with the `sqlrl seeds` page.
 
 What is covered: inline CSS, charts as inline SVG (`charts`), no JavaScript and no external resource (the
 page opens offline); every piece of text from the artifacts is HTML-escaped; links to raw files are the
@@ -27,6 +27,7 @@ from sqlrl.evidence.analysis import (
     num,
     turn_use_rows,
 )
+from sqlrl.evidence.branchstart import branch_start_html
 from sqlrl.evidence.charts import (
     STATUS_ORDER,
     svg_interval_chart,
@@ -554,6 +555,7 @@ def render_html(analysis: dict, links: dict[str, dict[str, str]]) -> str:
     out += _verdict_section(analysis)
     out += _accuracy_section(analysis)
     out += _paired_section(analysis)
+    out += branch_start_html(analysis)
     out += _repair_section(analysis)
     out += _turn_use_section(analysis)
     out += hardness_html(analysis)

@@ -3,8 +3,9 @@
 `write_report(exp_dir, out_dir=None)` writes three files (into the experiment folder by default):
 - `verdict.json`: `gate.evidence_gate(...).to_dict()` (claim / no claim, the checks, the missing list);
 - `report.md`: verdict, evidence checks, results table (`results_table_md`, also the README's tables),
-  paired comparisons, repair decomposition, accuracy by Spider hardness, validation learning curve,
-  self-consistency beside greedy, turn use of multi-turn arms, provenance with links;
+  paired comparisons, RL vs SFT, grpo_sft vs its SFT start (`branchstart`), repair decomposition,
+  accuracy by Spider hardness, validation learning curve, self-consistency beside greedy, turn use of
+  multi-turn arms, provenance with links;
 - `report.html`: the same and more as one self-contained page (`html.render_html`).
 
 The numbers come from `analysis.analyze` (recomputed from the raw per-task files; see its docstring).
@@ -36,6 +37,7 @@ from sqlrl.evidence.analysis import (
     sft_comparisons,
     turn_use_rows,
 )
+from sqlrl.evidence.branchstart import branch_start_markdown
 from sqlrl.evidence.difficulty import difficulty_markdown
 from sqlrl.evidence.fmt import (
     DEVICE_MINUTES_NOTE,
@@ -123,6 +125,7 @@ def render_markdown(analysis: dict, links: dict[str, dict[str, str]]) -> str:
         else:
             out.append(f"| {md_cell(label)} | 0 | - | - | - | - | {md_cell(row.get('reason', ''))} |")
     out += _sft_section(analysis)
+    out += branch_start_markdown(analysis)
     rep = base_comparisons(analysis)
     if rep:
         out += [

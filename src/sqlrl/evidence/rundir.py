@@ -209,6 +209,21 @@ class Experiment:
         """curve.jsonl of a training run folder that is no arm's own (grpo_sft's SFT stage)."""
         return self._jsonl(_maybe_gz(run_dir / "curve.jsonl"))
 
+    def branch_eval_dir(self, arm: str) -> Path | None:
+        """The evaluation folder of an sft arm's branch weights (experiment.json `branch_eval_run`, else
+        `arms/<arm>/branch_eval`), None when it holds no run.json."""
+        spec = self.arms[arm].spec
+        d = _resolve_run(self.dir, spec, "branch_eval_run", arm, "branch_eval")
+        return d if d is not None and (d / "run.json").is_file() else None
+
+    def run_results(self, run_dir: Path) -> list[dict] | None:
+        """results.jsonl of an evaluation folder that is no arm's own (an sft arm's branch evaluation)."""
+        return self._jsonl(_maybe_gz(run_dir / "results.jsonl"))
+
+    def run_json(self, run_dir: Path, name: str = "run.json") -> dict | None:
+        """A JSON file of a run folder that is no arm's own."""
+        return self._json(run_dir / name)
+
     def train_config(self, arm: str) -> dict | None:
         return self._json(self.train_file(arm, "config.json"))
 

@@ -19,7 +19,9 @@
   starts from them (`check_branches`: one line when an sft arm past that step lacks it). Its train
   run.json records the SFT start (`init_sft`: run, train_seconds, identity; a branch: also its folder
   and step) and its experiment.json entry names it (`init_run`, `init_branch`); the evidence gate adds
-  that time to the GRPO part (`evidence/rltime.py`);
+  that time to the GRPO part (`evidence/rltime.py`). With init_from = "control" the sft arm's branch is
+  also evaluated like every arm (`eval_branch`: `arms/sft/branch_eval`, once; skipped in one log line
+  without its weights), so the report can show what GRPO added to its start; no train time;
 - `grpo_checker` is `grpo` with agent.checker = true, in its training rollouts and its evaluation.
 """
 
@@ -344,7 +346,6 @@ def run_arm(
     entry (`progress`: the matrix's `ArmProgress`; `context`: the cell's context length, None without a
     context axis, when the entry has no `context_tokens` key)."""
     from sqlrl.agent.loop import Budgets
-    from sqlrl.evaluation.runner import load_policy, run_eval
     from sqlrl.generation.device import free_memory
 
     sft = sft or SFTConfig()
@@ -411,28 +412,70 @@ def run_arm(
     else:
         check_time(deadline, 45, f"evaluating arm {name}")
         log.info(f"[experiment] {name}: evaluating on {n_eval_tasks} tasks -> {arm_dir / 'eval'}")
-        policy = load_policy(
-            model_for_eval,
-            device=cfg.run.device,
-            dtype=cfg.model.dtype,
-            engine=cfg.run.gen_engine,
-            max_batch=cfg.run.gen_max_batch,
-        )
-        run_eval(
-            model=model_for_eval,
-            data=str(root),
-            split=cfg.data.eval_split,
-            out=arm_dir / "eval",
-            budgets=budgets,
-            limit=cfg.data.max_eval_tasks,
-            seed=cfg.data.split_seed,  # the eval subset: the same tasks for every training seed
-            split_seed=cfg.data.split_seed,
-            val_fraction=cfg.data.val_fraction,
-            policy=policy,
-            sandbox_workers=cfg.run.sandbox_workers,
-            command=command,
-            progress=progress.opener("eval") if progress is not None else True,
-        )
-        del policy
-        free_memory()
+        opener = progress.opener("eval") if progress is not None else True
+        evaluate(cfg, model_for_eval, arm_dir / "eval", budgets, root=root, command=command, progress=opener)
+    if kind == "sft" and branch_step(sft) is not None:
+        entry.update(eval_branch(cfg, out, name, budgets, sft, root=root, command=command, deadline=deadline))
     return entry
+
+
+def evaluate(cfg: Config, model: str, eval_dir: Path, budgets, *, root: Path, command, progress) -> None:
+    """Evaluate `model` greedily into `eval_dir` on the matrix's validation tasks with `budgets`: the one
+    evaluation of every arm (and of the sft arm's branch), resumed chunk by chunk by `run_eval`."""
+    from sqlrl.evaluation.runner import load_policy, run_eval
+    from sqlrl.generation.device import free_memory
+
+    policy = load_policy(
+        model,
+        device=cfg.run.device,
+        dtype=cfg.model.dtype,
+        engine=cfg.run.gen_engine,
+        max_batch=cfg.run.gen_max_batch,
+    )
+    run_eval(
+        model=model,
+        data=str(root),
+        split=cfg.data.eval_split,
+        out=eval_dir,
+        budgets=budgets,
+        limit=cfg.data.max_eval_tasks,
+        seed=cfg.data.split_seed,  # the eval subset: the same tasks for every training seed
+        split_seed=cfg.data.split_seed,
+        val_fraction=cfg.data.val_fraction,
+        policy=policy,
+        sandbox_workers=cfg.run.sandbox_workers,
+        command=command,
+        progress=progress,
+    )
+    del policy
+    free_memory()
+
+
+def eval_branch(
+    cfg: Config, out: Path, name: str, budgets, sft: SFTConfig, *, root: Path, command, deadline
+) -> dict:
+    """Evaluate the sft arm `name`'s branch weights (after step `sft.init_steps`, grpo_sft's start) like
+    the arm itself into `arms/<name>/branch_eval`, once: kept when its summary.json exists, skipped with
+    one log line when the branch holds no weights here (a folder carried without them). Not training:
+    no part of any train_seconds. Returns the experiment.json keys {branch_eval_run, branch_step} when
+    that evaluation exists, else {}."""
+    from sqlrl.training.export import final_weights
+    from sqlrl.training.sft_branch import branch_dir
+
+    step = branch_step(sft)
+    eval_dir = out / "arms" / name / "branch_eval"
+    keys = {"branch_eval_run": f"arms/{name}/branch_eval", "branch_step": step}
+    if (eval_dir / "summary.json").exists():
+        log.info(f"[experiment] {name}: evaluation of its step-{step} branch finished before, kept")
+        return keys
+    branch = branch_dir(out / "arms" / name / "train", step)
+    if not _final_loadable(branch):
+        log.warning(
+            f"[experiment] {name}: {branch} holds no weights here (absent, or carried without them): "
+            "its evaluation is skipped"
+        )
+        return {}
+    check_time(deadline, 45, f"evaluating the step-{step} branch of arm {name}")
+    log.info(f"[experiment] {name}: evaluating its step-{step} branch (grpo_sft's start) -> {eval_dir}")
+    evaluate(cfg, final_weights(branch), eval_dir, budgets, root=root, command=command, progress=False)
+    return keys
