@@ -106,14 +106,11 @@ def test_an_sft_arm_past_its_branch_step_without_the_branch_is_refused_in_one_li
     check_branches(tmp_path, cells, arms, sft)
 
 
-@pytest.mark.slow
-def test_grpo_sft_trains_from_the_controls_branch_and_resumes(tiny_model_dir, tmp_path):  # noqa: F811
-    from sqlrl.evidence.rltime import rl_training
-    from sqlrl.evidence.rundir import Experiment
-
+def _tiny_branch_matrix(model_dir):
+    """(config, [sft]) of a tiny-model matrix whose grpo_sft branches from the sft arm after step 2 of 3."""
     cfg = C.from_dict(
         {
-            "model": {"name": tiny_model_dir},
+            "model": {"name": model_dir},
             "data": {"path": "embedded", "max_train_tasks": 6, "max_eval_tasks": 2},
             "agent": {"max_new_tokens": 160, "max_schema_chars": 300, "max_context_tokens": 2048},
             "grpo": {"steps": 1, "prompts_per_step": 2, "group_size": 2, "micro_batch": 4},
@@ -123,6 +120,15 @@ def test_grpo_sft_trains_from_the_controls_branch_and_resumes(tiny_model_dir, tm
     sft = T.sft_from_dict(
         {"steps": 3, "init_steps": 2, "init_from": "control", "batch_size": 2, "micro_batch": 2, "lr": 1e-3}
     )
+    return cfg, sft
+
+
+@pytest.mark.slow
+def test_grpo_sft_trains_from_the_controls_branch_and_resumes(tiny_model_dir, tmp_path):  # noqa: F811
+    from sqlrl.evidence.rltime import rl_training
+    from sqlrl.evidence.rundir import Experiment
+
+    cfg, sft = _tiny_branch_matrix(tiny_model_dir)
     exp = ExperimentConfig(
         name="branch", arms=("base", "sft", "grpo_sft"), leakage_tasks=1, smoke=True, sft=sft
     )
@@ -206,18 +212,7 @@ def test_a_matrix_split_over_two_sessions_packed_without_weights(tiny_model_dir,
     from sqlrl.evidence.rltime import device_problem, rl_training
     from sqlrl.evidence.rundir import Experiment
 
-    cfg = C.from_dict(
-        {
-            "model": {"name": tiny_model_dir},
-            "data": {"path": "embedded", "max_train_tasks": 6, "max_eval_tasks": 2},
-            "agent": {"max_new_tokens": 160, "max_schema_chars": 300, "max_context_tokens": 2048},
-            "grpo": {"steps": 1, "prompts_per_step": 2, "group_size": 2, "micro_batch": 4},
-            "run": {"device": "cpu", "loggers": [], "sandbox_workers": 1, "checkpoint_every": 1},
-        }
-    )
-    sft = T.sft_from_dict(
-        {"steps": 3, "init_steps": 2, "init_from": "control", "batch_size": 2, "micro_batch": 2, "lr": 1e-3}
-    )
+    cfg, sft = _tiny_branch_matrix(tiny_model_dir)
     full = ("base", "sft", "grpo_sft", "grpo", "no_update", "validity")
     exp = ExperimentConfig(name="split", arms=full, leakage_tasks=1, smoke=True, sft=sft)
     out = tmp_path / "exp"
