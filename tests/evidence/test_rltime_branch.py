@@ -103,3 +103,32 @@ def test_gate_with_a_branch_asks_for_more_control_steps_not_an_own_stage(tmp_pat
     write_json_atomic(p / "arms/sft/train/run.json", {**run, "train_seconds": 480.0, "steps": 16})
     v = evidence_gate(p)
     assert [x for x in v.sft_control.problems if "equal-time" in x] == []
+
+
+def test_a_branch_that_now_holds_other_weights_is_refused(tmp_path: Path) -> None:
+    """grpo_sft recorded the branch's identity when it started; the sft arm trained again afterwards and
+    exported other weights there: its SFT part is not that run's time, and the gate says so."""
+    from sqlrl.evidence.rltime import branch_problem
+
+    p = make_experiment(tmp_path / "e", synthetic=False, arms=ARMS)
+    _branch(p, 130.0, declare="run")
+    run = read_json(p / "arms/grpo_sft/train/run.json")
+    run["init_sft"]["identity"] = "sha256:aaa"
+    write_json_atomic(p / "arms/grpo_sft/train/run.json", run)
+    write_json_atomic(
+        p / BRANCH / "branch.json", {"step": 4, "train_seconds": 130.0, "identity": "sha256:aaa"}
+    )
+    exp = Experiment(p)
+    assert branch_problem(exp, exp.arms["grpo_sft"]) is None  # the same weights
+    write_json_atomic(
+        p / BRANCH / "branch.json", {"step": 4, "train_seconds": 130.0, "identity": "sha256:bbb"}
+    )
+    exp = Experiment(p)
+    line = (
+        f"arm 'grpo_sft' started from {BRANCH} with weights sha256:aaa, but that branch now holds sha256:bbb "
+        "(the sft arm trained again after it): its SFT part is not that run's; delete arms/grpo_sft to train "
+        "it again from the current branch"
+    )
+    assert branch_problem(exp, exp.arms["grpo_sft"]) == line
+    assert line in evidence_gate(p).sft_control.problems
+    assert branch_problem(exp, exp.arms["grpo"]) is None

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlrl.evidence.rltime import device_problem, rl_training, time_problem, train_seconds
+from sqlrl.evidence.rltime import branch_problem, device_problem, rl_training, time_problem, train_seconds
 from sqlrl.evidence.rltime import rel_path as _rel
 from sqlrl.evidence.rundir import GRPO_KINDS, RUN_FLAGS, TREATMENT_BUDGETS, Arm, Experiment
 
@@ -537,7 +537,11 @@ def check_sft_control(exp: Experiment) -> Check:
                     f"arm '{g.name}': the training time of the SFT run it started from is not recorded "
                     f"({where}), so its total is unknown"
                 )
-            elif (line := device_problem(exp, s, g, parts) or time_problem(exp, s, g, ts, parts)) is not None:
+            elif (
+                line := branch_problem(exp, g)
+                or device_problem(exp, s, g, parts)
+                or time_problem(exp, s, g, ts, parts)
+            ) is not None:
                 problems.append(line)
             else:
                 devices.add(parts["devices"][0][1])

@@ -100,6 +100,28 @@ def init_branch(exp: Experiment, arm: Arm, run_dir: Path | None) -> tuple[int | 
     return step, seconds
 
 
+def branch_problem(exp: Experiment, arm: Arm) -> str | None:
+    """The line refusing a grpo_sft whose branch folder now holds other weights than the ones it started
+    from (its run.json `init_sft.identity` against the branch's branch.json `identity`: the sft arm was
+    trained again after it), so that run's time up to the branch is not its SFT part; None otherwise."""
+    from sqlrl.training.sft_branch import read_branch
+
+    init = (exp.train_run(arm.name) or {}).get("init_sft") or {}
+    declared = init.get("branch")
+    if arm.kind != "grpo_sft" or not isinstance(declared, str) or not init.get("identity"):
+        return None
+    folder = Path(declared) if Path(declared).is_absolute() else exp.dir / declared
+    now = (read_branch(folder) or {}).get("identity")
+    if now is None or now == init["identity"]:
+        return None
+    return (
+        f"arm '{arm.name}' started from {rel_path(exp, folder)} with weights {init['identity']}, but that "
+        f"branch now holds {now} (the sft arm trained again after it): its SFT part is not that run's; "
+        f"delete {rel_path(exp, arm.train_dir.parent) if arm.train_dir else 'its arm folder'} to train it "
+        "again from the current branch"
+    )
+
+
 def _steps_seconds(path: Path, step: int) -> float | None:
     """Sum of `time_step_s` of steps 1..`step` in a steps.jsonl (a resumed run's last line per step)."""
     per_step: dict[int, float] = {}
