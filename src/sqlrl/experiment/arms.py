@@ -69,10 +69,15 @@ def sft_run_config(cfg: Config, turns: int, context: int | None = None) -> Confi
     return arm_config(cfg, "sft", turns, context).replace(agent={"turns": 1})
 
 
+def own_stage(sft: SFTConfig) -> bool:
+    """Whether grpo_sft runs an SFT stage of its own (init_steps > 0 with init_from = "stage")."""
+    return sft.init_steps > 0 and sft.init_from == "stage"
+
+
 def init_dir(out: Path, turns: int, sft: SFTConfig, context: int | None = None) -> Path:
     """The SFT run folder grpo_sft (of the cell) starts from: its own stage, or the sft arm's training."""
     suffix = cell_suffix(turns, context)
-    if sft.init_steps > 0 and sft.init_from == "stage":
+    if own_stage(sft):
         return out / "arms" / f"grpo_sft{suffix}" / "sft_init"
     return out / "arms" / f"sft{suffix}" / "train"
 
@@ -311,7 +316,7 @@ def train_arm(
     init = start = None
     if kind == "grpo_sft":
         init, start = init_dir(out, turns, sft, context), init_weights(out, turns, sft, context)
-        if sft.init_steps > 0 and branch_step(sft) is None:
+        if own_stage(sft):
             sft_stage(cfg, sft, init, turns, name, command, deadline, context)
         elif branch_step(sft) is not None and not (start / "identity.json").is_file():
             raise ConfigError(_no_branch(out, name, start, sft))
@@ -370,8 +375,7 @@ def run_arm(
         init = init_dir(out, turns, sft, context) if kind == "grpo_sft" else None
         start = init_weights(out, turns, sft, context) if kind == "grpo_sft" else None
         eval_done = (arm_dir / "eval" / "summary.json").exists()
-        own_stage = sft.init_steps > 0 and branch_step(sft) is None
-        drop_unloadable(out, name, kind, init, own_stage=own_stage, eval_done=eval_done, start=start)
+        drop_unloadable(out, name, kind, init, own_stage=own_stage(sft), eval_done=eval_done, start=start)
         if start is not None:
             _follow_move(out, train_dir, start.resolve())
         run_json = train_dir / "run.json"
