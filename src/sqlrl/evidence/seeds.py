@@ -74,12 +74,16 @@ def _arm_of_kind(e: Experiment, kind: str) -> str | None:
     return arm.name if arm is not None else None
 
 
-def _outcomes(e: Experiment, arm: str | None) -> dict[str, int | None]:
-    rows = e.results(arm) if arm else None
+def _by_task(rows: list[dict] | None) -> dict[str, int | None]:
+    """results.jsonl rows as {task id: 1 / 0 / None (excluded)}."""
     return {
         str(r.get("task_id")): (None if r.get("correct") is None else int(bool(r["correct"])))
         for r in rows or []
     }
+
+
+def _outcomes(e: Experiment, arm: str | None) -> dict[str, int | None]:
+    return _by_task(e.results(arm) if arm else None)
 
 
 def _consistency_problems(exps: list[Experiment], seeds: list[Any]) -> tuple[list[str], list[str]]:
@@ -195,13 +199,44 @@ def _rl_over_sft(runs: list[dict], consistent: bool) -> dict:
     return {"answered": True, "kinds": kinds, "problems": problems, "line": line}
 
 
+def _spread(
+    per: list[dict], a_out: list[dict], b_out: list[dict], *, n_boot: int, seed: int, ci: float
+) -> dict:
+    """One pair of arms (b against a) across seeds, from each seed's available comparison `per` and
+    outcomes by task: the per-seed differences (mean, smallest, largest, signs), the seeds where b led
+    with p < 0.01, and `stats.hierarchical_bootstrap` on the tasks scored in every run of both arms."""
+    from sqlrl.evidence import stats
+
+    common = sorted(set.intersection(*(set(o) for o in a_out + b_out)))
+    tasks = [t for t in common if all(o[t] is not None for o in a_out + b_out)]
+    if not tasks:
+        return {"available": False, "reason": "no task scored in every run of both arms"}
+    h = stats.hierarchical_bootstrap(
+        [[o[t] for t in tasks] for o in a_out],
+        [[o[t] for t in tasks] for o in b_out],
+        n_boot=n_boot,
+        seed=seed,
+        ci=ci,
+    )
+    diffs = [p["diff"] for p in per]
+    return {
+        "available": True,
+        "seeds": len(per),
+        "mean_diff": sum(diffs) / len(diffs),
+        "min_diff": min(diffs),
+        "max_diff": max(diffs),
+        "seeds_above_zero": sum(1 for d in diffs if d > 0),
+        "seeds_below_zero": sum(1 for d in diffs if d < 0),
+        "seeds_ahead_p_lt_0.01": sum(1 for p in per if _ahead(p)),
+        "hierarchical": h,
+    }
+
+
 def _across_seeds(
     runs: list[dict], outcomes: list[dict], *, n_boot: int, seed: int, ci: float
 ) -> tuple[dict, list[str]]:
-    """Per control kind: the spread of the per-seed differences and the hierarchical bootstrap; and the
-    problems that refuse a claim across seeds."""
-    from sqlrl.evidence import stats
-
+    """Per control kind: GRPO against it across seeds (`_spread`); and the problems that refuse a claim
+    across seeds."""
     problems = []
     across: dict[str, Any] = {}
     for kind in CONTROLS:
@@ -209,34 +244,12 @@ def _across_seeds(
         if not all(p.get("available") for p in per):
             across[kind] = {"available": False}
             continue
-        diffs = [p["diff"] for p in per]
-        ahead = sum(1 for p in per if p["diff"] > 0 and p["p_value"] is not None and p["p_value"] < P_CLAIM)
-        a_out = [o[kind] for o in outcomes]
-        b_out = [o["grpo"] for o in outcomes]
-        common = sorted(set.intersection(*(set(o) for o in a_out + b_out)))
-        tasks = [t for t in common if all(o[t] is not None for o in a_out + b_out)]
-        if not tasks:
-            across[kind] = {"available": False, "reason": "no task scored in every run of both arms"}
-            continue
-        h = stats.hierarchical_bootstrap(
-            [[o[t] for t in tasks] for o in a_out],
-            [[o[t] for t in tasks] for o in b_out],
-            n_boot=n_boot,
-            seed=seed,
-            ci=ci,
-        )
-        across[kind] = {
-            "available": True,
-            "seeds": len(per),
-            "mean_diff": sum(diffs) / len(diffs),
-            "min_diff": min(diffs),
-            "max_diff": max(diffs),
-            "seeds_ahead_p_lt_0.01": ahead,
-            "hierarchical": h,
-        }
-        if kind in CLAIM_CONTROLS and ahead < len(per):
+        a_out, b_out = [o[kind] for o in outcomes], [o["grpo"] for o in outcomes]
+        across[kind] = a = _spread(per, a_out, b_out, n_boot=n_boot, seed=seed, ci=ci)
+        if a["available"] and kind in CLAIM_CONTROLS and a["seeds_ahead_p_lt_0.01"] < len(per):
             problems.append(
-                f"GRPO is ahead of {kind} with McNemar p < {P_CLAIM} in {ahead} of {len(per)} seeds, not in every seed"
+                f"GRPO is ahead of {kind} with McNemar p < {P_CLAIM} in {a['seeds_ahead_p_lt_0.01']} of "
+                f"{len(per)} seeds, not in every seed"
             )
     for kind in CLAIM_CONTROLS:
         if not (across.get(kind) or {}).get("available"):
