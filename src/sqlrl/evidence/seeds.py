@@ -11,7 +11,7 @@ self-contained page in the report's style, no JavaScript, all text HTML-escaped)
 - per seed, GRPO vs Base, No-update and validity-only (`analysis.compare_arms`); across seeds, the mean,
   smallest and largest difference, the seeds where GRPO led with McNemar p < 0.01, and
   `stats.hierarchical_bootstrap` over (seeds, tasks) on the tasks scored in every run of both arms;
-- whether the Base evaluations agree answer for answer (greedy, same model: they should).
+- whether the Base evaluations agree answer for answer (greedy, same model: they should);
 A claim across seeds needs every check passed, every gate passed, and GRPO ahead of both controls with
 p < 0.01 in every seed. Compared arms: each folder's primary arm of each kind (`Experiment.primary`).
 "RL adds over SFT" is a separate claim per RL kind (`rl_over_sft`, outside `claim_allowed`, as in the
@@ -19,10 +19,10 @@ gate): every check passed and, in every seed, the folder's `sft_control` (gate, 
 passed and that kind's arm ahead of the sft arm with McNemar p < 0.01.
 
 What is covered: numbers recomputed from the results.jsonl files, deterministically (bootstrap seed 0,
-10,000 resamples by default).
+10,000 resamples by default); grpo_sft vs its SFT start, per seed and across seeds (`seedsbranch`).
 What is not: with two to five seeds the hierarchical interval may be too narrow; no correction for
 multiple comparisons; cells other than the first (a matrix's other turn budgets and context lengths:
-the primary arm of a kind is its first) are not summarised.
+the primary arm of a kind is its first) are not summarised; grpo_sft vs its SFT start is no evidence check.
 """
 
 from __future__ import annotations
@@ -38,6 +38,10 @@ from sqlrl.evidence.fmt import esc, fmt_p, html_table, md_cell, pct, pp
 from sqlrl.evidence.gate import SFT_MISSING, evidence_gate, flatten
 from sqlrl.evidence.page import CSS
 from sqlrl.evidence.rundir import Experiment
+from sqlrl.evidence.seedsbranch import html as branch_start_html
+from sqlrl.evidence.seedsbranch import markdown as branch_start_markdown
+from sqlrl.evidence.seedsbranch import seed_row as branch_start_seed_row
+from sqlrl.evidence.seedsbranch import summary as branch_start_summary
 
 KINDS = ("base", "grpo", "no_update", "validity")
 CONTROLS = ("base", "no_update", "validity")
@@ -269,6 +273,17 @@ def _base_identical(exps: list[Experiment], outcomes: list[dict]) -> bool | None
     return all(a == answers[0] for a in answers[1:])
 
 
+def _branch_start(exps: list[Experiment], seeds: list[Any], *, n_boot: int, seed: int, ci: float) -> dict:
+    """grpo_sft vs its SFT start per seed and across seeds (`seedsbranch`); information only."""
+    per = [branch_start_seed_row(e, s, n_boot=n_boot, seed=seed, ci=ci) for e, s in zip(exps, seeds)]
+    rows = [r for r, _, _ in per]
+    spread = None
+    if all(r["available"] for r in rows):
+        a_out, b_out = [_by_task(a) for _, a, _ in per], [_by_task(b) for _, _, b in per]
+        spread = _spread(rows, a_out, b_out, n_boot=n_boot, seed=seed, ci=ci)
+    return branch_start_summary(rows, spread)
+
+
 def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0, ci: float = 0.95) -> dict:
     """The analysis described in the module docstring, as one JSON-serialisable dict."""
     exps = [Experiment(d) for d in exp_dirs]
@@ -304,6 +319,7 @@ def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0,
         "across_seeds": across,
         "base_evaluations_identical": base_same,
         "rl_over_sft": _rl_over_sft(runs, consistent),
+        "grpo_sft_vs_sft_start": _branch_start(exps, seeds, n_boot=n_boot, seed=seed, ci=ci),
         "n_boot": n_boot,
         "bootstrap_seed": seed,
         "ci": ci,
@@ -380,6 +396,7 @@ def render_markdown(s: dict) -> str:
         heads, rows = _rl_over_sft_table(s)
         out += ["", "| " + " | ".join(heads) + " |", "|" + " --- |" * len(heads)]
         out += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows]
+    out += branch_start_markdown(s["grpo_sft_vs_sft_start"])
     same = s["base_evaluations_identical"]
     out += [
         "",
@@ -497,9 +514,11 @@ def render_html(s: dict) -> str:
     if rs["answered"]:
         heads, rows = _rl_over_sft_table(s)
         parts.append(html_table([esc(x) for x in heads], [[esc(c) for c in row] for row in rows]))
+    parts.append("</section>")
+    parts += branch_start_html(s["grpo_sft_vs_sft_start"])
     same = s["base_evaluations_identical"]
     parts.append(
-        "<p>Base evaluations identical across folders: "
+        "<section><p>Base evaluations identical across folders: "
         + ("-" if same is None else ("yes" if same else "<b>no</b>"))
         + "</p><p>Notes: "
         + (esc("; ".join(s["notes"])) if s["notes"] else "none")
