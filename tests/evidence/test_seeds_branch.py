@@ -125,18 +125,23 @@ def test_folders_without_a_branch_evaluation_get_a_row_saying_why(tmp_path: Path
     meta = read_json(old / "experiment.json")
     del meta["arms"]["grpo_sft"]["init_run"]
     write_json_atomic(old / "experiment.json", meta)
-    b = summarize([*dirs, own, old], n_boot=200)["grpo_sft_vs_sft_start"]
-    assert [r["available"] for r in b["runs"]] == [True, True, False, False, False]
+    other = _set_seed(_folder(tmp_path / "seed5"), 5)  # a branch of another step than grpo_sft's start
+    run = read_json(other / "arms/grpo_sft/train/run.json")
+    run["init_sft"]["step"] = 100
+    write_json_atomic(other / "arms/grpo_sft/train/run.json", run)
+    b = summarize([*dirs, own, old, other], n_boot=200)["grpo_sft_vs_sft_start"]
+    assert [r["available"] for r in b["runs"]] == [True, True, False, False, False, False]
     why = [r.get("reason") for r in b["runs"][2:]]
     assert why == [
         "no branch evaluation of sft (no run.json in arms/sft/branch_eval)",
         "grpo_sft started from arms/grpo_sft/sft_init (its own SFT stage), not from an sft arm's training run",
         "grpo_sft's start is not recorded (no init_run in experiment.json)",
+        "grpo_sft started from step 100, the evaluated branch is step 240",
     ]
     assert all("diff" not in r and r["n"] == 0 for r in b["runs"][2:])
     assert b["across"] == {
         "available": False,
-        "reason": "; ".join(f"run.seed {k}: {w}" for k, w in zip((2, 3, 4), why)),
+        "reason": "; ".join(f"run.seed {k}: {w}" for k, w in zip((2, 3, 4, 5), why)),
     }
     assert b["line"] == f"grpo_sft vs its SFT start across seeds: no numbers ({b['across']['reason']})"
     md = render_markdown(summarize(dirs, n_boot=200))
