@@ -17,9 +17,9 @@ def cli_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="sqlrl seeds",
         description="Summarise one experiment matrix run with several training seeds (run.seed): consistency "
-        "checks, each folder's evidence gate, per-seed and across-seed comparisons, and RL over the SFT-only control "
-        "(a separate claim that does not change the exit code). Writes seeds.json, seeds.md and "
-        "seeds.html. "
+        "checks, each folder's evidence gate, per-seed and across-seed comparisons, RL over the SFT-only control "
+        "(a separate claim that does not change the exit code) and grpo_sft vs its SFT start (information). "
+        "Writes seeds.json, seeds.md and seeds.html. "
         "Exit 0 if a claim across seeds is allowed, 1 if not (the files are still written), 2 for bad folders.",
     )
     ap.add_argument(
@@ -41,6 +41,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     for p in s["problems"]:
         print(f"  {p}")
     print(s["rl_over_sft"]["line"])
+    print(s["grpo_sft_vs_sft_start"]["line"])
     for path in paths.values():
         print(f"wrote {path}")
     return 0 if s["claim_allowed"] else 1

@@ -4,7 +4,8 @@ The matrix evaluates that branch like every arm (`arms/<sft>/branch_eval`; exper
 `branch_eval_run` and `branch_step` on the sft arm). `branch_start_rows` pairs each grpo_sft arm's
 results with the branch evaluation of the sft arm of its cell whose train run it started from, by task id
 (`analysis.paired_outcomes` / `paired_statistics`: Δ, bootstrap CI, exact McNemar, the format-repair /
-answer-change split); `branch_start_markdown` / `branch_start_html` render the report's section.
+answer-change split); `branch_start_markdown` / `branch_start_html` render the report's section
+(`branch_start_cells`: a row's cells, also used by `sqlrl seeds`).
 
 What is covered: a row only for a grpo_sft arm that started from that sft arm's run (its `init_run`); a
 branch evaluation with other budgets, another fingerprint or another step than grpo_sft's start
@@ -99,7 +100,8 @@ def _rows(analysis: dict) -> list[dict]:
     return analysis["branch_start"]
 
 
-def _cells(r: dict) -> list[str]:
+def branch_start_cells(r: dict) -> list[str]:
+    """A row's table cells under HEADERS (plain text); a row without numbers shows its reason last."""
     if not r.get("available"):
         return [r["label"], str(r["n"]), "-", "-", "-", "-", "-", "-", r.get("reason", "")]
     rep = r["repair"]
@@ -123,7 +125,7 @@ def branch_start_markdown(analysis: dict) -> list[str]:
         return []
     out = ["", "## grpo_sft vs its SFT start", "", NOTE, ""]
     out += ["| " + " | ".join(HEADERS) + " |", "|" + " --- |" * len(HEADERS)]
-    return out + ["| " + " | ".join(md_cell(c) for c in _cells(r)) + " |" for r in rows]
+    return out + ["| " + " | ".join(md_cell(c) for c in branch_start_cells(r)) + " |" for r in rows]
 
 
 def branch_start_html(analysis: dict) -> list[str]:
@@ -131,7 +133,9 @@ def branch_start_html(analysis: dict) -> list[str]:
     rows = _rows(analysis)
     if not rows:
         return []
-    table = html_table(HEADERS, [[esc(c) for c in _cells(r)] for r in rows], {1, 3, 4, 5, 6, 7, 8})
+    table = html_table(
+        HEADERS, [[esc(c) for c in branch_start_cells(r)] for r in rows], {1, 3, 4, 5, 6, 7, 8}
+    )
     return [
         '<section id="sft-start"><h2>grpo_sft vs its SFT start</h2>',
         table,

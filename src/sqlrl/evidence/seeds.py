@@ -11,7 +11,7 @@ self-contained page in the report's style, no JavaScript, all text HTML-escaped)
 - per seed, GRPO vs Base, No-update and validity-only (`analysis.compare_arms`); across seeds, the mean,
   smallest and largest difference, the seeds where GRPO led with McNemar p < 0.01, and
   `stats.hierarchical_bootstrap` over (seeds, tasks) on the tasks scored in every run of both arms;
-- whether the Base evaluations agree answer for answer (greedy, same model: they should).
+- whether the Base evaluations agree answer for answer (greedy, same model: they should);
 A claim across seeds needs every check passed, every gate passed, and GRPO ahead of both controls with
 p < 0.01 in every seed. Compared arms: each folder's primary arm of each kind (`Experiment.primary`).
 "RL adds over SFT" is a separate claim per RL kind (`rl_over_sft`, outside `claim_allowed`, as in the
@@ -19,10 +19,10 @@ gate): every check passed and, in every seed, the folder's `sft_control` (gate, 
 passed and that kind's arm ahead of the sft arm with McNemar p < 0.01.
 
 What is covered: numbers recomputed from the results.jsonl files, deterministically (bootstrap seed 0,
-10,000 resamples by default).
+10,000 resamples by default); grpo_sft vs its SFT start, per seed and across seeds (`seedsbranch`).
 What is not: with two to five seeds the hierarchical interval may be too narrow; no correction for
 multiple comparisons; cells other than the first (a matrix's other turn budgets and context lengths:
-the primary arm of a kind is its first) are not summarised.
+the primary arm of a kind is its first) are not summarised; grpo_sft vs its SFT start is no evidence check.
 """
 
 from __future__ import annotations
@@ -38,6 +38,10 @@ from sqlrl.evidence.fmt import esc, fmt_p, html_table, md_cell, pct, pp
 from sqlrl.evidence.gate import SFT_MISSING, evidence_gate, flatten
 from sqlrl.evidence.page import CSS
 from sqlrl.evidence.rundir import Experiment
+from sqlrl.evidence.seedsbranch import html as branch_start_html
+from sqlrl.evidence.seedsbranch import markdown as branch_start_markdown
+from sqlrl.evidence.seedsbranch import seed_row as branch_start_seed_row
+from sqlrl.evidence.seedsbranch import summary as branch_start_summary
 
 KINDS = ("base", "grpo", "no_update", "validity")
 CONTROLS = ("base", "no_update", "validity")
@@ -74,12 +78,16 @@ def _arm_of_kind(e: Experiment, kind: str) -> str | None:
     return arm.name if arm is not None else None
 
 
-def _outcomes(e: Experiment, arm: str | None) -> dict[str, int | None]:
-    rows = e.results(arm) if arm else None
+def _by_task(rows: list[dict] | None) -> dict[str, int | None]:
+    """results.jsonl rows as {task id: 1 / 0 / None (excluded)}."""
     return {
         str(r.get("task_id")): (None if r.get("correct") is None else int(bool(r["correct"])))
         for r in rows or []
     }
+
+
+def _outcomes(e: Experiment, arm: str | None) -> dict[str, int | None]:
+    return _by_task(e.results(arm) if arm else None)
 
 
 def _consistency_problems(exps: list[Experiment], seeds: list[Any]) -> tuple[list[str], list[str]]:
@@ -195,13 +203,44 @@ def _rl_over_sft(runs: list[dict], consistent: bool) -> dict:
     return {"answered": True, "kinds": kinds, "problems": problems, "line": line}
 
 
+def _spread(
+    per: list[dict], a_out: list[dict], b_out: list[dict], *, n_boot: int, seed: int, ci: float
+) -> dict:
+    """One pair of arms (b against a) across seeds, from each seed's available comparison `per` and
+    outcomes by task: the per-seed differences (mean, smallest, largest, signs), the seeds where b led
+    with p < 0.01, and `stats.hierarchical_bootstrap` on the tasks scored in every run of both arms."""
+    from sqlrl.evidence import stats
+
+    common = sorted(set.intersection(*(set(o) for o in a_out + b_out)))
+    tasks = [t for t in common if all(o[t] is not None for o in a_out + b_out)]
+    if not tasks:
+        return {"available": False, "reason": "no task scored in every run of both arms"}
+    h = stats.hierarchical_bootstrap(
+        [[o[t] for t in tasks] for o in a_out],
+        [[o[t] for t in tasks] for o in b_out],
+        n_boot=n_boot,
+        seed=seed,
+        ci=ci,
+    )
+    diffs = [p["diff"] for p in per]
+    return {
+        "available": True,
+        "seeds": len(per),
+        "mean_diff": sum(diffs) / len(diffs),
+        "min_diff": min(diffs),
+        "max_diff": max(diffs),
+        "seeds_above_zero": sum(1 for d in diffs if d > 0),
+        "seeds_below_zero": sum(1 for d in diffs if d < 0),
+        "seeds_ahead_p_lt_0.01": sum(1 for p in per if _ahead(p)),
+        "hierarchical": h,
+    }
+
+
 def _across_seeds(
     runs: list[dict], outcomes: list[dict], *, n_boot: int, seed: int, ci: float
 ) -> tuple[dict, list[str]]:
-    """Per control kind: the spread of the per-seed differences and the hierarchical bootstrap; and the
-    problems that refuse a claim across seeds."""
-    from sqlrl.evidence import stats
-
+    """Per control kind: GRPO against it across seeds (`_spread`); and the problems that refuse a claim
+    across seeds."""
     problems = []
     across: dict[str, Any] = {}
     for kind in CONTROLS:
@@ -209,34 +248,12 @@ def _across_seeds(
         if not all(p.get("available") for p in per):
             across[kind] = {"available": False}
             continue
-        diffs = [p["diff"] for p in per]
-        ahead = sum(1 for p in per if p["diff"] > 0 and p["p_value"] is not None and p["p_value"] < P_CLAIM)
-        a_out = [o[kind] for o in outcomes]
-        b_out = [o["grpo"] for o in outcomes]
-        common = sorted(set.intersection(*(set(o) for o in a_out + b_out)))
-        tasks = [t for t in common if all(o[t] is not None for o in a_out + b_out)]
-        if not tasks:
-            across[kind] = {"available": False, "reason": "no task scored in every run of both arms"}
-            continue
-        h = stats.hierarchical_bootstrap(
-            [[o[t] for t in tasks] for o in a_out],
-            [[o[t] for t in tasks] for o in b_out],
-            n_boot=n_boot,
-            seed=seed,
-            ci=ci,
-        )
-        across[kind] = {
-            "available": True,
-            "seeds": len(per),
-            "mean_diff": sum(diffs) / len(diffs),
-            "min_diff": min(diffs),
-            "max_diff": max(diffs),
-            "seeds_ahead_p_lt_0.01": ahead,
-            "hierarchical": h,
-        }
-        if kind in CLAIM_CONTROLS and ahead < len(per):
+        a_out, b_out = [o[kind] for o in outcomes], [o["grpo"] for o in outcomes]
+        across[kind] = a = _spread(per, a_out, b_out, n_boot=n_boot, seed=seed, ci=ci)
+        if a["available"] and kind in CLAIM_CONTROLS and a["seeds_ahead_p_lt_0.01"] < len(per):
             problems.append(
-                f"GRPO is ahead of {kind} with McNemar p < {P_CLAIM} in {ahead} of {len(per)} seeds, not in every seed"
+                f"GRPO is ahead of {kind} with McNemar p < {P_CLAIM} in {a['seeds_ahead_p_lt_0.01']} of "
+                f"{len(per)} seeds, not in every seed"
             )
     for kind in CLAIM_CONTROLS:
         if not (across.get(kind) or {}).get("available"):
@@ -254,6 +271,17 @@ def _base_identical(exps: list[Experiment], outcomes: list[dict]) -> bool | None
         rows = e.results(_arm_of_kind(e, "base") or "") or []
         answers.append({str(r.get("task_id")): (r.get("final_sql"), r.get("status")) for r in rows})
     return all(a == answers[0] for a in answers[1:])
+
+
+def _branch_start(exps: list[Experiment], seeds: list[Any], *, n_boot: int, seed: int, ci: float) -> dict:
+    """grpo_sft vs its SFT start per seed and across seeds (`seedsbranch`); information only."""
+    per = [branch_start_seed_row(e, s, n_boot=n_boot, seed=seed, ci=ci) for e, s in zip(exps, seeds)]
+    rows = [r for r, _, _ in per]
+    spread = None
+    if all(r["available"] for r in rows):
+        a_out, b_out = [_by_task(a) for _, a, _ in per], [_by_task(b) for _, _, b in per]
+        spread = _spread(rows, a_out, b_out, n_boot=n_boot, seed=seed, ci=ci)
+    return branch_start_summary(rows, spread)
 
 
 def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0, ci: float = 0.95) -> dict:
@@ -291,6 +319,7 @@ def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0,
         "across_seeds": across,
         "base_evaluations_identical": base_same,
         "rl_over_sft": _rl_over_sft(runs, consistent),
+        "grpo_sft_vs_sft_start": _branch_start(exps, seeds, n_boot=n_boot, seed=seed, ci=ci),
         "n_boot": n_boot,
         "bootstrap_seed": seed,
         "ci": ci,
@@ -367,6 +396,7 @@ def render_markdown(s: dict) -> str:
         heads, rows = _rl_over_sft_table(s)
         out += ["", "| " + " | ".join(heads) + " |", "|" + " --- |" * len(heads)]
         out += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows]
+    out += branch_start_markdown(s["grpo_sft_vs_sft_start"])
     same = s["base_evaluations_identical"]
     out += [
         "",
@@ -484,9 +514,11 @@ def render_html(s: dict) -> str:
     if rs["answered"]:
         heads, rows = _rl_over_sft_table(s)
         parts.append(html_table([esc(x) for x in heads], [[esc(c) for c in row] for row in rows]))
+    parts.append("</section>")
+    parts += branch_start_html(s["grpo_sft_vs_sft_start"])
     same = s["base_evaluations_identical"]
     parts.append(
-        "<p>Base evaluations identical across folders: "
+        "<section><p>Base evaluations identical across folders: "
         + ("-" if same is None else ("yes" if same else "<b>no</b>"))
         + "</p><p>Notes: "
         + (esc("; ".join(s["notes"])) if s["notes"] else "none")
