@@ -230,7 +230,9 @@ PY
     # matrix once per training seed (folders exp1s1, exp1s2, ...; the split stays the config's);
     # GO_OOMCHECK=1 first runs scripts/gpu_oom_check.py into DEST/oom_check.{json,log}; GO_ARMS="base grpo"
     # runs only those arms now and GO_RESUME=.stage/resume.tgz (carried) resumes a matrix an earlier session
-    # packed (one seed's matrix split over two sessions; the arms with the weight audit go last).
+    # packed (one seed's matrix split over two sessions, either half first; a cell's weight audit runs once
+    # its grpo and no_update are done: list no_update before grpo, so a session stopped between them
+    # leaves grpo to train again where its weights are audited).
     dest=$1; end=$((SECONDS + ${2:-570}))
     cp "$PARTS"/part* "$PARTS/MANIFEST" "$S/parts/" 2>/dev/null || true
     [ -d "$S/tree/src" ] || bash scripts/gpu.sh tree

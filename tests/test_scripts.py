@@ -244,24 +244,29 @@ def test_hardness_script_prints_the_distribution(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "config", ["configs/spider-0.5b-gpu-sft-eq.toml", "configs/spider-0.5b-gpu-final.toml"]
+)
+@pytest.mark.parametrize(
     ("arms_done", "go_arms", "finished"),
     [
         (["base", "grpo", "no_update", "validity"], "base grpo no_update validity", True),
         (["base", "grpo", "no_update", "validity"], "", False),  # the config's sft arms still to run
         (["base", "grpo", "no_update", "validity", "sft", "grpo_sft"], "", True),
         (["base", "grpo"], "base grpo no_update validity", False),
+        (["base", "sft", "grpo_sft"], "base sft grpo_sft", True),  # the other order's first session
+        (["base", "sft", "grpo_sft"], "", False),
     ],
 )
-def test_gpu_sh_finished_wants_every_arm(tmp_path, arms_done, go_arms, finished):
+def test_gpu_sh_finished_wants_every_arm(tmp_path, config, arms_done, go_arms, finished):
     """`go` skips a matrix only when it is finished AND holds every arm wanted now (GO_ARMS, else the
-    config's arms), so a seed split over two sessions runs its second half."""
+    config's arms), so a seed split over two sessions, in either order, runs its second half."""
     exp = tmp_path / "scratch" / "exp1"
     exp.mkdir(parents=True)
     (exp / "experiment.json").write_text(json.dumps({"finished": "x", "arms": dict.fromkeys(arms_done, {})}))
     env = {
         **os.environ,
         "SQLRL_SCRATCH": str(tmp_path / "scratch"),
-        "GPU_CONFIG": "configs/spider-0.5b-gpu-sft-eq.toml",
+        "GPU_CONFIG": config,
         "GO_ARMS": go_arms,
     }
     r = subprocess.run(

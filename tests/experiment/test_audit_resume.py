@@ -138,3 +138,32 @@ def test_an_earlier_one_cell_file_is_read_as_the_first_cell(tmp_path):
     assert not holds({**old, "passed": False})  # a failed audit is never carried forward
     _save(arms / "grpo" / final, _base_tensors())
     assert not holds(old)  # the weights are here: audit them again
+
+
+def test_a_cell_audited_early_is_kept_as_it_is_and_the_rest_are_audited(tmp_path, monkeypatch):
+    """The matrix audits a cell right after its grpo and no_update arms (`now` = that cell), then the
+    other cells at its end: the file holds only the cells audited so far, each audited once."""
+    out, base = _matrix(tmp_path, {"": True, "_t3": True})
+    exp = matrix.ExperimentConfig(arms=("base", "grpo", "no_update"), turns=(1, 3))
+    from sqlrl.evidence import weights
+
+    real, calls = weights.audit_weights, []
+    monkeypatch.setattr(weights, "audit_weights", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    monkeypatch.setattr(matrix, "load_model_path", lambda name: base)
+    cfg = SimpleNamespace(model=SimpleNamespace(name="m"))
+    matrix._audit_weights(cfg, exp, out, now={"t1"})
+    wa = json.loads((out / "weights_audit.json").read_text())
+    assert list(wa["cells"]) == ["t1"] and wa["passed"] is True
+    matrix._audit_weights(cfg, exp, out, now={"t3"})
+    both = json.loads((out / "weights_audit.json").read_text())
+    assert list(both["cells"]) == ["t1", "t3"] and both["cells"]["t1"] == wa["cells"]["t1"]
+    assert calls == [str(out / "arms/grpo/train/final"), str(out / "arms/grpo_t3/train/final")]
+    matrix._audit_weights(cfg, exp, out, now=set())  # nothing left to audit: the file stays
+    assert json.loads((out / "weights_audit.json").read_text()) == both and len(calls) == 2
+
+
+def test_a_cell_is_audited_after_the_later_of_grpo_and_no_update():
+    assert weightaudit.audit_point(("base", "grpo", "no_update", "validity")) == "no_update"
+    assert weightaudit.audit_point(("base", "no_update", "grpo", "validity")) == "grpo"
+    assert weightaudit.audit_point(("base", "grpo", "validity")) == "grpo"
+    assert weightaudit.audit_point(("base", "no_update", "sft")) is None  # no grpo: no audit

@@ -11,9 +11,9 @@ true in training and evaluation (docs/PROMPT.md, "Checker turn"), held to base a
 (agent.max_context_tokens per cell, arm names get `_c2048`; empty = the agent's own, no suffix).
 
 Every arm is a normal run folder (train and/or eval) under `arms/<arm>/` (`arms.py`), linked by
-`experiment.json`. Then the weight audit (base vs GRPO vs No-update of each cell, reloaded identity),
-the leakage audit (gold mutation, on a slice of the evaluation tasks, per cell) and the report with the
-evidence gate.
+`experiment.json`. The weight audit (base vs GRPO vs No-update, reloaded identity) of a cell once its
+grpo and no_update arms are done, the leakage audit (gold mutation, on a slice of the evaluation tasks)
+after each cell, then the report with the evidence gate.
 
 `--seeds 0,1,2` runs the whole matrix once per training seed (`run.seed`; the split stays
 `data.split_seed`) into `OUT/seed<k>/`, one after the other under one time budget, then writes
@@ -365,13 +365,13 @@ def _combine_leakage(out: Path, cells: list[tuple[int, int | None]]) -> None:
     )
 
 
-def _audit_weights(cfg: Config, exp: ExperimentConfig, out: Path) -> None:
-    """weights_audit.json: base vs GRPO vs No-update of every cell, and the reloaded identity
-    (`weightaudit.audit_cells`)."""
+def _audit_weights(cfg: Config, exp: ExperimentConfig, out: Path, now: set[str] | None = None) -> None:
+    """weights_audit.json: base vs GRPO vs No-update of the cells keyed in `now` (every cell when None),
+    and the reloaded identity (`weightaudit.audit_cells`)."""
     from sqlrl.experiment.weightaudit import audit_cells
 
     cells = [(_cell_key(t, c), cell_suffix(t, c)) for t, c in exp.cells()]
-    audit_cells(load_model_path(cfg.model.name), out, cells)
+    audit_cells(load_model_path(cfg.model.name), out, cells, now)
 
 
 def _run_matrix(
@@ -385,9 +385,13 @@ def _run_matrix(
     eval_tasks: list,
     command: list[str] | None,
     deadline: float | None,
-) -> None:
-    """Every arm of every cell, then that cell's leakage audit; experiment.json after each arm."""
+) -> set[str]:
+    """Every arm of every cell (experiment.json after each), a cell's weight audit once its grpo and
+    no_update arms are done, then its leakage audit. Returns the keys of the cells audited."""
+    from sqlrl.experiment.weightaudit import audit_point
+
     check_branches(out, exp.cells(), exp.arms, exp.sft)
+    audited: set[str] = set()
     for turns, context in exp.cells():
         suffix = cell_suffix(turns, context)
         for kind in exp.arms:
@@ -408,6 +412,9 @@ def _run_matrix(
                 context=context,
             )
             write_json_atomic(out / "experiment.json", state)
+            if kind == audit_point(exp.arms):  # while their weights are surely here
+                _audit_weights(cfg, exp, out, now={_cell_key(turns, context)})
+                audited.add(_cell_key(turns, context))
         leak = progress.index[(_cell_key(turns, context), "leakage")]
         if (out / f"leakage{suffix}.json").exists():
             progress.line.skip(leak)
@@ -415,6 +422,7 @@ def _run_matrix(
             handle = progress.line.open(leak)
             _leakage_for_cell(cfg, exp, out, turns, context, eval_tasks)
             handle.update(progress.line.parts[leak].total)
+    return audited
 
 
 def run_experiment(
@@ -467,7 +475,7 @@ def _run_locked(
     )
     progress = ArmProgress(cfg, exp, len(eval_tasks), title=exp.name)
     try:
-        _run_matrix(
+        audited = _run_matrix(
             cfg,
             exp,
             out,
@@ -482,7 +490,7 @@ def _run_locked(
         progress.line.finish()
     _combine_leakage(out, exp.cells())
     if "grpo" in exp.arms:
-        _audit_weights(cfg, exp, out)
+        _audit_weights(cfg, exp, out, now={_cell_key(t, c) for t, c in exp.cells()} - audited)
     state["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     write_json_atomic(out / "experiment.json", state)
     result = {"out": str(out)}

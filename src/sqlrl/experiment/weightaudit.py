@@ -8,12 +8,16 @@ What is covered:
   evidence gate reads), with `passed`, `verdicts` and `errors` over every cell (a verdict is true only
   when it is true in every cell, false when false in one; errors start with the cell key) and `cells`:
   {cell key (`t1`, `t3_c2048`): that cell's audit}. A file without `cells` is a one-cell audit.
+- When: a cell is audited as soon as its grpo and no_update arms are done (`audit_point`: after the
+  later of the two in experiment.arms), while their weights are surely here, so a session that stops
+  in a later arm and is packed without weights has audited them; the matrix's end audits the rest.
 - Resume: a cell's earlier audit is kept when it passed on exactly these finals and this base while
   the finals' weights are not here (an experiment resumed elsewhere from a folder carried without
   weights): each final's identity.json hash and the base model's weights hash equal the ones that
   audit recorded. Anything else is audited again.
 
-What is not covered: the validity, sft and grpo_sft arms' weights.
+What is not covered: the validity, sft and grpo_sft arms' weights; a grpo final whose weights are gone
+before its cell was audited (a session stopped between grpo and a no_update listed after it): it fails.
 """
 
 from __future__ import annotations
@@ -65,8 +69,15 @@ def combine(audits: dict[str, dict]) -> dict:
     return {**first, "passed": passed, "verdicts": verdicts, "errors": errors, "cells": audits}
 
 
-def audit_cells(base: Path, out: Path, cells: list[tuple[str, str]]) -> None:
-    """Write out/weights_audit.json for `cells` ([(cell key, arm-name suffix)] in run order)."""
+def audit_point(arms: tuple[str, ...]) -> str | None:
+    """The arm kind after which a cell is audited: the later of grpo and no_update (None without grpo)."""
+    return [k for k in arms if k in ("grpo", "no_update")][-1] if "grpo" in arms else None
+
+
+def audit_cells(base: Path, out: Path, cells: list[tuple[str, str]], now: set[str] | None = None) -> None:
+    """Write out/weights_audit.json for `cells` ([(cell key, arm-name suffix)] in run order), auditing the
+    cells whose keys are in `now` (every cell when None); another cell's earlier audit is kept as it is,
+    and a cell without one is left out."""
     from sqlrl.evidence.weights import audit_weights, weights_hash_of
 
     path = out / "weights_audit.json"
@@ -84,6 +95,10 @@ def audit_cells(base: Path, out: Path, cells: list[tuple[str, str]]) -> None:
 
     audits: dict[str, dict] = {}
     for key, suffix in cells:
+        if now is not None and key not in now:
+            if key in earlier:
+                audits[key] = earlier[key]
+            continue
         trained = out / "arms" / f"grpo{suffix}" / "train" / "final"
         no_upd = out / "arms" / f"no_update{suffix}" / "train" / "final"
         if audit_still_holds(earlier.get(key), trained, no_upd, hash_now):
@@ -98,4 +113,5 @@ def audit_cells(base: Path, out: Path, cells: list[tuple[str, str]]) -> None:
             reloaded=str(trained),
             expect_hash=read_json(ident).get("weights_hash") if ident.exists() else None,
         )
-    write_json_atomic(path, combine(audits))
+    if audits:
+        write_json_atomic(path, combine(audits))
