@@ -53,3 +53,25 @@ def test_a_key_an_older_folder_lacks_counts_as_its_default(tmp_path: Path) -> No
     assert "resume_changes" not in state
     # a matrix resumed with arms that do not use [sft] (base, grpo, ...) compares nothing
     _check_sft_change(_state(_exp(640)), _exp(720, arms=("base", "grpo")), tmp_path)
+
+
+def test_a_resume_with_arms_that_do_not_use_sft_keeps_its_record(tmp_path: Path) -> None:
+    """experiment.json keeps the [sft] settings the sft arms trained with through a session whose arms do
+    not use them (scripts/gpu.sh GO_ARMS="grpo no_update"), so a later resume with changed settings is
+    still refused."""
+    from sqlrl import config as C
+    from sqlrl.experiment.matrix import _experiment_state
+
+    cfg = C.from_dict({})
+
+    def state(exp: ExperimentConfig) -> dict:
+        return _experiment_state(
+            cfg, exp, tmp_path, root=tmp_path, fingerprint="f", eval_tasks=[], command=[]
+        )
+
+    state(_exp(640, arms=("base", "sft", "grpo_sft")))
+    (tmp_path / "arms" / "sft").mkdir(parents=True)
+    kept = state(_exp(720, arms=("base", "grpo")))  # [sft] unused by these arms: nothing compared
+    assert kept["experiment"]["sft"]["steps"] == 640 and "resume_changes" not in kept
+    with pytest.raises(ConfigError, match=r"sft.steps: 640 -> 720"):
+        state(_exp(720, arms=("base", "sft", "grpo_sft")))

@@ -228,3 +228,34 @@ def test_sft_curve_setup_time_is_not_taken_out_of_train_seconds(tmp_path, monkey
     steps_s = sum(s["time_step_s"] for s in _lines(out / "steps.jsonl"))
     assert run["curve_seconds"] >= 4.0
     assert run["train_seconds"] >= steps_s - 0.01, (run["train_seconds"], steps_s)
+
+
+def test_sft_steps_run_without_the_curves_rollout_engine(tmp_path, monkeypatch):
+    """The static engine a curve point builds (KV cache and CUDA graphs, sized by the validation batch) is
+    dropped after the point: SFT steps never generate, and on a GPU they need that memory (the SFT step
+    has no out-of-memory retry). bfloat16 generation copy on CPU, as a full fine-tune on CUDA."""
+    from sqlrl.training import sft_loop, trainer
+    from sqlrl.training.sft import train_sft
+
+    gens, held = [], []
+    real_policy, real_step = trainer.rollout_policy, sft_loop.sft_step
+
+    def policy(*a, **k):
+        out = real_policy(*a, **k)
+        gens.append(out[0])
+        return out
+
+    def step(*a, **k):
+        held.append(hasattr(gens[0], "_sqlrl_static"))
+        return real_step(*a, **k)
+
+    monkeypatch.setattr(trainer, "rollout_policy", policy)
+    monkeypatch.setattr(sft_loop, "sft_step", step)
+    sft = T.sft_from_dict({"steps": 3, "batch_size": 2, "micro_batch": 2, "lr": 1e-3})
+    cfg = _curve_cfg().replace(
+        model={"dtype": "bfloat16"}, run={"eval_every": 1, "eval_tasks": 1, "gen_engine": "static"}
+    )
+    train_sft(cfg, sft, tmp_path / "run", policy_factory=tiny_factory, progress=False)
+    assert len(_lines(tmp_path / "run" / "curve.jsonl")) == 3  # a point after every step
+    assert held == [False, False, False]  # steps 2 and 3 follow a point: its engine is gone
+    assert not hasattr(gens[0], "_sqlrl_static")

@@ -198,6 +198,9 @@ def _experiment_state(
                 {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": memory}
             )
     _check_sft_change(state, exp, out)
+    # the [sft] settings its sft arms trained with stay recorded through a session whose arms do not use them
+    uses_sft = {"sft", "grpo_sft"} & set(exp.arms)
+    sft = dataclasses.asdict(exp.sft) if uses_sft else (state.get("experiment") or {}).get("sft")
     state.update(
         {
             "name": exp.name,
@@ -208,7 +211,7 @@ def _experiment_state(
                 **({"context_tokens": list(exp.context_tokens)} if exp.context_tokens else {}),
                 "leakage_tasks": exp.leakage_tasks,
                 "extra": exp.extra,
-                **({"sft": dataclasses.asdict(exp.sft)} if {"sft", "grpo_sft"} & set(exp.arms) else {}),
+                **({"sft": sft} if sft else {}),
             },
             "smoke": exp.smoke,
             "synthetic": False,

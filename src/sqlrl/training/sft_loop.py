@@ -11,7 +11,8 @@ What is covered:
   (`curve.Curve`: greedy validation accuracy after every N-th and the last step, curve.jsonl, points
   after a resumed run's checkpoint dropped and measured again), on the weights being trained; a full
   fine-tune generates with a copy in the generation dtype (`trainer.rollout_policy`), refreshed at
-  each point, as GRPO's rollouts do. The time of the points (refresh included) is counted apart, so
+  each point, as GRPO's rollouts do; the rollout engine's cache is dropped after each point (SFT steps
+  need that GPU memory). The time of the points (refresh and drop included) is counted apart, so
   that it stays out of the run's `train_seconds`.
 
 What is not: the points never reach the update (greedy decoding draws no random numbers and the
@@ -162,7 +163,11 @@ class SFTCurve:
             sync_weights(self.gen, self.model)
         self.policy.identity = f"{self.base_identity}@{self.out.name}:step{step}"
         self.extra_s += time.perf_counter() - t0
-        return self.curve(step, self.policy, last)
+        point = self.curve(step, self.policy, last)
+        t0 = time.perf_counter()
+        self.policy.release_memory()  # SFT steps never generate: its engine's memory goes back to them
+        self.extra_s += time.perf_counter() - t0
+        return point
 
 
 @dataclass
