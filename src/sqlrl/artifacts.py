@@ -174,7 +174,8 @@ def archive_commit(path: str | os.PathLike) -> str | None:
 
 
 def machine_info() -> dict:
-    """Where a number was produced: host, CPU count, Python, and the accelerator if torch is already loaded."""
+    """Where a number was produced: host, CPU count, Python, and, if torch is already loaded and CUDA is
+    available, the accelerator (the name of GPU 0) and `gpu_count` (the CUDA devices the process sees)."""
     info: dict[str, Any] = {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
@@ -189,6 +190,7 @@ def machine_info() -> dict:
         info["torch"] = torch.__version__
         if torch.cuda.is_available():
             info["accelerator"] = torch.cuda.get_device_name(0)
+            info["gpu_count"] = torch.cuda.device_count()
             info["cuda"] = torch.version.cuda
     return info
 

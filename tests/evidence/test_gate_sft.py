@@ -250,6 +250,54 @@ def test_an_rl_arm_split_over_two_devices_or_without_one_is_refused(tmp_path: Pa
     assert "the device of arms/grpo_sft/sft_init is not recorded" in evidence_gate(p).sft_control.problems[0]
 
 
+def _sessions(p: Path, run: str, *entries: tuple) -> None:
+    """Give a run.json its `machines`: ((first step, last step), machine) per invocation, on CUDA."""
+    r = read_json(p / run / "run.json")
+    r["machines"] = [{"steps": list(steps), "machine": m, "device": "cuda"} for steps, m in entries]
+    write_json_atomic(p / run / "run.json", r)
+
+
+def test_a_run_resumed_on_another_gpu_model_trained_on_two_devices(tmp_path: Path) -> None:
+    # the control's run.json `machine` is its last session's (the H200 grpo trained on); its `machines`
+    # say steps 1-6 ran on an H100
+    p = make_experiment(tmp_path / "e", synthetic=False, arms=(*CORE, "sft"))
+    _sessions(p, "arms/sft/train", ((1, 6), H100), ((7, 12), MACHINE_GPU))
+    assert evidence_gate(p).sft_control.problems == [
+        "'sft' vs 'grpo': trained on different devices (arms/sft/train on GPU: SYNTHETIC H100 (steps 1-6) + "
+        "GPU: SYNTHETIC H200 (steps 7-12); arms/grpo/train on GPU: SYNTHETIC H200), and training times on "
+        "different devices are not comparable: train 'sft' on the device 'grpo' trained on (GPU: SYNTHETIC "
+        "H200), or train all of these runs on one device"
+    ]
+    # both sessions on the GPU model grpo trained on (another host): one device, time decides
+    _sessions(p, "arms/sft/train", ((1, 6), {**MACHINE_GPU, "hostname": "other"}), ((7, 12), MACHINE_GPU))
+    v = evidence_gate(p)
+    assert v.rl_over_sft_allowed and v.sft_control.detail.endswith("of training on GPU: SYNTHETIC H200")
+    # the RL arm split over two devices: no one device to train the control on
+    _sessions(p, "arms/grpo/train", ((1, 6), MACHINE_GPU), ((7, 12), H100))
+    assert evidence_gate(p).sft_control.problems == [
+        "'sft' vs 'grpo': trained on different devices (arms/sft/train on GPU: SYNTHETIC H200; "
+        "arms/grpo/train on GPU: SYNTHETIC H200 (steps 1-6) + GPU: SYNTHETIC H100 (steps 7-12)), and "
+        "training times on different devices are not comparable: train all of these runs on one device"
+    ]
+    # the control split the same way: still refused, a run on two devices is comparable with none
+    _sessions(p, "arms/sft/train", ((1, 6), MACHINE_GPU), ((7, 12), H100))
+    assert (
+        evidence_gate(p).sft_control.problems[0].startswith("'sft' vs 'grpo': trained on different devices")
+    )
+    # the same GPU model, another count in one session
+    _sessions(p, "arms/grpo/train", ((1, 12), {**MACHINE_GPU, "gpu_count": 1}))
+    _sessions(
+        p,
+        "arms/sft/train",
+        ((1, 6), {**MACHINE_GPU, "gpu_count": 1}),
+        ((7, 12), {**MACHINE_GPU, "gpu_count": 2}),
+    )
+    assert "(steps 1-6) + GPU: 2× SYNTHETIC H200 (steps 7-12)" in evidence_gate(p).sft_control.problems[0]
+    # a session whose GPU is not named: the run's device is not recorded
+    _sessions(p, "arms/sft/train", ((1, 6), {**MACHINE_GPU, "accelerator": None}), ((7, 12), MACHINE_GPU))
+    assert "the device of arms/sft/train is not recorded" in evidence_gate(p).sft_control.problems[0]
+
+
 def test_plain_grpo_and_cpu_runs_compare_by_device_description(tmp_path: Path) -> None:
     p = make_experiment(tmp_path / "e", synthetic=False, arms=(*CORE, "sft"))
     cpu = {

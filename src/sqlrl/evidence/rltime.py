@@ -10,10 +10,10 @@ the branch's branch.json `train_seconds`, else the sum of steps.jsonl `time_step
 Times are run.json `train_seconds` (else `gpu_minutes`); absent or unreadable files read as None.
 Not covered: the steps.jsonl fallback leaves out checkpoint writes, which `train_seconds` holds.
 Times are compared only between runs on one device: `device_problem` refuses the comparison unless the
-control's train run and every run of the RL arm's training name the same device (`fmt.device_str` of
-run.json `machine` and `device`: GPU name, with the GPU count where recorded; a CPU run's core count and
-architecture); an unrecorded device refuses too. Not covered: a run resumed in another session
-records only its last session's machine; no GPU count is recorded (same model, other count: equal).
+control's train run and every run of the RL arm's training name the same device (`fmt.device_str`: GPU
+name, with the GPU count where recorded; a CPU run's core count and architecture) for every invocation
+that trained them (run.json `machines`, else `machine` and `device`): a run resumed on another device
+trained on two. An unrecorded device refuses too; a record without a GPU count differs from one with it.
 """
 
 from __future__ import annotations
@@ -48,13 +48,29 @@ def train_seconds(exp: Experiment, arm: Arm) -> float | None:
     return None
 
 
+MIXED = " + "  # joins the devices of a run trained on more than one
+
+
 def run_device(run: dict | None) -> str | None:
     """The device a train run.json records, as `fmt.device_str` names it (`GPU: NVIDIA H200`, `CPU:
-    16-core x86_64`); None when it records no machine, or a CUDA run without the GPU's name."""
-    m = (run or {}).get("machine")
-    if not isinstance(m, dict) or not m or (run.get("device") == "cuda" and not m.get("accelerator")):
-        return None
-    return device_str(m, run.get("device"))
+    16-core x86_64`), over every invocation that trained it (`machines`, else its `machine`); a run
+    trained on several devices names each with its steps, joined by `MIXED` (`GPU: A (steps 1-40) +
+    GPU: B (steps 41-80)`). None when a machine is not recorded, or is CUDA without the GPU's name."""
+    run = run or {}
+    entries = run.get("machines")
+    if not isinstance(entries, list) or not entries:
+        entries = [{"machine": run.get("machine"), "device": run.get("device")}]
+    named = []
+    for e in entries:
+        m = e.get("machine") if isinstance(e, dict) else None
+        if not isinstance(m, dict) or not m or (e.get("device") == "cuda" and not m.get("accelerator")):
+            return None
+        steps = e.get("steps")
+        where = f"steps {steps[0]}-{steps[1]}" if isinstance(steps, list) and len(steps) == 2 else "steps ?"
+        named.append((device_str(m, e.get("device")), where))
+    if len({d for d, _ in named}) == 1:
+        return named[0][0]
+    return MIXED.join(f"{d} ({where})" for d, where in named)
 
 
 def init_run(exp: Experiment, arm: Arm) -> tuple[Path | None, dict | None]:
@@ -207,7 +223,8 @@ def time_problem(exp: Experiment, s: Arm, g: Arm, ts: float, parts: dict) -> str
 
 def device_problem(exp: Experiment, s: Arm, g: Arm, parts: dict) -> str | None:
     """The line refusing to compare `s`'s training time with `g`'s whole training (`parts`, from
-    `rl_training`) because the runs did not all train on one recorded device; None when they did."""
+    `rl_training`) because the runs did not all train on one recorded device (a run resumed on another
+    device did not, whatever the others did); None when they did."""
     runs = [(rel_path(exp, s.train_dir), run_device(exp.train_run(s.name))), *parts["devices"]]
     unknown = [d for d, dev in runs if dev is None]
     if unknown:
@@ -216,13 +233,13 @@ def device_problem(exp: Experiment, s: Arm, g: Arm, parts: dict) -> str | None:
             "machine), so the training times cannot be compared; train the runs on one device with "
             "sqlrl, which records it"
         )
-    if len({dev for _, dev in runs}) == 1:
+    if len({dev for _, dev in runs}) == 1 and MIXED not in runs[0][1]:
         return None
     where = "; ".join(f"{d} on {dev}" for d, dev in runs)
     rl_devs = {dev for _, dev in parts["devices"]}
     fix = (
         f"train '{s.name}' on the device '{g.name}' trained on ({next(iter(rl_devs))}), or "
-        if len(rl_devs) == 1
+        if len(rl_devs) == 1 and MIXED not in next(iter(rl_devs))
         else ""
     )
     return (

@@ -33,6 +33,7 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -230,13 +231,15 @@ def save_checkpoint(
     rng_state: dict | None = None,
     data_cursor: dict | None = None,
     config_hash: str = "",
-    extra: dict | None = None,
+    extra: dict | Callable[[], dict] | None = None,
     keep_last: int | None = 2,
     tokenizer: Any = None,
 ) -> Path:
     """Write ``run_dir/checkpoints/step_{step:06d}/`` atomically and return its path.
 
-    ``rng_state`` defaults to `capture_rng()` taken now. ``keep_last`` (>= 1, or None/0 to keep all)
+    ``rng_state`` defaults to `capture_rng()` taken now. ``extra`` (sidecar ``extra``) may be a callable,
+    called after the files are written, just before the sidecar (so that it can count the save's own
+    time). ``keep_last`` (>= 1, or None/0 to keep all)
     prunes older complete checkpoints after the save; the one just written is always kept.
     """
     import torch
@@ -306,7 +309,7 @@ def save_checkpoint(
             "rng": {"file": "rng.pt", "keys": sorted(rng), "cuda": rng.get("torch_cuda") is not None},
             "data_cursor": dict(data_cursor or {}),
             "config_hash": config_hash,
-            "extra": dict(extra or {}),
+            "extra": dict((extra() if callable(extra) else extra) or {}),
             "created": utc_now(),
             "pid": os.getpid(),
         }

@@ -5,7 +5,8 @@ What is covered:
   of this invocation except for memory-only and record-only settings (`config_changes`; such changes
   are allowed and recorded). Nothing is created by the checks.
 - A resume restores the newest valid checkpoint (weights, optimizer, scheduler, data cursor, RNG) and
-  drops metric lines of steps after it (the run was killed after logging them).
+  drops metric lines of steps after it (the run was killed after logging them); the run's training
+  time and machines across invocations: `sessions.py`.
 - The time budget: a loop stops before a step that would probably end too late, with a checkpoint
   of the last step (`budget.out_of_time`).
 - Metric sinks: TensorBoard (when installed), W&B and SwanLab (when asked for) get the same scalars.
@@ -119,20 +120,13 @@ def previous_run(out: Path) -> dict:
     return {}
 
 
-def previous_seconds(prev_run: dict) -> float:
-    """Training seconds of earlier invocations, from their run.json (0.0 when unknown)."""
-    with contextlib.suppress(Exception):
-        return float(prev_run.get("train_seconds") or 0.0)
-    return 0.0
-
-
 def restore_latest(
     out: Path, model, optimizer, scheduler, sampler, *, from_valid: bool = False
-) -> int | None:
+) -> dict | None:
     """Restore the run's newest checkpoint (weights, optimizer, scheduler, data cursor, RNG); returns its
-    step, or None when the run has no checkpoint. Temp folders of interrupted saves are deleted first. A
-    corrupt newest checkpoint raises `CheckpointError` (one line naming the newest valid older one)
-    unless `from_valid`, which restores that older one and says so."""
+    sidecar (`step`, `extra`, ...), or None when the run has no checkpoint. Temp folders of interrupted
+    saves are deleted first. A corrupt newest checkpoint raises `CheckpointError` (one line naming the
+    newest valid older one) unless `from_valid`, which restores that older one and says so."""
     from sqlrl.training.checkpoint import load_latest, remove_partial, restore_checkpoint, restore_rng
 
     remove_partial(out)
@@ -142,7 +136,7 @@ def restore_latest(
     side = restore_checkpoint(info, model, optimizer, scheduler)
     sampler.load_state_dict(side["data_cursor"])
     restore_rng(side["rng"])
-    return int(side["step"])
+    return side
 
 
 def drop_steps_after(out: Path, names: tuple[str, ...], step: int) -> None:
@@ -164,6 +158,13 @@ class Checkpointer:
     sampler: Any
     config_hash: str
     keep_last: int
+    record: Any = None
+    """`sessions.Sessions` of the run, or None: each checkpoint then records the training seconds so far
+    (`record.clock()`, sidecar `extra.train_seconds`) and tells `record.saved`."""
+
+    def _extra(self) -> dict:
+        self.saved_s = self.record.clock() if self.record is not None else None
+        return {} if self.saved_s is None else {"train_seconds": self.saved_s}
 
     def __call__(self, step: int) -> None:
         from sqlrl.training.checkpoint import capture_rng, save_checkpoint
@@ -177,8 +178,11 @@ class Checkpointer:
             rng_state=capture_rng(),
             data_cursor=self.sampler.state_dict(),
             config_hash=self.config_hash,
+            extra=self._extra,
             keep_last=self.keep_last,
         )
+        if self.record is not None:
+            self.record.saved(step, self.saved_s)
 
 
 def stop_for_time(

@@ -49,11 +49,11 @@ from sqlrl.training.runfolder import (
     export_final,
     final_record,
     previous_run,
-    previous_seconds,
     progress_bar,
     restore_latest,
 )
 from sqlrl.training.sampling import TaskSampler
+from sqlrl.training.sessions import Sessions, TrainClock, kept_machines, resumed_seconds
 from sqlrl.training.sft_branch import Branch
 from sqlrl.training.sft_data import build_text2sql_examples, load_text2sql_sft
 from sqlrl.training.sft_data import completion_tail as _completion_tail
@@ -301,8 +301,9 @@ def curve_budgets(cfg: Config, budgets, curve_turns: int | None):
 
 
 def resume_sft(out: Path, built: str, model, optimizer, scheduler, sampler, from_valid: bool):
-    """(step, training seconds of earlier invocations) of a resumed run: its newest checkpoint restored,
-    steps.jsonl lines after it dropped; refused when the examples differ from those it trained on."""
+    """(step, its training seconds, machines of earlier invocations up to it: `sessions.py`) of a resumed
+    run: its newest checkpoint restored, steps.jsonl lines after it dropped; refused when the examples
+    differ from those it trained on."""
     prev = previous_run(out)
     if prev.get("examples_hash") not in (None, built):
         raise ConfigError(
@@ -310,9 +311,37 @@ def resume_sft(out: Path, built: str, model, optimizer, scheduler, sampler, from
             f"hash {built} != {prev['examples_hash']}; e.g. a trace's sandbox observation or the data "
             "changed), so its checkpoint's sampler would point at other examples; train into a new --out"
         )
-    step = restore_latest(out, model, optimizer, scheduler, sampler, from_valid=from_valid) or 0
+    side = restore_latest(out, model, optimizer, scheduler, sampler, from_valid=from_valid)
+    step = int(side["step"]) if side is not None else 0
     drop_steps_after(out, ("steps.jsonl",), step)
-    return step, previous_seconds(prev)
+    return step, resumed_seconds(side, prev), kept_machines(prev, step)
+
+
+def run_record(cfg: Config, sft: SFTConfig, data: dict, built: tuple, budgets: tuple, device, model) -> dict:
+    """run.json of an SFT run as it starts, less the kind, command and resumed_from_step `train_sft` adds:
+    provenance, data, `built` = (examples, their hash, drop counts), `budgets` = (the run's, the curve's)."""
+    examples, examples_hash_, dropped = built
+    return {
+        "git": git_commit(),
+        "machine": machine_info(),
+        "device": device,
+        "model": model,
+        "config_hash": config_hash(cfg, sft),
+        "data": data["data"],
+        "data_kind": cfg.data.kind,
+        "train_tasks": len(data["tasks"]),
+        "gold_audit": data["gold_audit"],
+        "examples": len(examples),
+        "examples_hash": examples_hash_,
+        "examples_per_category": dict(Counter(e["category"] for e in examples)),
+        "examples_per_format": dict(Counter(e["format"] for e in examples)),
+        **data.get("record", {}),
+        "dropped": dropped,
+        "budgets": budgets[0].to_dict(),
+        **({"curve_budgets": budgets[1].to_dict()} if cfg.run.eval_every else {}),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "status": "running",
+    }
 
 
 @holds_run_lock("out_dir")
@@ -375,38 +404,27 @@ def train_sft(
         min_ratio=sft.min_lr_ratio,
     )
 
-    start_step, prev_s = 0, 0.0
+    start_step, prev_s, kept = 0, 0.0, []
     built = examples_hash(examples)
     if resume:
-        start_step, prev_s = resume_sft(out, built, model, optimizer, scheduler, sampler, resume_from_valid)
+        start_step, prev_s, kept = resume_sft(
+            out, built, model, optimizer, scheduler, sampler, resume_from_valid
+        )
     else:
         write_json_atomic(out / "config.json", mine)
         write_json_atomic(out / "split.json", data["split"])
+    resumed_from = start_step if resume else None
+    model_record = {"name": base_name, "base_identity": base_identity}
     run_info = {
         "kind": "sft",
         "command": command or sys.argv,
-        "git": git_commit(),
-        "machine": machine_info(),
-        "device": device,
-        "model": {"name": base_name, "base_identity": base_identity},
-        "config_hash": config_hash(cfg, sft),
-        "data": data["data"],
-        "data_kind": cfg.data.kind,
-        "train_tasks": len(tasks),
-        "gold_audit": data["gold_audit"],
-        "examples": len(examples),
-        "examples_hash": built,
-        "examples_per_category": dict(Counter(e["category"] for e in examples)),
-        "examples_per_format": dict(Counter(e["format"] for e in examples)),
-        **data.get("record", {}),
-        "dropped": dropped,
-        "budgets": budgets.to_dict(),
-        **({"curve_budgets": eval_budgets.to_dict()} if cfg.run.eval_every else {}),
-        "resumed_from_step": start_step if resume else None,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "status": "running",
+        **run_record(
+            cfg, sft, data, (examples, built, dropped), (budgets, eval_budgets), device, model_record
+        ),
+        "resumed_from_step": resumed_from,
     }
-    write_json_atomic(out / "run.json", run_info)
+    record = Sessions(out, run_info, TrainClock(prev_s), start_step, kept)
+    record.write(start_step, prev_s)
 
     every = sft.checkpoint_every or cfg.run.checkpoint_every
     curve = SFTCurve(
@@ -414,11 +432,13 @@ def train_sft(
         out,
         data.get("env"),
         eval_budgets,
-        start_step if resume else None,
+        resumed_from,
         model,
         (tokenizer, base_name, base_identity, gen_dtype),
     )
-    setup_s = curve.seconds  # the curve's setup, before t_train0: in curve_seconds, not taken out of training
+    setup_s = (
+        curve.seconds
+    )  # the curve's setup, before the clock starts: in curve_seconds, not taken out of training
     loop = StepLoop(
         model,
         optimizer,
@@ -427,7 +447,7 @@ def train_sft(
         examples,
         sampler,
         Checkpointer(
-            out, model, optimizer, scheduler, sampler, config_hash(cfg, sft), cfg.run.keep_checkpoints
+            out, model, optimizer, scheduler, sampler, config_hash(cfg, sft), cfg.run.keep_checkpoints, record
         ),
         curve,
         sft,
@@ -438,24 +458,23 @@ def train_sft(
         Branch(out, branch_step, cfg, sft, tokenizer, base_identity),
     )
     bar = progress_bar(progress, sft.steps, start_step, "sft")
-    t_train0 = time.perf_counter()
-    loop.branch.start(prev_s, lambda: curve.seconds - setup_s)  # counts its seconds as train_s does
+    record.clock.start(lambda: curve.seconds - setup_s + loop.branch.seconds)
+    loop.branch.start(record.clock)
     with curve:
         last = run_steps(loop, out, start_step, bar, deadline, stop_after)
     if bar is not None:
         bar.close()
-    train_s = time.perf_counter() - t_train0 - (curve.seconds - setup_s) - loop.branch.seconds
+    total_s = record.clock()
     finished = last >= sft.steps
     result: dict = {"steps": last, "finished": finished, "base_identity": base_identity}
     if finished:
         ident = export_final(model, tokenizer, out, step=last, cfg=cfg, base_identity=base_identity)
         result.update(final=str(out / "final"), **final_record(ident, base_identity))
-    total_s = prev_s + train_s
     run_info.update(
         {
             "status": "finished" if finished else "stopped",
             "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "train_seconds": round(total_s, 2),
+            **record.fields(last, total_s),
             "curve_seconds": round(curve.seconds, 2),
             **loop.branch.run_info(),
             "gpu_minutes": round(total_s / 60.0, 3) if device == "cuda" else None,

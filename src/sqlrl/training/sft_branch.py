@@ -61,11 +61,10 @@ class Branch:
     seconds: float = 0.0
     _clock: Callable[[], float] | None = None
 
-    def start(self, previous_s: float, excluded_s: Callable[[], float]) -> None:
-        """Training starts now, after `previous_s` seconds of earlier invocations; `excluded_s()` is the
-        time since then that is not training (the learning curve's points)."""
-        t0 = time.perf_counter()
-        self._clock = lambda: previous_s + time.perf_counter() - t0 - excluded_s() - self.seconds
+    def start(self, clock: Callable[[], float]) -> None:
+        """Training has started; `clock()` is the run's training seconds so far (`sessions.TrainClock`,
+        which must leave this export's `seconds` out)."""
+        self._clock = clock
 
     @property
     def folder(self) -> Path:

@@ -52,13 +52,13 @@ from sqlrl.training.runfolder import (
     export_final,
     gpu_telemetry,
     previous_run,
-    previous_seconds,
     prune_checkpoints,
     restore_latest,
     stop_for_time,
 )
 from sqlrl.training.sampling import make_sampler
 from sqlrl.training.schedule import lr_factor
+from sqlrl.training.sessions import Sessions, TrainClock, kept_machines, resumed_seconds
 from sqlrl.training.update import Learner, PassCaps, UpdateResult, resumed_caps, update_policy
 
 log = logging.getLogger(__name__)
@@ -210,13 +210,14 @@ def build_models(cfg: Config, device: str, gen_dtype: str, policy_factory=None) 
 
 @dataclass
 class Resumed:
-    """Where a GRPO run continues: last checkpointed step, training seconds and out-of-memory cap
-    changes of earlier invocations (kept steps only), and the pass caps to start with."""
+    """Where a GRPO run continues: last checkpointed step, its training seconds, out-of-memory cap
+    changes and machines of earlier invocations (kept steps only), and the pass caps to start with."""
 
     start_step: int = 0
     prev_train_s: float = 0.0
     earlier_adjustments: list[dict] = field(default_factory=list)
     caps: PassCaps = field(default_factory=PassCaps)
+    machines: list[dict] = field(default_factory=list)
 
 
 def resume_grpo(
@@ -226,13 +227,15 @@ def resume_grpo(
     of later steps. A resumed run keeps a pass cap an earlier invocation lowered, unless the resume
     sets a new one (`update.resumed_caps`)."""
     prev_run = previous_run(out)
-    r = Resumed(prev_train_s=previous_seconds(prev_run))
+    r = Resumed()
     with contextlib.suppress(Exception):
         r.earlier_adjustments = list(prev_run.get("memory_adjustments") or [])
     restored = restore_latest(out, models.train, optimizer, scheduler, sampler, from_valid=from_valid)
     if restored is not None:
-        r.start_step = restored
+        r.start_step = int(restored["step"])
         models.sync()
+    r.prev_train_s = resumed_seconds(restored, prev_run)
+    r.machines = kept_machines(prev_run, r.start_step)
     if changes:  # memory-only settings changed: recorded in config.json and run.json
         log.warning(f"sqlrl train: resuming with {changes}")
         write_json_atomic(out / "config.json", cfg.resolve())
@@ -443,7 +446,8 @@ def train(
     start_step, caps = r.start_step, r.caps
     resumed_from = start_step if resume else None
     run_info = run_record(cfg, env, m, budgets, device, gen_dtype, command, resumed_from, resume_changes)
-    write_json_atomic(out / "run.json", run_info)
+    record = Sessions(out, run_info, TrainClock(r.prev_train_s), start_step, r.machines)
+    record.write(start_step, r.prev_train_s)
 
     sinks = MetricSinks(cfg, out)
     if resume:
@@ -456,7 +460,7 @@ def train(
         total=g.steps,
         initial=start_step,
     )
-    t_train0 = time.perf_counter()
+    record.clock.start(lambda: curve.seconds)
     steps_done, last_step, last_step_s = 0, start_step, 0.0
     learner = make_learner(m, optimizer, scheduler, params, device)
     drop_cache = False  # after an out-of-memory update released the engine's cache: before every update
@@ -471,7 +475,7 @@ def train(
         out / "sql.jsonl" if cfg.run.log_sql else None,
     )
     checkpoint = Checkpointer(
-        out, m.train, optimizer, scheduler, sampler, cfg.config_hash(), cfg.run.keep_checkpoints
+        out, m.train, optimizer, scheduler, sampler, cfg.config_hash(), cfg.run.keep_checkpoints, record
     )
     memory_adjustments: list[dict] = []
     curve = Curve(cfg, out, env, budgets, resumed_from)
@@ -528,16 +532,15 @@ def train(
     if bar is not None:
         bar.close()
     sinks.close()
-    train_s = time.perf_counter() - t_train0 - curve.seconds
+    total_s = record.clock()
     result = _finish(cfg, m, out, last_step >= g.steps, last_step)
-    total_s = r.prev_train_s + train_s
     run_info.update(
         {
             "status": "finished" if result["finished"] else "stopped",
             "memory_adjustments": r.earlier_adjustments + memory_adjustments,
             "generation_memory_adjustments": list(m.policy.memory_adjustments),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "train_seconds": round(total_s, 2),
+            **record.fields(last_step, total_s),
             "curve_seconds": round(curve.seconds, 2),
             "gpu_minutes": round(total_s / 60.0, 3) if device == "cuda" else None,
             **result,

@@ -1,0 +1,140 @@
+"""Training time and machines of a run trained over several invocations (`--resume`, across sessions).
+
+run.json `train_seconds` of `sqlrl train` and `sqlrl sft` is the run's training time: the seconds the
+checkpoint it resumed from recorded plus this invocation's since its steps began, less the time that is
+not training (learning-curve points, a branch export: `TrainClock.excluded`). Every checkpoint records
+the time so far in its sidecar (`extra.train_seconds`, counted just before the sidecar is written, so its
+own save included) and run.json is rewritten with it (`Sessions.saved`): run.json is never without the
+time, and a crashed invocation's run.json holds that of its last checkpoint. A resume continues from
+the checkpoint's value (`resumed_seconds`), never from run.json's, so the time of steps after the
+checkpoint, which are trained again, is not counted twice; a checkpoint without the value resumes
+from run.json's `train_seconds`, and none from 0.
+
+run.json `machines`: one entry per invocation that trained steps the run kept, {steps: [first, last],
+machine (`artifacts.machine_info`), device, started}. A resume keeps the entries up to its checkpoint's
+step (`kept_machines`: later ones dropped, the last kept one cut at that step); an earlier run.json
+without `machines` counts as one entry of its `machine` for the steps its invocation took. run.json
+`machine` is the current invocation's.
+
+Not covered: time before the first step (loading, building examples, restoring a checkpoint) and after
+the last (the final export) is no invocation's training time; neither is the work after the last
+checkpoint of an invocation that crashed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlrl.artifacts import write_json_atomic
+
+
+def _nothing() -> float:
+    return 0.0
+
+
+@dataclass
+class TrainClock:
+    """The run's training seconds so far (`clock()`): `previous_s` (those of the checkpoint resumed from)
+    plus the time since `start`, less `excluded()`; before `start`, `previous_s`."""
+
+    previous_s: float = 0.0
+    """Training seconds of the checkpoint the invocation resumed from (0.0 for a new run)."""
+    excluded: Callable[[], float] = field(default=_nothing)
+    """Seconds since `start` that are not training (set by `start`)."""
+    t0: float | None = None
+    """`now()` at `start`; None before."""
+
+    now = staticmethod(time.perf_counter)
+
+    def start(self, excluded: Callable[[], float] = _nothing) -> None:
+        """Training steps begin now; `excluded()` is the time from now on that is not training."""
+        self.excluded, self.t0 = excluded, self.now()
+
+    def __call__(self) -> float:
+        if self.t0 is None:
+            return self.previous_s
+        return self.previous_s + self.now() - self.t0 - self.excluded()
+
+
+def _number(x) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
+def resumed_seconds(sidecar: dict | None, prev_run: dict) -> float:
+    """Training seconds a resume continues from: the restored checkpoint's sidecar `extra.train_seconds`,
+    else (a checkpoint without them) the earlier run.json's `train_seconds`; 0.0 without a checkpoint."""
+    if sidecar is None:
+        return 0.0
+    t = _number((sidecar.get("extra") or {}).get("train_seconds"))
+    if t is None:
+        t = _number(prev_run.get("train_seconds"))
+    return t or 0.0
+
+
+def _steps(entry) -> list[int] | None:
+    s = entry.get("steps") if isinstance(entry, dict) else None
+    ok = (
+        isinstance(s, list) and len(s) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in s)
+    )
+    return s if ok else None
+
+
+def kept_machines(prev_run: dict, step: int) -> list[dict]:
+    """The `machines` entries of the earlier run.json `prev_run` for steps 1..`step` (the checkpoint a
+    resume restored): entries of later steps dropped, the last one kept cut at `step`. A run.json without
+    `machines` gives its `machine` for the steps its invocation took (from `resumed_from_step` + 1)."""
+    entries = prev_run.get("machines")
+    if not isinstance(entries, list):
+        if not isinstance(prev_run.get("machine"), dict):
+            return []
+        last = prev_run.get("steps")
+        entries = [
+            {
+                "steps": [
+                    (prev_run.get("resumed_from_step") or 0) + 1,
+                    last if isinstance(last, int) else step,
+                ],
+                "machine": prev_run["machine"],
+                "device": prev_run.get("device"),
+                "started": prev_run.get("started"),
+            }
+        ]
+    kept = []
+    for e in entries:
+        s = _steps(e)
+        if s is not None and s[0] <= min(s[1], step):
+            kept.append({**e, "steps": [s[0], min(s[1], step)]})
+    return kept
+
+
+class Sessions:
+    """run.json of a training invocation (`info`, the dict it writes) with the run's `train_seconds` and
+    `machines`; `clock` counts the training time. `write` rewrites run.json; a checkpoint calls `saved`."""
+
+    def __init__(self, out: Path, info: dict, clock: TrainClock, start_step: int, kept: list[dict]):
+        self.out, self.info, self.clock, self.start_step, self.kept = out, info, clock, start_step, kept
+
+    def fields(self, last_step: int, seconds: float) -> dict:
+        """run.json's `train_seconds` and `machines` once this invocation trained up to `last_step` (an
+        entry of its own only when that is past the step it started from)."""
+        mine = {
+            "steps": [self.start_step + 1, last_step],
+            "machine": self.info.get("machine"),
+            "device": self.info.get("device"),
+            "started": self.info.get("started"),
+        }
+        return {
+            "train_seconds": round(seconds, 2),
+            "machines": self.kept + ([mine] if last_step > self.start_step else []),
+        }
+
+    def write(self, last_step: int, seconds: float) -> None:
+        self.info.update(self.fields(last_step, seconds))
+        write_json_atomic(self.out / "run.json", self.info)
+
+    def saved(self, step: int, seconds: float) -> None:
+        """The checkpoint of `step` was saved with `seconds` of training: run.json says so."""
+        self.write(step, seconds)

@@ -1,0 +1,191 @@
+"""A run's training time and machines across invocations (`training/sessions.py`), GRPO and SFT on CPU.
+
+The tiny random Qwen2 of test_trainer.py; the clock `TrainClock` reads is replaced by one that moves
+only inside a training step (10 s per step), so every expected `train_seconds` is a count of steps.
+A crash is an exception raised inside a step after a checkpoint; a resume then continues from the
+seconds that checkpoint recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from sqlrl import config_tables as T
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_sft_text2sql import _cfg as sft_cfg  # noqa: E402
+from test_trainer import Alternating, tiny_cfg, tiny_factory  # noqa: E402
+
+STEP_S = 10.0
+
+
+class Crash(RuntimeError):
+    """The simulated crash."""
+
+
+class StepClock:
+    """The fake clock: `t` moves by STEP_S in every training step; `crash_at` = the step (counted from 1
+    in this process) whose update raises `Crash` after its time passed."""
+
+    def __init__(self, monkeypatch, t: float = 1000.0):
+        from sqlrl.training.sessions import TrainClock
+
+        self.t, self.calls, self.crash_at = t, 0, None
+        monkeypatch.setattr(TrainClock, "now", staticmethod(lambda: self.t))
+
+    def step(self) -> None:
+        self.t += STEP_S
+        self.calls += 1
+        if self.calls == self.crash_at:
+            raise Crash(f"simulated crash in step call {self.calls}")
+
+    def session(self, crash_at: int | None = None) -> None:
+        """A new process: its own step count, the clock elsewhere."""
+        self.t, self.calls, self.crash_at = self.t + 5000.0, 0, crash_at
+
+
+def _run(out: Path) -> dict:
+    return json.loads((out / "run.json").read_text())
+
+
+def _sidecar_seconds(out: Path, step: int) -> float:
+    side = json.loads((out / "checkpoints" / f"step_{step:06d}" / "sidecar.json").read_text())
+    return side["extra"]["train_seconds"]
+
+
+def _machines(run: dict) -> list:
+    return [(m["steps"], m["machine"]["hostname"], m["device"]) for m in run["machines"]]
+
+
+@pytest.fixture
+def grpo_clock(monkeypatch):
+    """GRPO: the clock moves in `update_policy`; trainer.machine_info names the session's host."""
+    import sqlrl.training.trainer as trainer
+
+    clock = StepClock(monkeypatch)
+    real = trainer.update_policy
+    clock.host = "host-1"
+
+    def update(*a, **k):
+        clock.step()
+        return real(*a, **k)
+
+    monkeypatch.setattr(trainer, "update_policy", update)
+    monkeypatch.setattr(trainer, "machine_info", lambda: {"hostname": clock.host})
+    return clock
+
+
+def test_grpo_crash_after_a_checkpoint_resumes_from_the_checkpoints_seconds(tmp_path, grpo_clock):
+    from sqlrl.training.trainer import train
+
+    cfg = tiny_cfg(steps=4).replace(run={"checkpoint_every": 2})
+    kw = {"policy_factory": tiny_factory, "evaluator_factory": Alternating, "progress": False}
+    out = tmp_path / "r"
+    grpo_clock.session(crash_at=3)  # steps 1, 2 (checkpoint at 2), then step 3 crashes in its update
+    with pytest.raises(Crash):
+        train(cfg, out, **kw)
+    run = _run(out)
+    # the crashed invocation's run.json: the time and the steps of its last checkpoint (2 x 10 s)
+    assert run["status"] == "running" and run["train_seconds"] == 20.0 == _sidecar_seconds(out, 2)
+    assert _machines(run) == [([1, 2], "host-1", "cpu")]
+
+    grpo_clock.session()
+    grpo_clock.host = "host-2"
+    res = train(cfg, out, resume=True, **kw)  # steps 3 and 4 again: 20 s (checkpoint) + 2 x 10 s
+    assert res["finished"]
+    run = _run(out)
+    assert run["resumed_from_step"] == 2 and run["train_seconds"] == 40.0 == _sidecar_seconds(out, 4)
+    assert _machines(run) == [([1, 2], "host-1", "cpu"), ([3, 4], "host-2", "cpu")]
+    assert run["machine"] == {"hostname": "host-2"}  # this invocation's, as before
+
+
+def test_grpo_steps_after_the_last_checkpoint_are_not_counted_twice(tmp_path, grpo_clock):
+    from sqlrl.training.trainer import train
+
+    cfg = tiny_cfg(steps=4).replace(run={"checkpoint_every": 2})
+    kw = {"policy_factory": tiny_factory, "evaluator_factory": Alternating, "progress": False}
+    out = tmp_path / "r"
+    train(cfg, out, stop_after=3, **kw)  # a clean stop after step 3; its last checkpoint is step 2's
+    run = _run(out)
+    assert run["status"] == "stopped" and run["train_seconds"] == 30.0 and _sidecar_seconds(out, 2) == 20.0
+    assert _machines(run) == [([1, 3], "host-1", "cpu")]
+    grpo_clock.session()
+    train(cfg, out, resume=True, **kw)  # resumes at step 2: step 3 is trained again, counted once
+    run = _run(out)
+    assert run["train_seconds"] == 40.0  # 20 s + 2 x 10 s, not 30 s + 2 x 10 s
+    assert _machines(run) == [([1, 2], "host-1", "cpu"), ([3, 4], "host-1", "cpu")]
+
+
+def test_sft_crash_after_a_checkpoint_resumes_from_the_checkpoints_seconds(tmp_path, monkeypatch):
+    import sqlrl.training.sft as sft_mod
+    import sqlrl.training.sft_loop as loop
+    from sqlrl.training.sft import train_sft
+
+    clock = StepClock(monkeypatch)
+    real = loop.sft_step
+
+    def step(*a, **k):
+        clock.step()
+        return real(*a, **k)
+
+    monkeypatch.setattr(loop, "sft_step", step)
+    import sqlrl.training.checkpoint as ck
+
+    real_files = ck.files_record
+
+    def files(*a, **k):  # a checkpoint save takes 1 s, before its sidecar is written: counted in it
+        clock.t += 1.0
+        return real_files(*a, **k)
+
+    monkeypatch.setattr(ck, "files_record", files)
+    hosts = iter(["host-1", "host-2"])
+    monkeypatch.setattr(sft_mod, "machine_info", lambda: {"hostname": next(hosts)})
+    sft = T.sft_from_dict({"steps": 5, "batch_size": 2, "micro_batch": 2, "lr": 1e-3, "checkpoint_every": 2})
+    out = tmp_path / "s"
+    kw = {"policy_factory": tiny_factory, "progress": False}
+    clock.session(crash_at=4)  # steps 1-3 (checkpoint at 2: 2 x 10 s + its 1 s save), step 4 crashes
+    with pytest.raises(Crash):
+        train_sft(sft_cfg(), sft, out, **kw)
+    run = _run(out)
+    assert run["status"] == "running" and run["train_seconds"] == 21.0 == _sidecar_seconds(out, 2)
+    assert _machines(run) == [([1, 2], "host-1", "cpu")]
+    clock.session()
+    res = train_sft(sft_cfg(), sft, out, resume=True, **kw)  # steps 3, 4, 5, saves at 4 and 5
+    assert res["finished"]
+    run = _run(out)
+    assert _sidecar_seconds(out, 4) == 21.0 + 2 * STEP_S + 1.0
+    assert run["train_seconds"] == 21.0 + 3 * STEP_S + 2 * 1.0 == 53.0 == _sidecar_seconds(out, 5)
+    assert _machines(run) == [([1, 2], "host-1", "cpu"), ([3, 5], "host-2", "cpu")]
+
+
+def test_resumed_seconds_come_from_the_checkpoint_else_run_json():
+    from sqlrl.training.sessions import resumed_seconds
+
+    assert resumed_seconds({"step": 4, "extra": {"train_seconds": 12.5}}, {"train_seconds": 99.0}) == 12.5
+    # a checkpoint that does not record them: run.json's
+    assert resumed_seconds({"step": 4, "extra": {}}, {"train_seconds": 99.0}) == 99.0
+    assert resumed_seconds({"step": 4}, {}) == 0.0
+    # no checkpoint: every step is trained again, none counted before
+    assert resumed_seconds(None, {"train_seconds": 99.0}) == 0.0
+
+
+def test_kept_machines_end_at_the_checkpoint_resumed_from():
+    from sqlrl.training.sessions import kept_machines
+
+    a, b = {"hostname": "a"}, {"hostname": "b"}
+    prev = {"machines": [{"steps": [1, 4], "machine": a}, {"steps": [5, 9], "machine": b}]}
+    assert kept_machines(prev, 9) == prev["machines"]
+    assert kept_machines(prev, 6) == [{"steps": [1, 4], "machine": a}, {"steps": [5, 6], "machine": b}]
+    assert kept_machines(prev, 4) == [{"steps": [1, 4], "machine": a}]
+    assert kept_machines(prev, 0) == []
+    # a run.json without `machines`: its own machine, for the steps its invocation took
+    old = {"machine": a, "device": "cuda", "resumed_from_step": 3, "steps": 8, "started": "t"}
+    assert kept_machines(old, 6) == [{"steps": [4, 6], "machine": a, "device": "cuda", "started": "t"}]
+    assert kept_machines({**old, "resumed_from_step": None}, 9) == [
+        {"steps": [1, 8], "machine": a, "device": "cuda", "started": "t"}
+    ]
+    assert kept_machines({}, 5) == []
