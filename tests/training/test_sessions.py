@@ -280,3 +280,37 @@ def test_resumed_memory_takes_the_checkpoints_caps_else_run_json():
     # no checkpoint: the config's caps, no change kept
     m = resumed_memory(None, {"memory_adjustments": later}, 0, g, [])
     assert (m.caps, m.adjustments) == (PassCaps(4096, 32768), [])
+
+
+def test_grpo_resume_tries_the_rollout_engines_cache_again(tmp_path, grpo_clock, monkeypatch):
+    """An update runs out of memory whenever the static engine's cache is on the model. Step 1 drops the
+    cache and redoes its update (then every later update goes without it); a resume after a crash in
+    step 3 starts with the cache kept again: its first update pays one retry, lowers no cap, and drops
+    the cache for the rest of that invocation."""
+    import torch
+
+    from sqlrl.generation import staticgen
+    from sqlrl.training import update as U
+    from sqlrl.training.trainer import train
+
+    real = U.sequence_logprobs
+
+    def logprobs(model, batch, *a, **k):
+        if hasattr(staticgen._hf_model(model), "_sqlrl_static"):
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated: the cache is in the way)")
+        return real(model, batch, *a, **k)
+
+    monkeypatch.setattr(U, "sequence_logprobs", logprobs)
+    cfg = tiny_cfg(steps=4).replace(run={"checkpoint_every": 2, "gen_engine": "static"})
+    kw = {"policy_factory": tiny_factory, "evaluator_factory": Alternating, "progress": False}
+    out = tmp_path / "r"
+    grpo_clock.session(crash_at=3)
+    with pytest.raises(Crash):
+        train(cfg, out, **kw)
+    grpo_clock.session()
+    train(cfg, out, resume=True, **kw)
+    st = steps(out)
+    assert [s["oom_retries"] for s in st] == [1, 0, 1, 0]
+    assert [s["gen_cache_dropped"] for s in st] == [True] * 4
+    assert [s["micro_batch_logit_tokens_used"] for s in st] == [cfg.grpo.micro_batch_logit_tokens] * 4
+    assert _run(out)["memory_adjustments"] == [] == _sidecar(out, 4)["extra"]["memory_adjustments"]

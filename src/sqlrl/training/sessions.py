@@ -1,4 +1,4 @@
-"""Training time and machines of a run trained over several invocations (`--resume`, across sessions).
+"""Training time, machines and pass caps of a run trained over several invocations (`--resume`).
 
 run.json `train_seconds` of `sqlrl train` and `sqlrl sft` is the run's training time: the seconds the
 checkpoint it resumed from recorded plus this invocation's since its steps began, less the time that is
@@ -15,6 +15,10 @@ machine (`artifacts.machine_info`), device, started}. A resume keeps the entries
 step (`kept_machines`: later ones dropped, the last kept one cut at that step); an earlier run.json
 without `machines` counts as one entry of its `machine` for the steps its invocation took. run.json
 `machine` is the current invocation's.
+
+GRPO pass caps (`update.PassMemory`): every sidecar records the caps in force, the config's they came
+from and the `memory_adjustments` so far, run.json is rewritten with the latter; a resume takes the
+checkpoint's caps, each unless the config changed it since (`resumed_memory`; else `resumed_caps`).
 
 Not covered: time before the first step (loading, building examples, restoring a checkpoint) and after
 the last (the final export) is no invocation's training time; neither is the work after the last

@@ -8,15 +8,15 @@ only (`update.py`) -> metrics (steps.jsonl, metric sinks), checkpoint (`runfolde
 What is covered:
 - Unscorable golds are excluded before sampling (counted in run.json); trajectories that failed for
   infrastructure reasons are excluded from the batch and counted, never scored 0.
-- `grpo.control = "no-update"` runs every step with learning rate 0 and without `optimizer.step()`;
-  the weight audit then checks the weights are bit-identical to the base. `grpo.reward = "validity"`
-  rewards any SQL that executes.
+- `grpo.control = "no-update"` runs every step with learning rate 0 and without `optimizer.step()`
+  (the weight audit: bit-identical to the base); `grpo.reward = "validity"` rewards any SQL that runs.
 - Full fine-tuning keeps float32 master weights; on CUDA rollouts use a bfloat16 copy that is
   re-synced after every optimizer step (updates of ~1e-6 would be lost if accumulated in bf16).
 - GPU memory: the rollout engine's KV cache and CUDA graphs stay between steps and go after a curve
   evaluation; an update out of memory drops them and retries (dropping them before every later update:
   `gen_cache_dropped`), then uses smaller passes (`update.py`); generation out of memory halves its batch
-  (`HFPolicy`); steps.jsonl and run.json record each change (a resume restarts at `run.gen_max_batch`).
+  (`HFPolicy`); steps.jsonl and run.json record each change. A resume keeps its checkpoint's pass caps
+  (`sessions.py`), restarts at `run.gen_max_batch` and keeps the engine's cache until an update runs out.
 - Determinism: tasks come from a seeded epoch permutation (cursor saved in checkpoints), sampling
   seeds are a function of (run seed, step, round), RNG states are checkpointed. On CPU in float32 a
   resumed run takes the same next step as an uninterrupted one (tested).
