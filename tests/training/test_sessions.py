@@ -1,9 +1,10 @@
-"""A run's training time and machines across invocations (`training/sessions.py`), GRPO and SFT on CPU.
+"""A run's training time, machines and GRPO pass caps across invocations (`training/sessions.py`), on CPU.
 
 The tiny random Qwen2 of test_trainer.py; the clock `TrainClock` reads is replaced by one that moves
 only inside a training step (10 s per step), so every expected `train_seconds` is a count of steps.
 A crash is an exception raised inside a step after a checkpoint; a resume then continues from the
-seconds that checkpoint recorded.
+seconds and the pass caps that checkpoint recorded. Out of memory is simulated: an update pass of more
+than one trajectory under the configured `grpo.micro_batch_tokens` raises `torch.OutOfMemoryError`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from sqlrl import config_tables as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_sft_text2sql import _cfg as sft_cfg  # noqa: E402
-from test_trainer import Alternating, tiny_cfg, tiny_factory  # noqa: E402
+from test_trainer import Alternating, steps, tiny_cfg, tiny_factory  # noqa: E402
 
 STEP_S = 10.0
 
@@ -189,3 +190,127 @@ def test_kept_machines_end_at_the_checkpoint_resumed_from():
         {"steps": [1, 8], "machine": a, "device": "cuda", "started": "t"}
     ]
     assert kept_machines({}, 5) == []
+
+
+def _sidecar(out: Path, step: int) -> dict:
+    return json.loads((out / "checkpoints" / f"step_{step:06d}" / "sidecar.json").read_text())
+
+
+def test_grpo_crash_after_a_checkpoint_keeps_the_lowered_pass_cap(tmp_path, grpo_clock, monkeypatch):
+    """Step 1 runs out of memory under the configured token cap and halves it; step 2 checkpoints; step 3
+    crashes. The checkpoint and the crashed run's run.json hold the change; the resume starts with the
+    lowered cap (no second out-of-memory retry) and run.json lists the change once."""
+    import torch
+
+    from sqlrl.training import update as U
+    from sqlrl.training.trainer import train
+
+    configured = 10**6
+    real_batches, real_logprobs = U.micro_batches, U.sequence_logprobs
+    cap: dict = {}
+
+    def micro_batches(spans, max_seqs, max_logit_tokens=0, lengths=None, max_tokens=0):
+        cap["tokens"] = max_tokens
+        return real_batches(spans, max_seqs, max_logit_tokens, lengths, max_tokens)
+
+    def logprobs(model, batch, *a, **k):
+        if cap["tokens"] == configured and batch["input_ids"].shape[0] > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_logprobs(model, batch, *a, **k)
+
+    monkeypatch.setattr(U, "micro_batches", micro_batches)
+    monkeypatch.setattr(U, "sequence_logprobs", logprobs)
+    cfg = tiny_cfg(steps=4, micro_batch_tokens=configured).replace(run={"checkpoint_every": 2})
+    kw = {"policy_factory": tiny_factory, "evaluator_factory": Alternating, "progress": False}
+    out = tmp_path / "r"
+    grpo_clock.session(crash_at=3)
+    with pytest.raises(Crash):
+        train(cfg, out, **kw)
+    first = steps(out)
+    lowered = first[0]["micro_batch_tokens_used"]
+    assert [s["oom_retries"] for s in first] == [1, 0]  # one halving of the 3-trajectory first pass
+    assert 0 < lowered < configured and first[1]["micro_batch_tokens_used"] == lowered
+    change = [{"step": 1, "micro_batch_tokens": lowered}]
+    side = _sidecar(out, 2)["extra"]
+    assert side["memory_adjustments"] == change
+    assert side["pass_caps"] == {"micro_batch_logit_tokens": 0, "micro_batch_tokens": lowered}
+    assert side["pass_caps_config"] == {"micro_batch_logit_tokens": 0, "micro_batch_tokens": configured}
+    run = _run(out)
+    assert run["status"] == "running" and run["memory_adjustments"] == change
+
+    grpo_clock.session()
+    assert train(cfg, out, resume=True, **kw)["finished"]
+    st = steps(out)
+    assert [s["step"] for s in st] == [1, 2, 3, 4]
+    assert [s["micro_batch_tokens_used"] for s in st] == [lowered] * 4
+    assert [s["oom_retries"] for s in st] == [1, 0, 0, 0]
+    run = _run(out)
+    assert run["resumed_from_step"] == 2 and run["memory_adjustments"] == change
+    assert _sidecar(out, 4)["extra"]["memory_adjustments"] == change
+
+
+def test_resumed_memory_takes_the_checkpoints_caps_else_run_json():
+    from types import SimpleNamespace as NS
+
+    from sqlrl.training.sessions import resumed_memory
+    from sqlrl.training.update import PassCaps
+
+    g = NS(micro_batch_logit_tokens=4096, micro_batch_tokens=32768)
+    then = {"micro_batch_logit_tokens": 4096, "micro_batch_tokens": 32768}
+    adj = [{"step": 1, "micro_batch_tokens": 9000}, {"step": 3, "micro_batch_logit_tokens": 1000}]
+    side = {
+        "step": 3,
+        "extra": {
+            "pass_caps": {"micro_batch_logit_tokens": 1000, "micro_batch_tokens": 9000},
+            "pass_caps_config": then,
+            "memory_adjustments": adj,
+        },
+    }
+    later = [*adj, {"step": 5, "micro_batch_tokens": 10}]  # run.json of a later, clean stop
+    m = resumed_memory(side, {"memory_adjustments": later}, 3, g, [])
+    assert (m.caps, m.config, m.adjustments) == (PassCaps(1000, 9000), PassCaps(4096, 32768), adj)
+    # a cap set anew since the checkpoint (by this resume, or an earlier one that crashed before saving)
+    g2 = NS(micro_batch_logit_tokens=4096, micro_batch_tokens=20000)
+    assert resumed_memory(side, {}, 3, g2, []).caps == PassCaps(1000, 20000)
+    # a checkpoint without them: run.json's changes up to its step, as `update.resumed_caps`
+    m = resumed_memory({"step": 3, "extra": {}}, {"memory_adjustments": later}, 3, g, [])
+    assert (m.caps, m.adjustments) == (PassCaps(1000, 9000), adj)
+    m = resumed_memory({"step": 3}, {"memory_adjustments": later}, 3, g2, ["grpo.micro_batch_tokens: x"])
+    assert m.caps == PassCaps(1000, 20000)
+    # no checkpoint: the config's caps, no change kept
+    m = resumed_memory(None, {"memory_adjustments": later}, 0, g, [])
+    assert (m.caps, m.adjustments) == (PassCaps(4096, 32768), [])
+
+
+def test_grpo_resume_tries_the_rollout_engines_cache_again(tmp_path, grpo_clock, monkeypatch):
+    """An update runs out of memory whenever the static engine's cache is on the model. Step 1 drops the
+    cache and redoes its update (then every later update goes without it); a resume after a crash in
+    step 3 starts with the cache kept again: its first update pays one retry, lowers no cap, and drops
+    the cache for the rest of that invocation."""
+    import torch
+
+    from sqlrl.generation import staticgen
+    from sqlrl.training import update as U
+    from sqlrl.training.trainer import train
+
+    real = U.sequence_logprobs
+
+    def logprobs(model, batch, *a, **k):
+        if hasattr(staticgen._hf_model(model), "_sqlrl_static"):
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated: the cache is in the way)")
+        return real(model, batch, *a, **k)
+
+    monkeypatch.setattr(U, "sequence_logprobs", logprobs)
+    cfg = tiny_cfg(steps=4).replace(run={"checkpoint_every": 2, "gen_engine": "static"})
+    kw = {"policy_factory": tiny_factory, "evaluator_factory": Alternating, "progress": False}
+    out = tmp_path / "r"
+    grpo_clock.session(crash_at=3)
+    with pytest.raises(Crash):
+        train(cfg, out, **kw)
+    grpo_clock.session()
+    train(cfg, out, resume=True, **kw)
+    st = steps(out)
+    assert [s["oom_retries"] for s in st] == [1, 0, 1, 0]
+    assert [s["gen_cache_dropped"] for s in st] == [True] * 4
+    assert [s["micro_batch_logit_tokens_used"] for s in st] == [cfg.grpo.micro_batch_logit_tokens] * 4
+    assert _run(out)["memory_adjustments"] == [] == _sidecar(out, 4)["extra"]["memory_adjustments"]

@@ -159,12 +159,13 @@ class Checkpointer:
     config_hash: str
     keep_last: int
     record: Any = None
-    """`sessions.Sessions` of the run, or None: each checkpoint then records the training seconds so far
-    (`record.clock()`, sidecar `extra.train_seconds`) and tells `record.saved`."""
+    """`sessions.Sessions` of the run, or None: each checkpoint then records `record.extra()` (the
+    training seconds so far, `extra.train_seconds`, and a GRPO run's pass caps) and tells `record.saved`."""
 
     def _extra(self) -> dict:
-        self.saved_s = self.record.clock() if self.record is not None else None
-        return {} if self.saved_s is None else {"train_seconds": self.saved_s}
+        extra = self.record.extra() if self.record is not None else {}
+        self.saved_s = extra.get("train_seconds")
+        return extra
 
     def __call__(self, step: int) -> None:
         from sqlrl.training.checkpoint import capture_rng, save_checkpoint

@@ -1,4 +1,4 @@
-"""Training time and machines of a run trained over several invocations (`--resume`, across sessions).
+"""Training time, machines and pass caps of a run trained over several invocations (`--resume`).
 
 run.json `train_seconds` of `sqlrl train` and `sqlrl sft` is the run's training time: the seconds the
 checkpoint it resumed from recorded plus this invocation's since its steps began, less the time that is
@@ -16,6 +16,10 @@ step (`kept_machines`: later ones dropped, the last kept one cut at that step); 
 without `machines` counts as one entry of its `machine` for the steps its invocation took. run.json
 `machine` is the current invocation's.
 
+GRPO pass caps (`update.PassMemory`): every sidecar records the caps in force, the config's they came
+from and the `memory_adjustments` so far, run.json is rewritten with the latter; a resume takes the
+checkpoint's caps, each unless the config changed it since (`resumed_memory`; else `resumed_caps`).
+
 Not covered: time before the first step (loading, building examples, restoring a checkpoint) and after
 the last (the final export) is no invocation's training time; neither is the work after the last
 checkpoint of an invocation that crashed.
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlrl.artifacts import write_json_atomic
+from sqlrl.training.update import PassCaps, PassMemory, resumed_caps
 
 
 def _nothing() -> float:
@@ -74,6 +79,32 @@ def resumed_seconds(sidecar: dict | None, prev_run: dict) -> float:
     return t or 0.0
 
 
+def _int(x) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def resumed_memory(sidecar: dict | None, prev_run: dict, step: int, g, changes: list[str]) -> PassMemory:
+    """The update-pass memory state a GRPO resume from the checkpoint of `step` (its sidecar, None
+    without one) starts with. Cap changes: the sidecar's `extra.memory_adjustments`, else the earlier
+    run.json's, those of steps <= `step`. Caps, each: the config's (`g`, `grpo`) when it differs from
+    the one the checkpoint was taken under (`extra.pass_caps_config`), else the checkpoint's
+    `extra.pass_caps`; a checkpoint without them: `update.resumed_caps` of the changes and `changes`."""
+    extra = (sidecar or {}).get("extra") or {}
+    adj = extra.get("memory_adjustments")
+    if not isinstance(adj, list):
+        adj = prev_run.get("memory_adjustments")
+    adj = [a for a in adj or [] if isinstance(a, dict) and (_int(a.get("step")) or 0) <= step]
+    config = PassCaps.of(g)
+    used, then = extra.get("pass_caps"), extra.get("pass_caps_config")
+    if not (isinstance(used, dict) and isinstance(then, dict)):
+        return PassMemory(resumed_caps(g, adj, changes), config, adj)
+    caps = {
+        k: used[k] if v == then.get(k) and _int(used.get(k)) is not None else v
+        for k, v in config.to_dict().items()
+    }
+    return PassMemory(PassCaps.named(caps), config, adj)
+
+
 def _steps(entry) -> list[int] | None:
     s = entry.get("steps") if isinstance(entry, dict) else None
     ok = (
@@ -112,23 +143,42 @@ def kept_machines(prev_run: dict, step: int) -> list[dict]:
 
 class Sessions:
     """run.json of a training invocation (`info`, the dict it writes) with the run's `train_seconds` and
-    `machines`; `clock` counts the training time. `write` rewrites run.json; a checkpoint calls `saved`."""
+    `machines`, and with a GRPO run's `memory` (`update.PassMemory`) its `memory_adjustments`; `clock`
+    counts the training time. `write` rewrites run.json; a checkpoint takes `extra` and calls `saved`."""
 
-    def __init__(self, out: Path, info: dict, clock: TrainClock, start_step: int, kept: list[dict]):
+    def __init__(
+        self,
+        out: Path,
+        info: dict,
+        clock: TrainClock,
+        start_step: int,
+        kept: list[dict],
+        memory: PassMemory | None = None,
+    ):
         self.out, self.info, self.clock, self.start_step, self.kept = out, info, clock, start_step, kept
+        self.memory = memory
+
+    def extra(self) -> dict:
+        """A checkpoint's sidecar `extra` taken now: `train_seconds` so far and the `memory` state."""
+        return {
+            "train_seconds": self.clock(),
+            **(self.memory.sidecar() if self.memory is not None else {}),
+        }
 
     def fields(self, last_step: int, seconds: float) -> dict:
-        """run.json's `train_seconds` and `machines` once this invocation trained up to `last_step` (an
-        entry of its own only when that is past the step it started from)."""
+        """run.json's `train_seconds`, `machines` (and `memory_adjustments`) once this invocation trained
+        up to `last_step` (an entry of its own only when that is past the step it started from)."""
         mine = {
             "steps": [self.start_step + 1, last_step],
             "machine": self.info.get("machine"),
             "device": self.info.get("device"),
             "started": self.info.get("started"),
         }
+        memory = {} if self.memory is None else {"memory_adjustments": list(self.memory.adjustments)}
         return {
             "train_seconds": round(seconds, 2),
             "machines": self.kept + ([mine] if last_step > self.start_step else []),
+            **memory,
         }
 
     def write(self, last_step: int, seconds: float) -> None:

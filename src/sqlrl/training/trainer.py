@@ -8,15 +8,15 @@ only (`update.py`) -> metrics (steps.jsonl, metric sinks), checkpoint (`runfolde
 What is covered:
 - Unscorable golds are excluded before sampling (counted in run.json); trajectories that failed for
   infrastructure reasons are excluded from the batch and counted, never scored 0.
-- `grpo.control = "no-update"` runs every step with learning rate 0 and without `optimizer.step()`;
-  the weight audit then checks the weights are bit-identical to the base. `grpo.reward = "validity"`
-  rewards any SQL that executes.
+- `grpo.control = "no-update"` runs every step with learning rate 0 and without `optimizer.step()`
+  (the weight audit: bit-identical to the base); `grpo.reward = "validity"` rewards any SQL that runs.
 - Full fine-tuning keeps float32 master weights; on CUDA rollouts use a bfloat16 copy that is
   re-synced after every optimizer step (updates of ~1e-6 would be lost if accumulated in bf16).
 - GPU memory: the rollout engine's KV cache and CUDA graphs stay between steps and go after a curve
   evaluation; an update out of memory drops them and retries (dropping them before every later update:
   `gen_cache_dropped`), then uses smaller passes (`update.py`); generation out of memory halves its batch
-  (`HFPolicy`); steps.jsonl and run.json record each change (a resume restarts at `run.gen_max_batch`).
+  (`HFPolicy`); steps.jsonl and run.json record each change. A resume keeps its checkpoint's pass caps
+  (`sessions.py`), restarts at `run.gen_max_batch` and keeps the engine's cache until an update runs out.
 - Determinism: tasks come from a seeded epoch permutation (cursor saved in checkpoints), sampling
   seeds are a function of (run seed, step, round), RNG states are checkpointed. On CPU in float32 a
   resumed run takes the same next step as an uninterrupted one (tested).
@@ -27,7 +27,6 @@ are for); the same GPU kernels across runs.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import random
@@ -58,8 +57,8 @@ from sqlrl.training.runfolder import (
 )
 from sqlrl.training.sampling import make_sampler
 from sqlrl.training.schedule import lr_factor
-from sqlrl.training.sessions import Sessions, TrainClock, kept_machines, resumed_seconds
-from sqlrl.training.update import Learner, PassCaps, UpdateResult, resumed_caps, update_policy
+from sqlrl.training.sessions import Sessions, TrainClock, kept_machines, resumed_memory, resumed_seconds
+from sqlrl.training.update import Learner, PassMemory, UpdateResult, update_policy
 
 log = logging.getLogger(__name__)
 
@@ -210,13 +209,12 @@ def build_models(cfg: Config, device: str, gen_dtype: str, policy_factory=None) 
 
 @dataclass
 class Resumed:
-    """Where a GRPO run continues: last checkpointed step, its training seconds, out-of-memory cap
-    changes and machines of earlier invocations (kept steps only), and the pass caps to start with."""
+    """Where a GRPO run continues: last checkpointed step, its training seconds, the pass caps to start
+    with and the run's out-of-memory cap changes so far, machines of earlier invocations (kept steps)."""
 
+    memory: PassMemory
     start_step: int = 0
     prev_train_s: float = 0.0
-    earlier_adjustments: list[dict] = field(default_factory=list)
-    caps: PassCaps = field(default_factory=PassCaps)
     machines: list[dict] = field(default_factory=list)
 
 
@@ -224,12 +222,10 @@ def resume_grpo(
     cfg: Config, out: Path, models: PolicyModels, optimizer, scheduler, sampler, changes, from_valid=False
 ) -> Resumed:
     """Restore a GRPO run from its newest checkpoint; record allowed config `changes`; drop metric lines
-    of later steps. A resumed run keeps a pass cap an earlier invocation lowered, unless the resume
-    sets a new one (`update.resumed_caps`)."""
+    of later steps. A resumed run keeps the pass caps of its checkpoint, lowered ones included, unless
+    the resume sets a new one (`sessions.resumed_memory`)."""
     prev_run = previous_run(out)
-    r = Resumed()
-    with contextlib.suppress(Exception):
-        r.earlier_adjustments = list(prev_run.get("memory_adjustments") or [])
+    r = Resumed(PassMemory.start(cfg.grpo))
     restored = restore_latest(out, models.train, optimizer, scheduler, sampler, from_valid=from_valid)
     if restored is not None:
         r.start_step = int(restored["step"])
@@ -240,8 +236,7 @@ def resume_grpo(
         log.warning(f"sqlrl train: resuming with {changes}")
         write_json_atomic(out / "config.json", cfg.resolve())
     drop_steps_after(out, ("steps.jsonl", "rollouts.jsonl", "sql.jsonl"), r.start_step)
-    r.earlier_adjustments = [a for a in r.earlier_adjustments if a.get("step", 0) <= r.start_step]
-    r.caps = resumed_caps(cfg.grpo, r.earlier_adjustments, changes)
+    r.memory = resumed_memory(restored, prev_run, r.start_step, cfg.grpo, changes)
     return r
 
 
@@ -440,13 +435,13 @@ def train(
     if resume:
         r = resume_grpo(cfg, out, m, optimizer, scheduler, sampler, resume_changes, resume_from_valid)
     else:
-        r = Resumed(caps=PassCaps(g.micro_batch_logit_tokens, g.micro_batch_tokens))
+        r = Resumed(PassMemory.start(g))
         write_json_atomic(out / "config.json", cfg.resolve())
         write_json_atomic(out / "split.json", env.split_info())
-    start_step, caps = r.start_step, r.caps
+    start_step = r.start_step
     resumed_from = start_step if resume else None
     run_info = run_record(cfg, env, m, budgets, device, gen_dtype, command, resumed_from, resume_changes)
-    record = Sessions(out, run_info, TrainClock(r.prev_train_s), start_step, r.machines)
+    record = Sessions(out, run_info, TrainClock(r.prev_train_s), start_step, r.machines, r.memory)
     record.write(start_step, r.prev_train_s)
 
     sinks = MetricSinks(cfg, out)
@@ -477,7 +472,6 @@ def train(
     checkpoint = Checkpointer(
         out, m.train, optimizer, scheduler, sampler, cfg.config_hash(), cfg.run.keep_checkpoints, record
     )
-    memory_adjustments: list[dict] = []
     curve = Curve(cfg, out, env, budgets, resumed_from)
     with env:
         for step in range(start_step + 1, g.steps + 1):
@@ -497,10 +491,9 @@ def train(
             t1 = time.perf_counter()
             if drop_cache:
                 m.policy.release_memory()
-            upd = update_policy(learner, sample.train_valid, adv, g, step, caps)
+            upd = update_policy(learner, sample.train_valid, adv, g, step, r.memory.caps)
             upd.released = drop_cache = drop_cache or upd.released  # dropped for this step's update
-            caps = upd.caps
-            memory_adjustments += upd.memory_adjustments
+            r.memory.after(upd)
             m.sync()
             lr = scheduler.get_last_lr()[0]
             metrics = step_metrics(
@@ -537,7 +530,6 @@ def train(
     run_info.update(
         {
             "status": "finished" if result["finished"] else "stopped",
-            "memory_adjustments": r.earlier_adjustments + memory_adjustments,
             "generation_memory_adjustments": list(m.policy.memory_adjustments),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **record.fields(last_step, total_s),

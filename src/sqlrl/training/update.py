@@ -160,6 +160,20 @@ class PassCaps:
     logit_tokens: int = 0
     tokens: int = 0
 
+    @classmethod
+    def of(cls, g) -> PassCaps:
+        """The caps the config `g` (`grpo`) sets."""
+        return cls(g.micro_batch_logit_tokens, g.micro_batch_tokens)
+
+    @classmethod
+    def named(cls, caps: dict) -> PassCaps:
+        """The caps of a `to_dict` record."""
+        return cls(caps["micro_batch_logit_tokens"], caps["micro_batch_tokens"])
+
+    def to_dict(self) -> dict:
+        """The caps under their setting names (as in `memory_adjustments`)."""
+        return {"micro_batch_logit_tokens": self.logit_tokens, "micro_batch_tokens": self.tokens}
+
     def lowered(self, n: int, width: int, length: int) -> tuple[PassCaps, dict]:
         """The caps after a pass of `n` trajectories x `width` logit columns x `length` padded columns ran
         out of memory: that pass halved, in the token cap when one is set, else in the logit-token cap;
@@ -183,6 +197,39 @@ def resumed_caps(g, adjustments: list[dict], changes: list[str]) -> PassCaps:
         if lowered and not any(c.startswith(f"grpo.{key}:") for c in changes):
             caps[key] = lowered[-1]
     return PassCaps(caps["micro_batch_logit_tokens"], caps["micro_batch_tokens"])
+
+
+@dataclass
+class PassMemory:
+    """A run's update-pass memory state: the caps in force (`caps`), the config's caps they came from
+    (`config`), and the run's out-of-memory cap changes so far (`adjustments`, [{"step", cap: value}],
+    those of earlier invocations up to the step resumed from first)."""
+
+    caps: PassCaps
+    """The caps the next update uses."""
+    config: PassCaps
+    """The caps the run's config sets (what `caps` are, until an update runs out of memory)."""
+    adjustments: list[dict] = field(default_factory=list)
+    """Every cap change of the run so far, oldest first (run.json `memory_adjustments`)."""
+
+    @classmethod
+    def start(cls, g) -> PassMemory:
+        """A new run's: the caps of the config `g` (`grpo`), no change yet."""
+        return cls(PassCaps.of(g), PassCaps.of(g))
+
+    def after(self, u: UpdateResult) -> None:
+        """The update `u` ran: its caps stay in force, its cap changes are the run's."""
+        self.caps = u.caps
+        self.adjustments += u.memory_adjustments
+
+    def sidecar(self) -> dict:
+        """A checkpoint's record of it (sidecar `extra`): `pass_caps` in force, `pass_caps_config`,
+        `memory_adjustments` so far."""
+        return {
+            "pass_caps": self.caps.to_dict(),
+            "pass_caps_config": self.config.to_dict(),
+            "memory_adjustments": [dict(a) for a in self.adjustments],
+        }
 
 
 def oom_message(step: int, n: int, keep: int, g, retries: int = 0, length: int = 0) -> str:
