@@ -116,3 +116,31 @@ def tiny_db(tmp_path: Path) -> str:
     con.commit()
     con.close()
     return str(p)
+
+
+def status_rows(pattern: list[tuple[str, str]], side: int) -> list[dict]:
+    """results.jsonl rows for one side of a paired pattern [(status A, status B), ...] on pets_1; an
+    infra_error row is excluded (correct None)."""
+    rows = []
+    for i, statuses in enumerate(pattern):
+        status = statuses[side]
+        correct = None if status == "infra_error" else status == "match"
+        rows.append({"task_id": f"dev/{i:05d}", "db_id": "pets_1", "status": status, "correct": correct})
+    return rows
+
+
+def oom_while_engine_cached(monkeypatch) -> None:
+    """Make every update pass run out of memory while the policy's static engine cache is held."""
+    import torch
+
+    from sqlrl.generation import staticgen
+    from sqlrl.training import update as U
+
+    real = U.sequence_logprobs
+
+    def logprobs(model, batch, *a, **k):
+        if hasattr(staticgen._hf_model(model), "_sqlrl_static"):
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated: the cache is in the way)")
+        return real(model, batch, *a, **k)
+
+    monkeypatch.setattr(U, "sequence_logprobs", logprobs)

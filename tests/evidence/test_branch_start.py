@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import status_rows
 from sqlrl.artifacts import read_json, write_json_atomic, write_jsonl
 from sqlrl.evidence.branchstart import branch_start_rows
 from sqlrl.evidence.gate import evidence_gate
@@ -40,24 +41,15 @@ PATTERN = [
 ]
 
 
-def _results(side: int) -> list[dict]:
-    rows = []
-    for i, statuses in enumerate(PATTERN):
-        status = statuses[side]
-        correct = None if status == "infra_error" else status == "match"
-        rows.append({"task_id": f"dev/{i:05d}", "db_id": "pets_1", "status": status, "correct": correct})
-    return rows
-
-
 def _folder(tmp_path: Path, *, with_branch: bool = True) -> Path:
     p = make_experiment(tmp_path / "e", synthetic=False, arms=("base", "sft", "grpo_sft"), n_tasks=11)
-    write_jsonl(p / "arms/grpo_sft/eval/results.jsonl", _results(1))
+    write_jsonl(p / "arms/grpo_sft/eval/results.jsonl", status_rows(PATTERN, 1))
     e = read_json(p / "experiment.json")
     e["arms"]["grpo_sft"]["init_run"] = "arms/sft/train"
     e["arms"]["grpo_sft"]["init_branch"] = "arms/sft/train/branch_step_000240"
     if with_branch:
         shutil.copytree(p / "arms/sft/eval", p / "arms/sft/branch_eval")
-        write_jsonl(p / "arms/sft/branch_eval/results.jsonl", _results(0))
+        write_jsonl(p / "arms/sft/branch_eval/results.jsonl", status_rows(PATTERN, 0))
         e["arms"]["sft"].update(branch_eval_run="arms/sft/branch_eval", branch_step=240)
     write_json_atomic(p / "experiment.json", e)
     run = read_json(p / "arms/grpo_sft/train/run.json")

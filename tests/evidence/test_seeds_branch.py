@@ -23,6 +23,7 @@ import pytest
 from test_branch_start import _folder
 from test_seeds import with_sft
 
+from conftest import status_rows
 from sqlrl.artifacts import read_json, write_json_atomic, write_jsonl
 from sqlrl.evidence.seeds import render_html, render_markdown, summarize
 
@@ -45,15 +46,6 @@ SEED1 = [
 ]
 
 
-def _rows(pattern: list[tuple[str, str]], side: int) -> list[dict]:
-    rows = []
-    for i, statuses in enumerate(pattern):
-        status = statuses[side]
-        correct = None if status == "infra_error" else status == "match"
-        rows.append({"task_id": f"dev/{i:05d}", "db_id": "pets_1", "status": status, "correct": correct})
-    return rows
-
-
 def _set_seed(p: Path, k: int) -> Path:
     meta = read_json(p / "experiment.json")
     meta["config"] = {"run": {"seed": k}}
@@ -64,8 +56,8 @@ def _set_seed(p: Path, k: int) -> Path:
 def _seed(root: Path, k: int, *, with_branch: bool = True) -> Path:
     p = _set_seed(_folder(root / f"seed{k}", with_branch=with_branch), k)
     if k == 1 and with_branch:
-        write_jsonl(p / "arms/sft/branch_eval/results.jsonl", _rows(SEED1, 0))
-        write_jsonl(p / "arms/grpo_sft/eval/results.jsonl", _rows(SEED1, 1))
+        write_jsonl(p / "arms/sft/branch_eval/results.jsonl", status_rows(SEED1, 0))
+        write_jsonl(p / "arms/grpo_sft/eval/results.jsonl", status_rows(SEED1, 1))
     return p
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import oom_while_engine_cached
 from sqlrl import config_tables as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -287,20 +288,10 @@ def test_grpo_resume_tries_the_rollout_engines_cache_again(tmp_path, grpo_clock,
     cache and redoes its update (then every later update goes without it); a resume after a crash in
     step 3 starts with the cache kept again: its first update pays one retry, lowers no cap, and drops
     the cache for the rest of that invocation."""
-    import torch
 
-    from sqlrl.generation import staticgen
-    from sqlrl.training import update as U
     from sqlrl.training.trainer import train
 
-    real = U.sequence_logprobs
-
-    def logprobs(model, batch, *a, **k):
-        if hasattr(staticgen._hf_model(model), "_sqlrl_static"):
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated: the cache is in the way)")
-        return real(model, batch, *a, **k)
-
-    monkeypatch.setattr(U, "sequence_logprobs", logprobs)
+    oom_while_engine_cached(monkeypatch)
     cfg = tiny_cfg(steps=4).replace(run={"checkpoint_every": 2, "gen_engine": "static"})
     kw = {"policy_factory": tiny_factory, "evaluator_factory": Alternating, "progress": False}
     out = tmp_path / "r"

@@ -16,6 +16,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from conftest import oom_while_engine_cached
 from sqlrl import config as C
 from sqlrl.training import update as U
 from sqlrl.training.update import PassCaps, micro_batches, resumed_caps
@@ -302,20 +303,11 @@ def test_the_rollout_engine_cache_is_kept_while_memory_suffices(tmp_path, monkey
 def test_an_update_out_of_memory_drops_the_engine_cache_for_the_rest_of_the_run(tmp_path, monkeypatch):
     """Step 1's update runs out of memory while the engine's cache is on the model: the cache is dropped,
     the update redone with the same caps; every later update starts without it (steps.jsonl says so)."""
-    import torch
 
-    from sqlrl.generation import staticgen
     from sqlrl.training import trainer as T
 
     after_generate, at_update = _engine_spy(monkeypatch)
-    real = U.sequence_logprobs
-
-    def logprobs(model, batch, *a, **k):
-        if hasattr(staticgen._hf_model(model), "_sqlrl_static"):
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated: the cache is in the way)")
-        return real(model, batch, *a, **k)
-
-    monkeypatch.setattr(U, "sequence_logprobs", logprobs)
+    oom_while_engine_cached(monkeypatch)
     cfg = tiny_cfg(steps=3).replace(run={"gen_engine": "static"})
     T.train(cfg, tmp_path / "r", policy_factory=tiny_factory, evaluator_factory=Alternating, progress=False)
     st = steps(tmp_path / "r")
