@@ -203,7 +203,7 @@ def _sft_section(analysis: dict) -> list[str]:
         "An RL arm's train minutes are its whole training: grpo_sft's are the SFT run it started from "
         "(the sft arm's own run, its own stage with sft.init_steps > 0, or the sft arm's run up to step "
         'init_steps with sft.init_from = "control") plus its GRPO steps; the SFT control needs at least '
-        "as many (run.json train_seconds), on the same device (run.json machine): minutes on different "
+        "as many (run.json train_seconds), on the same device (run.json machines: every session's): minutes on different "
         "devices are not compared.",
     ]
     return out
