@@ -369,8 +369,8 @@ def _combine_leakage(out: Path, cells: list[tuple[int, int | None]]) -> None:
 
 
 def _audit_weights(cfg: Config, exp: ExperimentConfig, out: Path, now: set[str] | None = None) -> None:
-    """weights_audit.json: base vs GRPO vs No-update of the cells keyed in `now` (every cell when None),
-    and the reloaded identity (`weightaudit.audit_cells`)."""
+    """weights_audit.json: base vs GRPO vs No-update of the cells keyed in `now` (every cell when None;
+    other cells' earlier audits kept), and the reloaded identity (`weightaudit.audit_cells`)."""
     from sqlrl.experiment.weightaudit import audit_cells
 
     cells = [(_cell_key(t, c), cell_suffix(t, c)) for t, c in exp.cells()]
@@ -388,13 +388,13 @@ def _run_matrix(
     eval_tasks: list,
     command: list[str] | None,
     deadline: float | None,
-) -> set[str]:
+) -> None:
     """Every arm of every cell (experiment.json after each), a cell's weight audit once its grpo and
-    no_update arms are done, then its leakage audit. Returns the keys of the cells audited."""
+    no_update arms are done (finished in an earlier session too: every arm passes here), then its
+    leakage audit."""
     from sqlrl.experiment.weightaudit import audit_point
 
     check_branches(out, exp.cells(), exp.arms, exp.sft)
-    audited: set[str] = set()
     for turns, context in exp.cells():
         suffix = cell_suffix(turns, context)
         for kind in exp.arms:
@@ -417,7 +417,6 @@ def _run_matrix(
             write_json_atomic(out / "experiment.json", state)
             if kind == audit_point(exp.arms):  # while their weights are surely here
                 _audit_weights(cfg, exp, out, now={_cell_key(turns, context)})
-                audited.add(_cell_key(turns, context))
         leak = progress.index[(_cell_key(turns, context), "leakage")]
         if (out / f"leakage{suffix}.json").exists():
             progress.line.skip(leak)
@@ -425,7 +424,6 @@ def _run_matrix(
             handle = progress.line.open(leak)
             _leakage_for_cell(cfg, exp, out, turns, context, eval_tasks)
             handle.update(progress.line.parts[leak].total)
-    return audited
 
 
 def run_experiment(
@@ -478,7 +476,7 @@ def _run_locked(
     )
     progress = ArmProgress(cfg, exp, len(eval_tasks), title=exp.name)
     try:
-        audited = _run_matrix(
+        _run_matrix(
             cfg,
             exp,
             out,
@@ -492,8 +490,6 @@ def _run_locked(
     finally:
         progress.line.finish()
     _combine_leakage(out, exp.cells())
-    if "grpo" in exp.arms:
-        _audit_weights(cfg, exp, out, now={_cell_key(t, c) for t, c in exp.cells()} - audited)
     state["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     write_json_atomic(out / "experiment.json", state)
     result = {"out": str(out)}

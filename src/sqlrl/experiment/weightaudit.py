@@ -10,7 +10,7 @@ What is covered:
   {cell key (`t1`, `t3_c2048`): that cell's audit}. A file without `cells` is a one-cell audit.
 - When: a cell is audited as soon as its grpo and no_update arms are done (`audit_point`: after the
   later of the two in experiment.arms), while their weights are surely here, so a session that stops
-  in a later arm and is packed without weights has audited them; the matrix's end audits the rest.
+  in a later arm and is packed without weights has audited them.
 - Resume: a cell's earlier audit is kept when it passed on exactly these finals and this base while
   the finals' weights are not here (an experiment resumed elsewhere from a folder carried without
   weights): each final's identity.json hash and the base model's weights hash equal the ones that
