@@ -436,9 +436,8 @@ def train_sft(
         model,
         (tokenizer, base_name, base_identity, gen_dtype),
     )
-    setup_s = (
-        curve.seconds
-    )  # the curve's setup, before the clock starts: in curve_seconds, not taken out of training
+    # the curve's setup, before the clock starts: in curve_seconds, not taken out of training
+    setup_s = curve.seconds
     loop = StepLoop(
         model,
         optimizer,

@@ -188,15 +188,12 @@ class PassCaps:
 def resumed_caps(g, adjustments: list[dict], changes: list[str]) -> PassCaps:
     """The caps a resumed run starts with: per cap, the last value an earlier invocation lowered it to
     (`adjustments`, as in run.json), unless the resume sets that setting anew (`changes`)."""
-    caps = {
-        "micro_batch_logit_tokens": g.micro_batch_logit_tokens,
-        "micro_batch_tokens": g.micro_batch_tokens,
-    }
+    caps = PassCaps.of(g).to_dict()
     for key in caps:
         lowered = [int(a[key]) for a in adjustments if key in a]
         if lowered and not any(c.startswith(f"grpo.{key}:") for c in changes):
             caps[key] = lowered[-1]
-    return PassCaps(caps["micro_batch_logit_tokens"], caps["micro_batch_tokens"])
+    return PassCaps.named(caps)
 
 
 @dataclass
