@@ -127,6 +127,16 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
             raise ValueError(f"{path}: line {i + 1} is not valid JSON") from None
 
 
+def json_number(x: Any) -> float | None:
+    """A number read from a JSON record as a float; None for anything else (a bool is not a number)."""
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
+def json_int(x: Any) -> int | None:
+    """An integer read from a JSON record; None for anything else (a bool or a float is not one)."""
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
 ARCHIVE_COMMIT_FILE = ".sqlrl_commit"  # at the root of a tree unpacked from a `git archive`
 
 

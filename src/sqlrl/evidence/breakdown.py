@@ -24,6 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from sqlrl.artifacts import json_number
 from sqlrl.evidence.rundir import Experiment
 from sqlrl.tasks.hardness import HARDNESS, UNPARSED, hardness
 
@@ -176,10 +177,6 @@ def _stage_curves(exp: Experiment) -> dict:
     return out
 
 
-def _num(x: Any) -> float | None:
-    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
-
-
 def _arm_self_consistency(exp: Experiment, arm: str, **kw: Any) -> dict | None:
     from sqlrl.evidence import stats
 
@@ -193,8 +190,8 @@ def _arm_self_consistency(exp: Experiment, arm: str, **kw: Any) -> dict | None:
         "temperature": s.get("temperature"),
         "source": "self_consistency.json",
         "n": s.get("n"),
-        "accuracy": _num(s.get("execution_match")),
-        "pass_at_k": _num(s.get("pass_at_k")),
+        "accuracy": json_number(s.get("execution_match")),
+        "pass_at_k": json_number(s.get("pass_at_k")),
     }
     if rows is not None:
         scored = [r for r in rows if r.get("correct") is not None]

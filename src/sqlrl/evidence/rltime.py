@@ -23,7 +23,7 @@ import math
 import re
 from pathlib import Path
 
-from sqlrl.artifacts import read_json
+from sqlrl.artifacts import json_number, read_json
 from sqlrl.evidence.fmt import device_str
 from sqlrl.evidence.rundir import Arm, Experiment
 
@@ -42,9 +42,9 @@ def train_seconds(exp: Experiment, arm: Arm) -> float | None:
     if not isinstance(run, dict):
         return None
     for key, scale in (("train_seconds", 1.0), ("gpu_minutes", 60.0)):
-        t = run.get(key)
-        if isinstance(t, int | float) and not isinstance(t, bool):
-            return float(t) * scale
+        t = json_number(run.get(key))
+        if t is not None:
+            return t * scale
     return None
 
 
@@ -92,10 +92,6 @@ def init_run(exp: Experiment, arm: Arm) -> tuple[Path | None, dict | None]:
     return d, run if isinstance(run, dict) else None
 
 
-def _num(x) -> float | None:
-    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
-
-
 def init_branch(exp: Experiment, arm: Arm, run_dir: Path | None) -> tuple[int | None, float | None]:
     """(step, the SFT run's training seconds up to it) of the branch a grpo_sft arm started from, or
     (None, None) when it started from a run's final weights. Seconds: branch.json's, else steps.jsonl's
@@ -110,7 +106,7 @@ def init_branch(exp: Experiment, arm: Arm, run_dir: Path | None) -> tuple[int | 
     branch = read_branch(folder) or {}
     match = re.fullmatch(r"branch_step_(\d+)", folder.name)
     step = branch.get("step") or init.get("step") or (int(match.group(1)) if match else None)
-    seconds = _num(branch.get("train_seconds"))
+    seconds = json_number(branch.get("train_seconds"))
     if seconds is None and isinstance(step, int) and run_dir is not None:
         seconds = _steps_seconds(run_dir / "steps.jsonl", step)
     return step, seconds
@@ -150,7 +146,7 @@ def _steps_seconds(path: Path, step: int) -> float | None:
             row = json.loads(line)
         except ValueError:
             continue
-        t = _num(row.get("time_step_s")) if isinstance(row, dict) else None
+        t = json_number(row.get("time_step_s")) if isinstance(row, dict) else None
         if isinstance(row.get("step"), int) and t is not None and row["step"] <= step:
             per_step[row["step"]] = t
     return sum(per_step.values()) if len(per_step) == step else None
@@ -183,7 +179,7 @@ def rl_training(exp: Experiment, arm: Arm) -> dict:
     if d is not None:
         devices.append((rel_path(exp, d), run_device(run)))
     out["branch_step"], branch_s = init_branch(exp, arm, d)
-    out["sft"] = branch_s if out["branch_step"] is not None else _num((run or {}).get("train_seconds"))
+    out["sft"] = branch_s if out["branch_step"] is not None else json_number((run or {}).get("train_seconds"))
     out["sft_run"] = rel_path(exp, d) if d is not None else None
     if d is not None:
         for s in exp.arms_of("sft"):

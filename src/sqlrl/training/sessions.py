@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlrl.artifacts import write_json_atomic
+from sqlrl.artifacts import json_int, json_number, write_json_atomic
 from sqlrl.training.update import PassCaps, PassMemory, resumed_caps
 
 
@@ -64,23 +64,15 @@ class TrainClock:
         return self.previous_s + self.now() - self.t0 - self.excluded()
 
 
-def _number(x) -> float | None:
-    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
-
-
 def resumed_seconds(sidecar: dict | None, prev_run: dict) -> float:
     """Training seconds a resume continues from: the restored checkpoint's sidecar `extra.train_seconds`,
     else (a checkpoint without them) the earlier run.json's `train_seconds`; 0.0 without a checkpoint."""
     if sidecar is None:
         return 0.0
-    t = _number((sidecar.get("extra") or {}).get("train_seconds"))
+    t = json_number((sidecar.get("extra") or {}).get("train_seconds"))
     if t is None:
-        t = _number(prev_run.get("train_seconds"))
+        t = json_number(prev_run.get("train_seconds"))
     return t or 0.0
-
-
-def _int(x) -> int | None:
-    return x if isinstance(x, int) and not isinstance(x, bool) else None
 
 
 def resumed_memory(sidecar: dict | None, prev_run: dict, step: int, g, changes: list[str]) -> PassMemory:
@@ -93,13 +85,13 @@ def resumed_memory(sidecar: dict | None, prev_run: dict, step: int, g, changes: 
     adj = extra.get("memory_adjustments")
     if not isinstance(adj, list):
         adj = prev_run.get("memory_adjustments")
-    adj = [a for a in adj or [] if isinstance(a, dict) and (_int(a.get("step")) or 0) <= step]
+    adj = [a for a in adj or [] if isinstance(a, dict) and (json_int(a.get("step")) or 0) <= step]
     config = PassCaps.of(g)
     used, then = extra.get("pass_caps"), extra.get("pass_caps_config")
     if not (isinstance(used, dict) and isinstance(then, dict)):
         return PassMemory(resumed_caps(g, adj, changes), config, adj)
     caps = {
-        k: used[k] if v == then.get(k) and _int(used.get(k)) is not None else v
+        k: used[k] if v == then.get(k) and json_int(used.get(k)) is not None else v
         for k, v in config.to_dict().items()
     }
     return PassMemory(PassCaps.named(caps), config, adj)
@@ -107,9 +99,7 @@ def resumed_memory(sidecar: dict | None, prev_run: dict, step: int, g, changes: 
 
 def _steps(entry) -> list[int] | None:
     s = entry.get("steps") if isinstance(entry, dict) else None
-    ok = (
-        isinstance(s, list) and len(s) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in s)
-    )
+    ok = isinstance(s, list) and len(s) == 2 and all(json_int(x) is not None for x in s)
     return s if ok else None
 
 
