@@ -305,3 +305,97 @@ def test_grpo_resume_tries_the_rollout_engines_cache_again(tmp_path, grpo_clock,
     assert [s["gen_cache_dropped"] for s in st] == [True] * 4
     assert [s["micro_batch_logit_tokens_used"] for s in st] == [cfg.grpo.micro_batch_logit_tokens] * 4
     assert _run(out)["memory_adjustments"] == [] == _sidecar(out, 4)["extra"]["memory_adjustments"]
+
+
+def _gen_memory_limit(monkeypatch, fits: int) -> list:
+    """Generation runs out of memory (simulated) whenever a batch of more than `fits` sequences would
+    run; returns the list of `max_batch` values each `fastgen.generate_fast` call got."""
+    import torch
+
+    from sqlrl.generation import fastgen
+
+    real, seen = fastgen.generate_fast, []
+
+    def limited(model, prompts, **kw):
+        seen.append(kw["max_batch"])
+        if min(kw["max_batch"], len(prompts)) > fits:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(model, prompts, **kw)
+
+    monkeypatch.setattr(fastgen, "generate_fast", limited)
+    return seen
+
+
+def test_grpo_crash_after_a_checkpoint_keeps_the_lowered_generation_batch(tmp_path, grpo_clock, monkeypatch):
+    """Generation fits 4 sequences at a time. Step 1's first call (2 tasks x 4 samples = 8 prompts,
+    `run.gen_max_batch` 256) runs out of memory and halves the batch to 4; step 2 checkpoints; step 3
+    crashes. The checkpoint and the crashed run's run.json hold the change; the resume generates with
+    4 from its first call (no second out-of-memory retry) and run.json lists the change once."""
+    from sqlrl.training.trainer import train
+
+    seen = _gen_memory_limit(monkeypatch, fits=4)
+    cfg = tiny_cfg(steps=4).replace(run={"checkpoint_every": 2})
+    assert cfg.run.gen_max_batch == 256
+    kw = {"policy_factory": tiny_factory, "evaluator_factory": Alternating, "progress": False}
+    out = tmp_path / "r"
+    grpo_clock.session(crash_at=3)
+    with pytest.raises(Crash):
+        train(cfg, out, **kw)
+    first = steps(out)
+    assert [s["gen_oom_retries"] for s in first] == [1, 0]
+    assert [s["gen_max_batch_used"] for s in first] == [4, 4]
+    change = [{"engine": "fast", "max_batch": 4}]
+    side = _sidecar(out, 2)["extra"]
+    assert side["generation_memory_adjustments"] == change
+    assert side["gen_batch"] == {"engine": "fast", "max_batch": 4}
+    assert side["gen_batch_config"] == {"engine": "fast", "max_batch": 256}
+    run = _run(out)
+    assert run["status"] == "running" and run["generation_memory_adjustments"] == change
+
+    grpo_clock.session()
+    del seen[:]
+    assert train(cfg, out, resume=True, **kw)["finished"]
+    assert seen and set(seen) == {4}  # every call of the resumed invocation, the first one included
+    st = steps(out)
+    assert [s["step"] for s in st] == [1, 2, 3, 4]
+    assert [s["gen_oom_retries"] for s in st] == [1, 0, 0, 0]
+    assert [s["gen_max_batch_used"] for s in st] == [4] * 4
+    run = _run(out)
+    assert run["resumed_from_step"] == 2 and run["generation_memory_adjustments"] == change
+    assert _sidecar(out, 4)["extra"]["generation_memory_adjustments"] == change
+
+
+def test_resumed_generation_batch_takes_the_checkpoints_unless_the_setting_changed():
+    from types import SimpleNamespace as NS
+
+    from sqlrl.training.sessions import GenMemory
+
+    def policy(max_batch=256, engine="fast"):
+        return NS(engine=engine, batch_attr="max_batch", max_batch=max_batch, memory_adjustments=[])
+
+    adj = [{"engine": "fast", "max_batch": 128}, {"engine": "fast", "max_batch": 64}]
+    side = {
+        "step": 3,
+        "extra": {
+            "gen_batch": {"engine": "fast", "max_batch": 64},
+            "gen_batch_config": {"engine": "fast", "max_batch": 256},
+            "generation_memory_adjustments": adj,
+        },
+    }
+    p = policy()
+    GenMemory.resumed(side, p)
+    assert (p.max_batch, p.memory_adjustments) == (64, adj)
+    # run.gen_max_batch or the engine set anew since the checkpoint: the config's batch, the changes kept
+    for p in (policy(max_batch=512), policy(engine="static")):
+        start = p.max_batch
+        GenMemory.resumed(side, p)
+        assert (p.max_batch, p.memory_adjustments) == (start, adj)
+    # a checkpoint without them, or none: the config's batch, no change
+    for s in ({"step": 3, "extra": {"train_seconds": 1.0}}, None):
+        p = policy()
+        m = GenMemory.resumed(s, p)
+        assert (p.max_batch, p.memory_adjustments, m.config) == (
+            256,
+            [],
+            {"engine": "fast", "max_batch": 256},
+        )

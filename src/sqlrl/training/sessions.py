@@ -16,9 +16,9 @@ step (`kept_machines`: later ones dropped, the last kept one cut at that step); 
 without `machines` counts as one entry of its `machine` for the steps its invocation took. run.json
 `machine` is the current invocation's.
 
-GRPO pass caps (`update.PassMemory`): every sidecar records the caps in force, the config's they came
-from and the `memory_adjustments` so far, run.json is rewritten with the latter; a resume takes the
-checkpoint's caps, each unless the config changed it since (`resumed_memory`; else `resumed_caps`).
+GRPO pass caps (`update.PassMemory`) and generation batch (`GenMemory`): every sidecar records those in
+force, the config's they came from and the changes so far, run.json is rewritten with the changes; a
+resume takes the checkpoint's, each unless the config changed it since (`resumed_memory`, `GenMemory`).
 
 Not covered: time before the first step (loading, building examples, restoring a checkpoint) and after
 the last (the final export) is no invocation's training time; neither is the work after the last
@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sqlrl.artifacts import json_int, json_number, write_json_atomic
 from sqlrl.training.update import PassCaps, PassMemory, resumed_caps
@@ -97,6 +98,50 @@ def resumed_memory(sidecar: dict | None, prev_run: dict, step: int, g, changes: 
     return PassMemory(PassCaps.named(caps), config, adj)
 
 
+def gen_batch(policy) -> dict:
+    """The generation batch cap of `policy` (`HFPolicy`): {"engine", its `batch_attr`: value}."""
+    return {"engine": policy.engine, policy.batch_attr: getattr(policy, policy.batch_attr)}
+
+
+@dataclass
+class GenMemory:
+    """A GRPO run's generation memory state: the rollout `policy` (`HFPolicy`), whose batch cap
+    out-of-memory errors lower, each change appended to its `memory_adjustments`, and the cap the
+    config gave it (`config`, as `gen_batch`)."""
+
+    policy: Any
+    """The rollout policy; its batch cap and `memory_adjustments` are the state."""
+    config: dict
+    """The batch cap the run's config sets (`gen_batch` of the policy as built)."""
+
+    @classmethod
+    def resumed(cls, sidecar: dict | None, policy) -> GenMemory:
+        """The state of a resume from the checkpoint `sidecar` (None without one), `policy` as built:
+        its changes continue the sidecar's `extra.generation_memory_adjustments`, and its batch cap is
+        the sidecar's `extra.gen_batch` when the config's (`policy`'s) equals the one the checkpoint was
+        taken under (`extra.gen_batch_config`); else, and for a checkpoint without them, the config's."""
+        memory = cls(policy, gen_batch(policy))
+        extra = (sidecar or {}).get("extra") or {}
+        adj = extra.get("generation_memory_adjustments")
+        if isinstance(adj, list):
+            policy.memory_adjustments[:] = [dict(a) for a in adj if isinstance(a, dict)]
+        used, attr = extra.get("gen_batch"), policy.batch_attr
+        if extra.get("gen_batch_config") == memory.config and isinstance(used, dict):
+            size = json_int(used.get(attr))
+            if used.get("engine") == policy.engine and size is not None and 0 < size:
+                setattr(policy, attr, size)
+        return memory
+
+    def sidecar(self) -> dict:
+        """A checkpoint's record of it (sidecar `extra`): `gen_batch` in force, `gen_batch_config`,
+        `generation_memory_adjustments` so far."""
+        return {
+            "gen_batch": gen_batch(self.policy),
+            "gen_batch_config": dict(self.config),
+            "generation_memory_adjustments": [dict(a) for a in self.policy.memory_adjustments],
+        }
+
+
 def _steps(entry) -> list[int] | None:
     s = entry.get("steps") if isinstance(entry, dict) else None
     ok = isinstance(s, list) and len(s) == 2 and all(json_int(x) is not None for x in s)
@@ -133,8 +178,9 @@ def kept_machines(prev_run: dict, step: int) -> list[dict]:
 
 class Sessions:
     """run.json of a training invocation (`info`, the dict it writes) with the run's `train_seconds` and
-    `machines`, and with a GRPO run's `memory` (`update.PassMemory`) its `memory_adjustments`; `clock`
-    counts the training time. `write` rewrites run.json; a checkpoint takes `extra` and calls `saved`."""
+    `machines`, and with a GRPO run's `memory` (`update.PassMemory`) its `memory_adjustments`, with its
+    `gen` (`GenMemory`) its `generation_memory_adjustments`; `clock` counts the training time. `write`
+    rewrites run.json; a checkpoint takes `extra` and calls `saved`."""
 
     def __init__(
         self,
@@ -144,20 +190,23 @@ class Sessions:
         start_step: int,
         kept: list[dict],
         memory: PassMemory | None = None,
+        gen: GenMemory | None = None,
     ):
         self.out, self.info, self.clock, self.start_step, self.kept = out, info, clock, start_step, kept
-        self.memory = memory
+        self.memory, self.gen = memory, gen
 
     def extra(self) -> dict:
-        """A checkpoint's sidecar `extra` taken now: `train_seconds` so far and the `memory` state."""
+        """A checkpoint's sidecar `extra` taken now: `train_seconds` so far, the `memory` and `gen` states."""
         return {
             "train_seconds": self.clock(),
             **(self.memory.sidecar() if self.memory is not None else {}),
+            **(self.gen.sidecar() if self.gen is not None else {}),
         }
 
     def fields(self, last_step: int, seconds: float) -> dict:
-        """run.json's `train_seconds`, `machines` (and `memory_adjustments`) once this invocation trained
-        up to `last_step` (an entry of its own only when that is past the step it started from)."""
+        """run.json's `train_seconds`, `machines` (and `memory_adjustments`, `generation_memory_adjustments`)
+        once this invocation trained up to `last_step` (an entry of its own only when that is past the
+        step it started from)."""
         mine = {
             "steps": [self.start_step + 1, last_step],
             "machine": self.info.get("machine"),
@@ -165,6 +214,8 @@ class Sessions:
             "started": self.info.get("started"),
         }
         memory = {} if self.memory is None else {"memory_adjustments": list(self.memory.adjustments)}
+        if self.gen is not None:
+            memory["generation_memory_adjustments"] = list(self.gen.policy.memory_adjustments)
         return {
             "train_seconds": round(seconds, 2),
             "machines": self.kept + ([mine] if last_step > self.start_step else []),

@@ -15,8 +15,8 @@ What is covered:
 - GPU memory: the rollout engine's KV cache and CUDA graphs stay between steps and go after a curve
   evaluation; an update out of memory drops them and retries (dropping them before every later update:
   `gen_cache_dropped`), then uses smaller passes (`update.py`); generation out of memory halves its batch
-  (`HFPolicy`); steps.jsonl and run.json record each change. A resume keeps its checkpoint's pass caps
-  (`sessions.py`), restarts at `run.gen_max_batch` and keeps the engine's cache until an update runs out.
+  (`HFPolicy`); steps.jsonl, checkpoints and run.json record each change. A resume keeps its checkpoint's
+  pass caps and generation batch (`sessions.py`) and keeps the engine's cache until an update runs out.
 - Determinism: tasks come from a seeded epoch permutation (cursor saved in checkpoints), sampling
   seeds are a function of (run seed, step, round), RNG states are checkpointed. On CPU in float32 a
   resumed run takes the same next step as an uninterrupted one (tested).
@@ -57,7 +57,14 @@ from sqlrl.training.runfolder import (
 )
 from sqlrl.training.sampling import make_sampler
 from sqlrl.training.schedule import lr_factor
-from sqlrl.training.sessions import Sessions, TrainClock, kept_machines, resumed_memory, resumed_seconds
+from sqlrl.training.sessions import (
+    GenMemory,
+    Sessions,
+    TrainClock,
+    kept_machines,
+    resumed_memory,
+    resumed_seconds,
+)
 from sqlrl.training.update import Learner, PassMemory, UpdateResult, update_policy
 
 log = logging.getLogger(__name__)
@@ -209,10 +216,12 @@ def build_models(cfg: Config, device: str, gen_dtype: str, policy_factory=None) 
 
 @dataclass
 class Resumed:
-    """Where a GRPO run continues: last checkpointed step, its training seconds, the pass caps to start
-    with and the run's out-of-memory cap changes so far, machines of earlier invocations (kept steps)."""
+    """Where a GRPO run continues: last checkpointed step, its training seconds, the pass caps and the
+    generation batch to start with and the run's out-of-memory changes of both so far, machines of
+    earlier invocations (kept steps)."""
 
     memory: PassMemory
+    gen: GenMemory
     start_step: int = 0
     prev_train_s: float = 0.0
     machines: list[dict] = field(default_factory=list)
@@ -222,11 +231,11 @@ def resume_grpo(
     cfg: Config, out: Path, models: PolicyModels, optimizer, scheduler, sampler, changes, from_valid=False
 ) -> Resumed:
     """Restore a GRPO run from its newest checkpoint; record allowed config `changes`; drop metric lines
-    of later steps. A resumed run keeps the pass caps of its checkpoint, lowered ones included, unless
-    the resume sets a new one (`sessions.resumed_memory`)."""
+    of later steps. A resumed run keeps the pass caps and the generation batch of its checkpoint,
+    lowered ones included, unless the resume sets a new one (`sessions.resumed_memory`, `GenMemory`)."""
     prev_run = previous_run(out)
-    r = Resumed(PassMemory.start(cfg.grpo))
     restored = restore_latest(out, models.train, optimizer, scheduler, sampler, from_valid=from_valid)
+    r = Resumed(PassMemory.start(cfg.grpo), GenMemory.resumed(restored, models.policy))
     if restored is not None:
         r.start_step = int(restored["step"])
         models.sync()
@@ -435,13 +444,13 @@ def train(
     if resume:
         r = resume_grpo(cfg, out, m, optimizer, scheduler, sampler, resume_changes, resume_from_valid)
     else:
-        r = Resumed(PassMemory.start(g))
+        r = Resumed(PassMemory.start(g), GenMemory.resumed(None, m.policy))
         write_json_atomic(out / "config.json", cfg.resolve())
         write_json_atomic(out / "split.json", env.split_info())
     start_step = r.start_step
     resumed_from = start_step if resume else None
     run_info = run_record(cfg, env, m, budgets, device, gen_dtype, command, resumed_from, resume_changes)
-    record = Sessions(out, run_info, TrainClock(r.prev_train_s), start_step, r.machines, r.memory)
+    record = Sessions(out, run_info, TrainClock(r.prev_train_s), start_step, r.machines, r.memory, r.gen)
     record.write(start_step, r.prev_train_s)
 
     sinks = MetricSinks(cfg, out)
@@ -530,7 +539,6 @@ def train(
     run_info.update(
         {
             "status": "finished" if result["finished"] else "stopped",
-            "generation_memory_adjustments": list(m.policy.memory_adjustments),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **record.fields(last_step, total_s),
             "curve_seconds": round(curve.seconds, 2),
