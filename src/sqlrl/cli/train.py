@@ -45,6 +45,12 @@ def cli_main(argv: list[str]) -> int:
         "--model-path", help="--engine verl: HF folder of the model for veRL (default: model.name)"
     )
     p.add_argument(
+        "--attn-implementation",
+        choices=["auto", "flash_attention_2", "sdpa", "eager"],
+        default="auto",
+        help="--engine verl: actor/ref attention (auto: flash_attention_2 if flash_attn imports, else sdpa)",
+    )
+    p.add_argument(
         "--dry-run", action="store_true", help="--engine verl: write everything, print the command"
     )
     a = p.parse_args(argv)
@@ -104,6 +110,8 @@ def _launch_verl(a) -> int:
         str(a.nnodes),
         "--checkpoint-dir",
         str(out / "checkpoints"),
+        "--attn-implementation",
+        a.attn_implementation,
     ]
     for ov in a.set:
         args += ["--set", ov]

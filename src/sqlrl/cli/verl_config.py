@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from sqlrl.integrations.verl import (
+    ATTN_IMPLEMENTATIONS,
     VERL_VERSION,
     VerlUnavailable,
     build_verl_config,
@@ -34,6 +35,13 @@ def cli_main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--experiment-name", default="grpo")
     p.add_argument("--checkpoint-dir", default=None, help="trainer.default_local_dir")
+    p.add_argument(
+        "--attn-implementation",
+        choices=ATTN_IMPLEMENTATIONS,
+        default="auto",
+        help="actor/ref attention; auto: flash_attention_2 if flash_attn imports here, else sdpa "
+        "(anything but flash_attention_2 turns use_remove_padding off)",
+    )
     args = p.parse_args(argv)
 
     from sqlrl import config as sqlrl_config
@@ -89,4 +97,5 @@ def _build_for_cli(cfg, args, registry, train_files, val_files) -> dict:
         agent_loop_config_path=str(registry.resolve()),
         experiment_name=args.experiment_name,
         default_local_dir=args.checkpoint_dir,
+        attn_implementation=args.attn_implementation,
     )

@@ -42,10 +42,14 @@ from sqlrl.integrations.verl.common import (
     require_verl,
 )
 from sqlrl.integrations.verl.config import (
+    ATTN_IMPLEMENTATIONS,
+    DUAL_CLIP_OFF,
     agent_loop_registry,
     build_verl_config,
+    resolve_attn_implementation,
     validate_verl_config,
     verl_overrides,
+    worker_env_vars,
     write_agent_loop_registry,
 )
 from sqlrl.integrations.verl.data import task_to_row, write_dataset
@@ -56,7 +60,9 @@ __all__ = [
     "ADV_ESTIMATOR",
     "AGENT_LOOP_CLASS",
     "AGENT_NAME",
+    "ATTN_IMPLEMENTATIONS",
     "DATA_SOURCE",
+    "DUAL_CLIP_OFF",
     "GOLD_AUDIT_FILE",
     "MANAGER_CLASS",
     "VERL_VERSION",
@@ -72,8 +78,10 @@ __all__ = [
     "require_verl",
     "task_to_row",
     "trajectory_to_output_fields",
+    "resolve_attn_implementation",
     "validate_verl_config",
     "verl_overrides",
+    "worker_env_vars",
     "write_agent_loop_registry",
     "write_dataset",
 ]

@@ -10,15 +10,25 @@ What is covered:
 - A key veRL does not know is an error (struct-mode merge), never silently ignored.
 - A setting veRL's trainer cannot honour (``grpo.dynamic_sampling_rounds``) is refused, not dropped.
 - The reward function is this package's ``reward.py`` (veRL loads it by file path).
+- The actor/ref attention (``attn_implementation``: ``auto`` picks flash_attention_2 only where
+  ``flash_attn`` imports, else sdpa; anything but flash_attention_2 turns ``use_remove_padding`` off).
+- ``SQLRL_*`` variables (and ``VLLM_USE_FLASHINFER_SAMPLER=0`` without flashinfer) go to every Ray
+  worker through ``ray_kwargs.ray_init.runtime_env.env_vars``, which veRL's ``run_ppo`` passes to ray.init.
+- Dual-clip off: ``clip_ratio_c`` = ``DUAL_CLIP_OFF`` (1e9) exceeds veRL's largest ratio (exp(20)), so
+  veRL's loss is sqlrl's clipped objective (``sqlrl.training.grpo.policy_loss``), which has no dual clip.
 
 What is not:
 - Versions other than ``verl==0.9.1`` (keys may be renamed: the merge then fails loudly).
 - ``model.lora_rank > 0`` with vLLM is only validated where vLLM is importable.
+- A GPU run: the sdpa path and the workers' environment ran only on CPU (veRL's HFModelConfig, run_ppo).
+- The log-ratio clamp: veRL clamps it to +-20 before exp, sqlrl's native loss to +-10.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +40,49 @@ from sqlrl.integrations.verl.common import (
     MANAGER_CLASS,
     require_verl,
 )
+
+ATTN_IMPLEMENTATIONS = ("auto", "flash_attention_2", "sdpa", "eager")
+# veRL's dual-clip PPO bounds the loss of a token with a negative advantage at clip_ratio_c * |A|; it binds
+# only where the ratio exceeds clip_ratio_c, and veRL clamps the log-ratio to +-20 before exp (ratio at
+# most exp(20) ~ 4.85e8, core_algos.compute_policy_loss_vanilla), so 1e9 never binds.
+DUAL_CLIP_OFF = 1e9
+
+
+def _importable(name: str) -> bool:
+    """Whether `import name` succeeds here (a wheel built for another torch or CUDA fails at import)."""
+    try:
+        importlib.import_module(name)
+    except Exception:  # ImportError, or OSError / RuntimeError from a broken compiled extension
+        return False
+    return True
+
+
+def resolve_attn_implementation(choice: str = "auto") -> str:
+    """The HF attention implementation for veRL's actor and ref models.
+
+    "auto": flash_attention_2 where `flash_attn` is importable on this (the launching) machine, else sdpa.
+    """
+    if choice not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(
+            f"attn_implementation {choice!r} is not one of {', '.join(ATTN_IMPLEMENTATIONS)}; pick one "
+            "(auto uses flash_attention_2 where flash_attn imports, else sdpa)"
+        )
+    if choice != "auto":
+        return choice
+    return "flash_attention_2" if _importable("flash_attn") else "sdpa"
+
+
+def worker_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment every Ray worker of the veRL run gets: the `SQLRL_*` variables of `environ` (default:
+    this process's environment), plus `VLLM_USE_FLASHINFER_SAMPLER=0` where flashinfer is not importable
+    (vLLM's sampler would otherwise try its kernels); a value already in `environ` is kept."""
+    environ = os.environ if environ is None else environ
+    env = {k: str(v) for k, v in sorted(environ.items()) if k.startswith("SQLRL_")}
+    if "VLLM_USE_FLASHINFER_SAMPLER" in environ:
+        env["VLLM_USE_FLASHINFER_SAMPLER"] = str(environ["VLLM_USE_FLASHINFER_SAMPLER"])
+    elif not _importable("flashinfer"):
+        env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+    return env
 
 
 def _token_lengths(agent) -> tuple[int, int]:
@@ -44,6 +97,23 @@ def _token_lengths(agent) -> tuple[int, int]:
     prompt = agent.max_context_tokens - agent.max_new_tokens
     response = agent.max_new_tokens if agent.turns == 1 else agent.max_context_tokens
     return prompt, response
+
+
+def _model_overrides(m, model_path: str | None, attn_implementation: str) -> dict:
+    """`actor_rollout_ref.model`: veRL's HFModelConfig, which the actor uses and the ref deep-copies."""
+    attn = resolve_attn_implementation(attn_implementation)
+    model: dict[str, Any] = {
+        "path": model_path or m.name,
+        "enable_gradient_checkpointing": True,
+        # remove-padding packs sequences for flash-attn's varlen kernels: only with flash_attention_2
+        "use_remove_padding": attn == "flash_attention_2",
+        # HFModelConfig passes it to AutoConfig.from_pretrained (its default: flash_attention_2)
+        "override_config": {"attn_implementation": attn},
+        "lora_rank": int(m.lora_rank),
+    }
+    if m.lora_rank > 0:
+        model.update(lora_alpha=int(m.lora_alpha), target_modules=list(m.lora_targets))
+    return model
 
 
 def verl_overrides(
@@ -61,8 +131,14 @@ def verl_overrides(
     rollout_name: str = "vllm",
     tensor_model_parallel_size: int = 1,
     gpu_memory_utilization: float = 0.5,
+    attn_implementation: str = "auto",
+    worker_env: Mapping[str, str] | None = None,
 ) -> dict:
-    """The veRL keys sqlrl sets, as a nested dict (merged over veRL's defaults by `build_verl_config`)."""
+    """The veRL keys sqlrl sets, as a nested dict (merged over veRL's defaults by `build_verl_config`).
+
+    `attn_implementation`: see `resolve_attn_implementation`. `worker_env`: the Ray workers' environment
+    (default `worker_env_vars()`, read now).
+    """
     g, a, m, r = cfg.grpo, cfg.agent, cfg.model, cfg.run
     if g.dynamic_sampling_rounds:
         raise ValueError(
@@ -82,9 +158,7 @@ def verl_overrides(
     loggers = ["console"] + [lg for lg in r.loggers if lg in ("tensorboard", "wandb", "swanlab")]
     reward_fn = {"path": str(Path(reward.__file__).resolve()), "name": "compute_score"}
     micro = int(g.micro_batch)
-    lora: dict[str, Any] = {"lora_rank": int(m.lora_rank)}
-    if m.lora_rank > 0:
-        lora.update(lora_alpha=int(m.lora_alpha), target_modules=list(m.lora_targets))
+    env = worker_env_vars() if worker_env is None else {k: str(v) for k, v in worker_env.items()}
     return {
         "algorithm": {
             "adv_estimator": ADV_ESTIMATOR,  # GRPO with excluded trajectories left out (see module doc)
@@ -104,12 +178,7 @@ def verl_overrides(
             "seed": int(r.seed),
         },
         "actor_rollout_ref": {
-            "model": {
-                "path": model_path or m.name,
-                "enable_gradient_checkpointing": True,
-                "use_remove_padding": True,
-                **lora,
-            },
+            "model": _model_overrides(m, model_path, attn_implementation),
             "actor": {
                 "strategy": "fsdp",
                 "ppo_mini_batch_size": int(g.prompts_per_step),  # one optimizer step per rollout step
@@ -119,6 +188,7 @@ def verl_overrides(
                 "clip_ratio": float(g.clip_low),
                 "clip_ratio_low": float(g.clip_low),
                 "clip_ratio_high": float(g.clip_high),
+                "clip_ratio_c": DUAL_CLIP_OFF,  # sqlrl's objective has no dual clip
                 "loss_agg_mode": loss_agg,
                 "entropy_coeff": 0.0,
                 "use_kl_loss": g.kl_coef > 0,
@@ -187,6 +257,8 @@ def verl_overrides(
             "use_v1": False,
             **({"default_local_dir": default_local_dir} if default_local_dir else {}),
         },
+        # veRL's run_ppo merges this over its own runtime env and passes it to ray.init: every worker
+        "ray_kwargs": {"ray_init": {"runtime_env": {"env_vars": env}}},
     }
 
 
@@ -195,7 +267,7 @@ def _load_default_config():
     verl = require_verl()
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import open_dict
+    from omegaconf import OmegaConf, open_dict
 
     config_dir = str(Path(verl.__file__).resolve().parent / "trainer" / "config")
     GlobalHydra.instance().clear()
@@ -206,6 +278,15 @@ def _load_default_config():
     # the dataclass conversion in `validate_verl_config` checks it is a real field.
     with open_dict(config.actor_rollout_ref.rollout.agent):
         config.actor_rollout_ref.rollout.agent.agent_loop_manager_class = None
+    # `ray_kwargs.ray_init.runtime_env` is Ray's runtime_env (main_ppo.run_ppo merges it over
+    # get_ppo_ray_runtime_env() and calls ray.init with it); its YAML lists only `py_executable`, so open
+    # exactly `env_vars` (Ray's own field), empty. `model.override_config` is a free-form dict
+    # (HFModelConfig.override_config) whose YAML is `{}`: open it for `attn_implementation`.
+    with open_dict(config.ray_kwargs.ray_init.runtime_env):
+        config.ray_kwargs.ray_init.runtime_env.env_vars = {}
+    OmegaConf.set_struct(config.ray_kwargs.ray_init.runtime_env.env_vars, False)  # any variable name
+    with open_dict(config.actor_rollout_ref.model.override_config):
+        config.actor_rollout_ref.model.override_config.attn_implementation = "flash_attention_2"
     return config
 
 
