@@ -299,6 +299,90 @@ PY
     dirs=$(cd "$S" && ls -d exp[0-9]* cur debug 2>/dev/null || true)
     [ -n "$dirs" ] && bash scripts/gpu.sh pack "$dest" $dirs > /dev/null
     ls "$dest" ;;
+  verlgo)
+    # Issue #21 step 2 in one command repeated (like `go`; the machine is given back 30 s after a call):
+    # the model's setup (as `go`), `verl install` once, then `sqlrl train CONFIG --engine verl` on one GPU
+    # into $S/verl-run under `timeout` (the call ends before DEST's budget, default 570 s; veRL's
+    # resume_mode=auto continues in the next call), and once its last step is checkpointed `sqlrl export`
+    # of that step's actor into $S/verl-run/final and `evalrun` (greedy, validation split). Finished phases
+    # are skipped. Logs, timings and GPU memory samples accumulate in $S/verlgo (every call appended) and are
+    # copied to DEST with veRL's config, per-step metrics and the eval's summary: never checkpoints or weights.
+    # Carry the last model part + MANIFEST, spider.tgz, .whl, .stage/tree.tgz, the last .stage/verl part +
+    # .stage/verl/MANIFEST (VERL_PARTS: another folder). VERLGO_SETS="grpo.steps=2 ..." (sqlrl --set values,
+    # no spaces inside one), VERLGO_EVAL_ARGS (`sqlrl eval`), VERLGO_RESERVE_S (left for stopping veRL and
+    # packing, default 45), VERLGO_MIN_S (the least time worth starting a phase with, default 90).
+    dest=$1; end=$((SECONDS + ${2:-570})); reserve=${VERLGO_RESERVE_S:-45}; min_s=${VERLGO_MIN_S:-90}
+    vparts=${VERL_PARTS:-.stage/verl}; L=$S/verlgo; run=$S/verl-run
+    mkdir -p "$L" "$dest"; call=$(( $(cat "$L/calls" 2>/dev/null || echo 0) + 1 )); echo "$call" > "$L/calls"
+    phase() {  # phase NAME START RC: one row of $L/timings.tsv (call, phase, seconds, exit code)
+      [ -s "$L/timings.tsv" ] || printf 'call\tphase\tseconds\trc\tended\n' > "$L/timings.tsv"
+      printf '%s\t%s\t%s\t%s\t%s\n' "$call" "$1" "$((SECONDS - $2))" "$3" "$(date -u +%FT%TZ)" >> "$L/timings.tsv"
+    }
+    cp "$PARTS"/part* "$PARTS/MANIFEST" "$S/parts/" 2>/dev/null || true
+    if [ ! -f "$S/verl.done" ]; then
+      mkdir -p "$S/verl-parts"; cp "$vparts"/part* "$vparts/MANIFEST" "$S/verl-parts/" 2>/dev/null || true
+      have=$(ls "$S"/verl-parts/part* 2>/dev/null | wc -l); want_n=$(awk '$1=="parts"{print $2}' "$S/verl-parts/MANIFEST" 2>/dev/null)
+      [ "$have" = "${want_n:-none}" ] || { echo "verlgo: $have of ${want_n:-?} veRL parts staged on this machine (a fresh machine?); stage them: gpu.sh verl stage NN, and carry the last with .stage/verl/MANIFEST" >&2; exit 1; }
+    fi
+    [ -d "$S/tree/src" ] || bash scripts/gpu.sh tree
+    cd "$S/tree"; export PYTHONPATH=/tmp/site:$PWD/src   # the committed tree's code from here on
+    t0=$SECONDS
+    if [ ! -f "$S/setup.done" ]; then
+      rc=0; bash scripts/gpu.sh setup > "$L/setup.log" 2>&1 || rc=$?; phase setup "$t0" "$rc"
+      [ "$rc" = 0 ] || { tail -20 "$L/setup.log"; cp "$L/setup.log" "$dest/"; exit 1; }
+      touch "$S/setup.done"
+    fi
+    if [ ! -f "$S/verl.done" ]; then
+      t0=$SECONDS; rc=0; VERL_PARTS=$S/verl-parts bash scripts/gpu.sh verl install > "$L/verl-install.log" 2>&1 || rc=$?
+      phase verl-install "$t0" "$rc"
+      [ "$rc" = 0 ] || { tail -20 "$L/verl-install.log"; cp "$L"/*.log "$L/timings.tsv" "$dest/"; exit 1; }
+    fi
+    read -r -a sets <<< "${VERLGO_SETS:-}"; set_args=(--set "data.path=\"$S/spider\"")
+    for x in ${sets[@]+"${sets[@]}"}; do set_args+=(--set "$x"); done
+    steps=$(python3 -c 'import sys; from sqlrl import config as C; print(C.load(sys.argv[1], sys.argv[2:]).grpo.steps)' \
+      "$CONFIG" ${sets[@]+"${sets[@]}"})
+    trained() { [ "$(cat "$run/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null)" = "$steps" ]; }
+    fail=0
+    left=$((end - SECONDS - reserve))
+    if ! trained && [ "$left" -ge "$min_s" ]; then
+      echo "== call $call: train, $left s, $(date -u +%FT%TZ)" >> "$L/verl-run.log"
+      nvidia-smi --query-gpu=timestamp,memory.used --format=csv -lms 1000 >> "$L/gpu_mem.csv" 2>/dev/null & smi=$!
+      t0=$SECONDS; rc=0
+      PYTHONPATH=$S/verl-site:/tmp/site:$PWD/src VLLM_USE_FLASHINFER_SAMPLER=0 SQLRL_GOLD_CACHE=$S/verl-goldcache \
+        TENSORBOARD_DIR=$run/tensorboard timeout -k 20 "$left" python3 -m sqlrl.cli train "$CONFIG" --engine verl \
+        --gpus-per-node 1 --out "$run" --model-path "$S/models/models/$MODEL" "${set_args[@]}" >> "$L/verl-run.log" 2>&1 || rc=$?
+      phase train "$t0" "$rc"; kill "$smi" 2>/dev/null || true; wait "$smi" 2>/dev/null || true
+      # a run stopped by the budget may leave Ray's daemons behind: stop them before the next call's start
+      [ "$rc" = 0 ] || PYTHONPATH=$S/verl-site python3 -m ray.scripts.scripts stop --force >> "$L/verl-run.log" 2>&1 || true
+      echo "train: exit $rc (124/137: stopped at the budget; the same call again resumes), checkpointed step $(cat "$run/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo none) of $steps"
+      grep -a '^step:' "$L/verl-run.log" | tail -2 | cut -c1-300 || true
+      if [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$rc" != 137 ]; then fail=1; grep -av '^step:' "$L/verl-run.log" | tail -20; fi
+    fi
+    left=$((end - SECONDS - 15))
+    if trained && [ ! -s "$run/final/identity.json" ] && [ "$left" -ge "$min_s" ]; then
+      t0=$SECONDS; rc=0; rm -rf "$run/final.tmp"
+      timeout "$left" python3 -m sqlrl.cli export "$run/checkpoints/global_step_$steps/actor" -o "$run/final.tmp" \
+        > "$L/export.log" 2>&1 || rc=$?
+      phase export "$t0" "$rc"; tail -2 "$L/export.log"
+      if [ "$rc" = 0 ]; then mv "$run/final.tmp" "$run/final"; else fail=1; fi
+    fi
+    left=$((end - SECONDS - 15))
+    if [ -s "$run/final/identity.json" ] && [ ! -s "$run/eval/summary.json" ] && [ "$left" -ge "$min_s" ]; then
+      # shellcheck disable=SC2086
+      t0=$SECONDS; rc=0; rm -rf "$run/eval"
+      timeout "$left" bash scripts/gpu.sh evalrun verl-run "$L" ${VERLGO_EVAL_ARGS:-} || rc=$?
+      phase eval "$t0" "$rc"; [ "$rc" = 0 ] || fail=1
+    fi
+    # what is committed: config, logs, per-step metrics, eval summary, memory samples, timings (no weights)
+    cp "$L"/*.log "$L"/*.csv "$L"/*.tsv "$L"/summary.json "$L"/results.jsonl "$dest/" 2>/dev/null || true
+    cp "$run"/verl.yaml "$run"/verl.agent_loops.yaml "$run"/data/gold_audit.json "$dest/" 2>/dev/null || true
+    cp "$run"/final/identity.json "$dest/final_identity.json" 2>/dev/null || true
+    grep -a '^step:' "$L/verl-run.log" > "$dest/verl-steps.log" 2>/dev/null || true
+    [ ! -d "$run/tensorboard" ] || (cd "$run" && find tensorboard -type f -name 'events.out.tfevents*' -size -20M \
+      -exec cp --parents {} "$dest/" \;)
+    if [ -s "$run/eval/summary.json" ]; then echo "verlgo: done (trained $steps steps, exported, evaluated)"
+    else echo "verlgo: not finished; run the same call again"; fi
+    ls "$dest"; exit "$fail" ;;
   scoretime)
     # The reward's share of GRPO step time (issue #18 item 7): the grpo arm of $CONFIG, seed 0,
     # ${SCORE_STEPS:-100} steps, into $S/${SCORE_RUN:-scoretime}, then scripts/score_share.py on its
@@ -330,5 +414,5 @@ PY
     tar czf "$dest/exp.tgz" -C "$S" --exclude='*.safetensors' --exclude='*.pt' --exclude='.goldcache' \
       --exclude='.gold_real' --exclude='.gold_mutated' --exclude='tokenizer.json' $dirs
     ls -la "$dest" ;;
-  *) echo "usage: gpu.sh preflight|verl preflight|verl stage NN ...|verl install|stage NN|tree|setup|bench|oomcheck|updmem --out FILE|engine BENCH.json|experiment SECONDS|evalrun RUN DEST|curriculum SECONDS|go DEST [SECONDS]|scoretime DEST [SECONDS]|finished EXP [TURNS]|pack DIR [EXPDIRS]|slim|unslim" >&2; exit 2 ;;
+  *) echo "usage: gpu.sh preflight|verl preflight|verl stage NN ...|verl install|stage NN|tree|setup|bench|oomcheck|updmem --out FILE|engine BENCH.json|experiment SECONDS|evalrun RUN DEST|curriculum SECONDS|go DEST [SECONDS]|verlgo DEST [SECONDS]|scoretime DEST [SECONDS]|finished EXP [TURNS]|pack DIR [EXPDIRS]|slim|unslim" >&2; exit 2 ;;
 esac

@@ -1,0 +1,264 @@
+"""`gpu.sh verlgo` (issue #21 step 2 as one repeated device call) run on CPU with fakes: the real gpu.sh,
+a committed-tree archive holding the real gpu.sh, config and src/ plus a fake scripts/verl-env.sh, and a
+`python3` shim on PATH that hands `-m sqlrl.cli` to a fake CLI (train writes veRL-like step lines,
+checkpoints and latest_checkpointed_iteration.txt; export and eval write their files), `-m pip` and
+`-m ray.scripts.scripts` to a log, everything else to the real interpreter; a fake `nvidia-smi`.
+
+Covered: the phases' order (setup, veRL install, train, export of the last step's actor, eval on the
+validation split), the train's environment (veRL's site first), a train stopped by the budget (`timeout`)
+and continued by the next call from its checkpoint, a finished run skipped entirely, nothing weight-like
+in DEST, a fresh machine without the staged veRL parts refused before setup. Not covered: veRL, vLLM,
+Ray or a GPU (nothing real is trained)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FAKE_SQLRL = r"""
+import json, os, sys, time
+from pathlib import Path
+
+def log(*words):
+    with open(os.environ["PHASES"], "a") as f:
+        f.write(" ".join(str(w) for w in words) + "\n")
+
+def opt(args, name):
+    return args[args.index(name) + 1]
+
+args = sys.argv[2:]
+if sys.argv[1:3] == ["model", "fetch"]:
+    log("model-fetch", sys.argv[3])
+    d = Path(os.environ["SQLRL_CACHE"]) / "models" / sys.argv[3]
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text("{}")
+elif sys.argv[1] == "train":
+    from sqlrl import config as C
+    sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    cfg = C.load(args[0], sets)
+    run = Path(opt(args, "--out"))
+    ck = run / "checkpoints"
+    latest = ck / "latest_checkpointed_iteration.txt"
+    start = int(latest.read_text()) if latest.exists() else 0
+    model = opt(args, "--model-path")
+    assert Path(model, "config.json").is_file(), model
+    assert os.environ["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    log("train", "from", start, "engine", opt(args, "--engine"), "gpus", opt(args, "--gpus-per-node"),
+        "path0", os.environ["PYTHONPATH"].split(":")[0])
+    if os.environ.get("FAKE_CRASH"):
+        sys.exit("Traceback: fake veRL failure")
+    (run / "data").mkdir(parents=True, exist_ok=True)
+    (run / "verl.yaml").write_text(f"trainer:\n  total_training_steps: {cfg.grpo.steps}\n")
+    (run / "data" / "gold_audit.json").write_text("{}")
+    tb = Path(os.environ["TENSORBOARD_DIR"])
+    tb.mkdir(parents=True, exist_ok=True)
+    (tb / f"events.out.tfevents.{start}").write_bytes(b"tb")
+    for s in range(start + 1, cfg.grpo.steps + 1):
+        print(f"step:{s} - timing_s/step:{10 + s} - perf/throughput:{100 * s}", flush=True)
+        if s % cfg.run.checkpoint_every == 0 or s == cfg.grpo.steps:
+            actor = ck / f"global_step_{s}" / "actor"
+            actor.mkdir(parents=True, exist_ok=True)
+            (actor / "model_world_size_1_rank_0.pt").write_bytes(b"w" * 64)
+            latest.write_text(str(s))
+        if start == 0 and s == int(os.environ.get("FAKE_HANG_AT", "0")):
+            time.sleep(600)  # a run longer than the call's budget: `timeout` stops it
+elif sys.argv[1] == "export":
+    out = Path(opt(args, "-o"))
+    log("export", Path(args[0]).relative_to(os.environ["SQLRL_SCRATCH"]), "path0",
+        os.environ["PYTHONPATH"].split(":")[0])
+    out.mkdir(parents=True)
+    (out / "model.safetensors").write_bytes(b"w" * 64)
+    (out / "identity.json").write_text('{"weights_hash": "h"}')
+elif sys.argv[1] == "eval":
+    out = Path(opt(args, "--out"))
+    log("eval", Path(opt(args, "--model")).relative_to(os.environ["SQLRL_SCRATCH"]), opt(args, "--split"))
+    out.mkdir(parents=True)
+    (out / "summary.json").write_text('{"accuracy": 0.5}')
+    (out / "results.jsonl").write_text('{"task_id": "t0", "solved": true}\n')
+else:
+    sys.exit(f"fake sqlrl: unexpected {sys.argv[1:]}")
+"""
+
+SHIM = """#!/bin/bash
+if [ "$1" = -m ] && [ "$2" = sqlrl.cli ]; then shift 2; exec "$REAL_PY" "$FAKE_SQLRL" "$@"; fi
+if [ "$1" = -m ] && [ "$2" = pip ]; then echo pip >> "$PHASES"; exit 0; fi
+if [ "$1" = -m ] && [ "$2" = ray.scripts.scripts ]; then echo "ray $3" >> "$PHASES"; exit 0; fi
+exec "$REAL_PY" "$@"
+"""
+
+NVIDIA_SMI = """#!/bin/bash
+case "$*" in
+  *-lms*) echo "timestamp, memory.used [MiB]"; i=0
+          while :; do echo "2026/12/07 00:00:0$i.000, $((1000 + i)) MiB"; i=$(( (i + 1) % 10 )); sleep 0.2; done ;;
+  *) echo "FakeGPU, 81559 MiB, 1" ;;
+esac
+"""
+
+
+def _exe(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+def _parts(folder: Path, chunks: list[bytes], name: str) -> None:
+    folder.mkdir(parents=True)
+    for i, c in enumerate(chunks):
+        (folder / f"part{i:02d}").write_bytes(c)
+    sha = hashlib.sha256(b"".join(chunks)).hexdigest()
+    (folder / "MANIFEST").write_text(f"name {name}\nsha256 {sha}\nparts {len(chunks)}\n")
+
+
+def _checkout(tmp: Path) -> tuple[Path, dict]:
+    """A device-side checkout with staged files, and the environment of a call (fakes first on PATH)."""
+    co = tmp / "checkout"
+    _exe(co / "scripts" / "gpu.sh", (ROOT / "scripts" / "gpu.sh").read_text())
+    _parts(co / ".stage" / "q", [b"gguf-a", b"gguf-b"], "qwen.gguf")
+    _parts(co / ".stage" / "verl", [b"wheels-a", b"wheels-b"], "verl-wheels.tar")
+    (co / ".whl").mkdir()
+    (co / ".whl" / "x-1-py3-none-any.whl").write_bytes(b"whl")
+    (tmp / "spider").mkdir()
+    (tmp / "spider" / "tables.json").write_text("[]")
+    with tarfile.open(co / ".stage" / "spider.tgz", "w:gz") as t:
+        t.add(tmp / "spider", arcname="spider")
+    fake_env = '#!/bin/bash\necho "verl-install $1" >> "$PHASES"; mkdir -p "$3"\n'
+    _exe(tmp / "tree-extra" / "scripts" / "verl-env.sh", fake_env)
+    with tarfile.open(co / ".stage" / "tree.tgz", "w:gz") as t:
+        t.add(ROOT / "scripts" / "gpu.sh", arcname="scripts/gpu.sh")
+        t.add(tmp / "tree-extra" / "scripts" / "verl-env.sh", arcname="scripts/verl-env.sh")
+        t.add(ROOT / "configs" / "spider-0.5b-gpu.toml", arcname="configs/spider-0.5b-gpu.toml")
+        t.add(
+            ROOT / "src" / "sqlrl",
+            arcname="src/sqlrl",
+            filter=lambda i: None if "__pycache__" in i.name else i,
+        )
+    _exe(tmp / "bin" / "python3", SHIM)
+    _exe(tmp / "bin" / "nvidia-smi", NVIDIA_SMI)
+    (tmp / "fake_sqlrl.py").write_text(FAKE_SQLRL)
+    env = {
+        **os.environ,
+        "PATH": f"{tmp / 'bin'}:{os.environ['PATH']}",
+        "REAL_PY": sys.executable,
+        "FAKE_SQLRL": str(tmp / "fake_sqlrl.py"),
+        "PHASES": str(tmp / "phases.log"),
+        "SQLRL_SCRATCH": str(tmp / "S"),
+        "GPU_PARTS": ".stage/q",
+        "VERLGO_SETS": "grpo.steps=3 run.checkpoint_every=1",
+        "VERLGO_RESERVE_S": "1",
+        "VERLGO_MIN_S": "1",
+    }
+    return co, env
+
+
+def _gpu(co: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "scripts/gpu.sh", *args], cwd=co, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def _phases(tmp: Path) -> list[str]:
+    return (tmp / "phases.log").read_text().splitlines()
+
+
+def _weight_like(dest: Path) -> list[str]:
+    bad = (".safetensors", ".pt", ".bin", ".gguf", ".whl", ".tar")
+    return [
+        str(p.relative_to(dest))
+        for p in dest.rglob("*")
+        if p.suffix in bad
+        or "global_step" in str(p)
+        or p.name.startswith("part")
+        or p.stat().st_size > 1 << 20
+    ]
+
+
+def test_verlgo_stops_at_the_budget_resumes_then_skips_what_is_done(tmp_path):
+    co, env = _checkout(tmp_path)
+    S = tmp_path / "S"
+    for cmd in (["stage", "00"], ["verl", "stage", "00"]):
+        assert _gpu(co, env, *cmd).returncode == 0
+    # call 1: 8 s budget, 1 s reserve; the fake run hangs after checkpointing step 2 of 3
+    d1 = tmp_path / "out1"
+    r = _gpu(co, {**env, "FAKE_HANG_AT": "2"}, "verlgo", str(d1), "8")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "train: exit 124" in r.stdout and "checkpointed step 2 of 3" in r.stdout, r.stdout
+    site = f"path0 {S}/verl-site"
+    first = ["pip", "model-fetch qwen2.5-coder-0.5b-instruct", "verl-install --gpu-install"]
+    assert _phases(tmp_path) == [*first, f"train from 0 engine verl gpus 1 {site}", "ray stop"]
+    assert (S / "verl-run" / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert not (S / "verl-run" / "final").exists()
+    assert "not finished" in r.stdout
+    timings = (d1 / "timings.tsv").read_text().splitlines()
+    assert [row.split("\t")[1:2] + row.split("\t")[3:4] for row in timings[1:]] == [
+        ["setup", "0"],
+        ["verl-install", "0"],
+        ["train", "124"],
+    ]
+    assert (d1 / "verl-steps.log").read_text().splitlines() == [
+        "step:1 - timing_s/step:11 - perf/throughput:100",
+        "step:2 - timing_s/step:12 - perf/throughput:200",
+    ]
+    assert (d1 / "gpu_mem.csv").read_text().startswith("timestamp, memory.used [MiB]")
+    # call 2: setup and install skipped; the run continues from step 2, then export and eval
+    d2 = tmp_path / "out2"
+    r = _gpu(co, {**env, "FAKE_HANG_AT": "2"}, "verlgo", str(d2), "120")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _phases(tmp_path)[5:] == [
+        f"train from 2 engine verl gpus 1 {site}",
+        "export verl-run/checkpoints/global_step_3/actor path0 /tmp/site",
+        "eval verl-run/final validation",
+    ]
+    assert "verlgo: done" in r.stdout
+    steps = (d2 / "verl-steps.log").read_text().splitlines()
+    assert [s.split(" - ")[0] for s in steps] == ["step:1", "step:2", "step:3"]
+    for name in (
+        "verl.yaml",
+        "summary.json",
+        "results.jsonl",
+        "final_identity.json",
+        "gpu_mem.csv",
+        "eval.log",
+    ):
+        assert (d2 / name).is_file(), name
+    assert (d2 / "tensorboard" / "events.out.tfevents.2").is_file()
+    assert [row.split("\t")[:2] for row in (d2 / "timings.tsv").read_text().splitlines()[4:]] == [
+        ["2", "train"],
+        ["2", "export"],
+        ["2", "eval"],
+    ]
+    assert (S / "verl-run" / "final" / "model.safetensors").is_file()  # the weights stay on the machine
+    assert _weight_like(d1) == [] and _weight_like(d2) == []
+    # call 3: everything done, nothing runs again; DEST still gets the record
+    d3 = tmp_path / "out3"
+    r = _gpu(co, env, "verlgo", str(d3), "120")
+    assert r.returncode == 0 and "verlgo: done" in r.stdout, r.stdout + r.stderr
+    assert len(_phases(tmp_path)) == 8
+    assert (d3 / "summary.json").is_file() and _weight_like(d3) == []
+
+
+def test_verlgo_refuses_a_fresh_machine_before_setup(tmp_path):
+    """Only the carried last veRL part is there (the machine was given back after the staging calls)."""
+    co, env = _checkout(tmp_path)
+    (co / ".stage" / "verl" / "part00").unlink()
+    r = _gpu(co, env, "verlgo", str(tmp_path / "out"), "60")
+    assert r.returncode == 1
+    assert "1 of 2 veRL parts staged" in r.stderr and "gpu.sh verl stage NN" in r.stderr, r.stderr
+    assert not (tmp_path / "phases.log").exists() and not (tmp_path / "S" / "tree").exists()
+
+
+def test_verlgo_reports_a_crashed_train_and_exports_nothing(tmp_path):
+    """A train that fails (not the budget) makes the call exit 1 with the log's tail; no export or eval."""
+    co, env = _checkout(tmp_path)
+    r = _gpu(co, {**env, "FAKE_CRASH": "1"}, "verlgo", str(tmp_path / "out"), "60")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert [p.split()[0] for p in _phases(tmp_path)] == ["pip", "model-fetch", "verl-install", "train", "ray"]
+    assert "train: exit 1" in r.stdout and "fake veRL failure" in r.stdout, r.stdout
+    assert (tmp_path / "out" / "verl-run.log").is_file() and not (
+        tmp_path / "S" / "verl-run" / "final"
+    ).exists()
