@@ -20,6 +20,10 @@
 #   or, after staging all parts but the last, the same call repeated: bash scripts/gpu.sh go $OUT   (carry the last part,
 #          MANIFEST, spider.tgz, .whl, .stage/tree.tgz): setup, benchmark, exp1 (1 turn), exp3 (3 turns),
 #          then the debugging curriculum (configs/debug-curriculum-gpu.toml) into $S/cur
+#   issue #21 step 2 (veRL): after the model's and veRL's parts but the last are staged, repeat
+#          GPU_PARTS=.stage/q50x bash scripts/gpu.sh verlgo $OUT   (carry .stage/q50x/part08 + MANIFEST,
+#          spider.tgz, .whl, .stage/tree.tgz, .stage/verl/part08 + MANIFEST): setup, verl install, the veRL
+#          GRPO run, export, eval (see `verlgo` below and docs/verl.md, "GPU environment")
 #   another model: GPU_MODEL=1.5b (parts in .stage/q15, configs/spider-1.5b-gpu.toml) on every call.
 set -euo pipefail
 S=${SQLRL_SCRATCH:-/root/sqlrl-scratch}
@@ -85,8 +89,11 @@ case "${1:-}" in
   unslim) unslim; exit $? ;;
 esac
 # veRL + vLLM + Ray (the wheels of scripts/verl-gpu.lock) travel like the model: parts of .stage/verl, made
-# here by `scripts/verl-env.sh --gpu-fetch ../verl-wheels` then `scripts/verl-env.sh --gpu-pack ../verl-wheels
-# .stage/verl 18M` (docs/verl.md, "GPU environment").
+# here by `scripts/verl-env.sh --gpu-fetch /work/verl-wheels` then `scripts/verl-env.sh --gpu-pack
+# /work/verl-wheels .stage/verl 56M`: 9 parts (8 of 58,720,256 B, part08 20,477,952 B; 490,240,000 B joined),
+# which need the slim tree (`slim`: 3.8 MB, measured 2026-12-07; 61 MB with results/): a staging call carries
+# 3.8 + 58.7 = 62.5 MB of 67.1; the verlgo call (q50x part08 + MANIFEST, spider.tgz, .whl, tree.tgz, verl
+# part08 + MANIFEST: 51.3 MB) 55.1 MB. `verl preflight` checks this before a session (docs/verl.md).
 #   here:  bash scripts/gpu.sh verl preflight          sizes per call; parts against MANIFEST and the lock
 #   there: bash scripts/gpu.sh verl stage NN [NN ...]  (carry .stage/verl/partNN) copies them to $S/verl-parts
 #          bash scripts/gpu.sh verl install            (carry the last part and .stage/verl/MANIFEST) joins,
@@ -355,8 +362,8 @@ PY
       # a run stopped by the budget may leave Ray's daemons behind: stop them before the next call's start
       [ "$rc" = 0 ] || PYTHONPATH=$S/verl-site python3 -m ray.scripts.scripts stop --force >> "$L/verl-run.log" 2>&1 || true
       echo "train: exit $rc (124/137: stopped at the budget; the same call again resumes), checkpointed step $(cat "$run/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo none) of $steps"
-      grep -a '^step:' "$L/verl-run.log" | tail -2 | cut -c1-300 || true
-      if [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$rc" != 137 ]; then fail=1; grep -av '^step:' "$L/verl-run.log" | tail -20; fi
+      grep -ao 'step:[0-9][0-9]* - .*' "$L/verl-run.log" | tail -2 | cut -c1-300 || true
+      if [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$rc" != 137 ]; then fail=1; grep -av 'step:[0-9][0-9]* - ' "$L/verl-run.log" | tail -20; fi
     fi
     left=$((end - SECONDS - 15))
     if trained && [ ! -s "$run/final/identity.json" ] && [ "$left" -ge "$min_s" ]; then
@@ -377,7 +384,9 @@ PY
     cp "$L"/*.log "$L"/*.csv "$L"/*.tsv "$L"/summary.json "$L"/results.jsonl "$dest/" 2>/dev/null || true
     cp "$run"/verl.yaml "$run"/verl.agent_loops.yaml "$run"/data/gold_audit.json "$dest/" 2>/dev/null || true
     cp "$run"/final/identity.json "$dest/final_identity.json" 2>/dev/null || true
-    grep -a '^step:' "$L/verl-run.log" > "$dest/verl-steps.log" 2>/dev/null || true
+    grep -ao 'step:[0-9][0-9]* - .*' "$L/verl-run.log" > "$dest/verl-steps.log" 2>/dev/null || true
+    python3 scripts/verl_steps.py "$L/verl-run.log" --mem "$L/gpu_mem.csv" --timings "$L/timings.tsv" \
+      --jsonl "$dest/verl_steps.jsonl" --json "$dest/verl_summary.json" || true   # step time, throughput, memory
     [ ! -d "$run/tensorboard" ] || (cd "$run" && find tensorboard -type f -name 'events.out.tfevents*' -size -20M \
       -exec cp --parents {} "$dest/" \;)
     if [ -s "$run/eval/summary.json" ]; then echo "verlgo: done (trained $steps steps, exported, evaluated)"

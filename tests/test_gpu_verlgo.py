@@ -13,6 +13,7 @@ Ray or a GPU (nothing real is trained)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -60,7 +61,7 @@ elif sys.argv[1] == "train":
     tb.mkdir(parents=True, exist_ok=True)
     (tb / f"events.out.tfevents.{start}").write_bytes(b"tb")
     for s in range(start + 1, cfg.grpo.steps + 1):
-        print(f"step:{s} - timing_s/step:{10 + s} - perf/throughput:{100 * s}", flush=True)
+        print(f"(TaskRunner pid=42) step:{s} - timing_s/step:{10 + s} - perf/throughput:{100 * s}", flush=True)
         if s % cfg.run.checkpoint_every == 0 or s == cfg.grpo.steps:
             actor = ck / f"global_step_{s}" / "actor"
             actor.mkdir(parents=True, exist_ok=True)
@@ -131,6 +132,7 @@ def _checkout(tmp: Path) -> tuple[Path, dict]:
     _exe(tmp / "tree-extra" / "scripts" / "verl-env.sh", fake_env)
     with tarfile.open(co / ".stage" / "tree.tgz", "w:gz") as t:
         t.add(ROOT / "scripts" / "gpu.sh", arcname="scripts/gpu.sh")
+        t.add(ROOT / "scripts" / "verl_steps.py", arcname="scripts/verl_steps.py")
         t.add(tmp / "tree-extra" / "scripts" / "verl-env.sh", arcname="scripts/verl-env.sh")
         t.add(ROOT / "configs" / "spider-0.5b-gpu.toml", arcname="configs/spider-0.5b-gpu.toml")
         t.add(
@@ -232,6 +234,16 @@ def test_verlgo_stops_at_the_budget_resumes_then_skips_what_is_done(tmp_path):
         ["2", "export"],
         ["2", "eval"],
     ]
+    summary = json.loads((d2 / "verl_summary.json").read_text())
+    assert summary["steps_logged"] == 3 and summary["time_step_s"]["median"] == 12.0
+    assert summary["throughput_tokens_per_s_per_gpu"]["mean"] == 200.0
+    assert summary["gpu_memory_used_peak_mib"] >= 1000
+    assert summary["phases"]["train"] == {
+        "seconds": summary["phases"]["train"]["seconds"],
+        "calls": 2,
+        "rc": [124, 0],
+    }
+    assert len((d2 / "verl_steps.jsonl").read_text().splitlines()) == 3
     assert (S / "verl-run" / "final" / "model.safetensors").is_file()  # the weights stay on the machine
     assert _weight_like(d1) == [] and _weight_like(d2) == []
     # call 3: everything done, nothing runs again; DEST still gets the record
@@ -262,3 +274,40 @@ def test_verlgo_reports_a_crashed_train_and_exports_nothing(tmp_path):
     assert (tmp_path / "out" / "verl-run.log").is_file() and not (
         tmp_path / "S" / "verl-run" / "final"
     ).exists()
+
+
+def test_verl_steps_reads_a_resumed_log(tmp_path):
+    """Hand-made: step 2 logged twice (a resumed run redoing it: the last record counts), Ray's prefix on
+    some lines, a non-number value skipped; two calls' nvidia-smi samples with repeated headers; step
+    times 10, 30 (not 20), 20: mean 20, median 20, max 30; peak 5120 MiB; train 100 + 50 s in 2 calls."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import verl_steps
+    finally:
+        sys.path.pop(0)
+    log = tmp_path / "verl-run.log"
+    log.write_text(
+        "== call 1\nstep:1 - timing_s/step:10.0 - perf/throughput:100 - perf/max_memory_allocated_gb:4.5\n"
+        "(TaskRunner pid=7) step:2 - timing_s/step:20.0 - perf/throughput:200 - note:x\nKilled\n"
+        "(TaskRunner pid=9) step:2 - timing_s/step:30.0 - perf/throughput:300\n"
+        "step:3 - timing_s/step:20.0 - perf/throughput:400 - perf/max_memory_allocated_gb:6.25\n"
+    )
+    mem = tmp_path / "gpu_mem.csv"
+    mem.write_text(
+        "timestamp, memory.used [MiB]\nt, 1 MiB\nt, 5120 MiB\ntimestamp, memory.used [MiB]\nt, 4000 MiB\n"
+    )
+    tsv = tmp_path / "timings.tsv"
+    tsv.write_text("call\tphase\tseconds\trc\tended\n1\ttrain\t100\t124\tx\n2\ttrain\t50\t0\tx\n")
+    out, js = tmp_path / "s.jsonl", tmp_path / "s.json"
+    args = [str(log), "--mem", str(mem), "--timings", str(tsv), "--jsonl", str(out), "--json", str(js)]
+    assert verl_steps.main(args) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert rows[1] == {"step": 2, "timing_s/step": 30.0, "perf/throughput": 300.0}
+    s = json.loads(js.read_text())
+    assert s["steps_logged"] == 3 and s["last_step"] == 3
+    assert s["time_step_s"] == {"n": 3, "mean": 20.0, "median": 20.0, "max": 30.0}
+    assert s["throughput_tokens_per_s_per_gpu"]["mean"] == (100 + 300 + 400) / 3
+    assert s["max_memory_allocated_gb"] == 6.25 and s["max_memory_reserved_gb"] is None
+    assert s["gpu_memory_used_peak_mib"] == 5120.0
+    assert s["phases"] == {"train": {"seconds": 150, "calls": 2, "rc": [124, 0]}}
+    assert verl_steps.main([str(tmp_path / "none.log"), "--jsonl", str(out), "--json", str(js)]) == 2
