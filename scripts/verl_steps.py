@@ -1,8 +1,8 @@
 """Per-step time, throughput and memory of a veRL run, from what `gpu.sh verlgo` records.
 
 Reads veRL's console lines (`step:N - key:value - ...`, as veRL's console logger prints them, with or
-without Ray's `(TaskRunner pid=...)` prefix; a step logged twice by a resumed run counts once, its last
-record), the GPU memory samples of `nvidia-smi --query-gpu=timestamp,memory.used --format=csv` (headers
+without Ray's `(TaskRunner pid=...)` prefix, numpy scalars as `np.float64(x)`; a step logged twice by a
+resumed run counts once, its last record), the GPU memory samples of `nvidia-smi --query-gpu=timestamp,memory.used --format=csv` (headers
 repeated per call are skipped) and verlgo's timings.tsv (call, phase, seconds, rc). Writes one JSON line
 per step and a summary: step time (`timing_s/step`), throughput (`perf/throughput`, tokens/s per GPU),
 veRL's peak allocated/reserved memory (`perf/max_memory_*_gb`) where logged, the sampled peak, seconds per
@@ -21,6 +21,9 @@ import sys
 from pathlib import Path
 
 STEP = re.compile(r"step:(\d+) - (.*)$")
+# veRL prints each value with pprint.pformat: numpy scalars (every metric its reduce_metrics takes
+# np.mean/np.max of, e.g. actor/* and perf/max_memory_*) read `np.float64(1.5)` under numpy 2
+NP_SCALAR = re.compile(r"^np\.\w+\((.*)\)$")
 
 
 def read_steps(log: str) -> dict[int, dict[str, float]]:
@@ -32,8 +35,9 @@ def read_steps(log: str) -> dict[int, dict[str, float]]:
         rec: dict[str, float] = {}
         for item in m.group(2).split(" - "):
             key, sep, value = item.rpartition(":")
+            m_np = NP_SCALAR.match(value.strip())
             try:
-                rec[key] = float(value)
+                rec[key] = float(m_np.group(1) if m_np else value)
             except ValueError:
                 continue
         steps[int(m.group(1))] = rec

@@ -278,7 +278,7 @@ def test_verlgo_reports_a_crashed_train_and_exports_nothing(tmp_path):
 
 def test_verl_steps_reads_a_resumed_log(tmp_path):
     """Hand-made: step 2 logged twice (a resumed run redoing it: the last record counts), Ray's prefix on
-    some lines, a non-number value skipped; two calls' nvidia-smi samples with repeated headers; step
+    some lines, a non-number value skipped, numpy scalars as veRL prints them (`np.float64(6.25)`); two calls' nvidia-smi samples with repeated headers; step
     times 10, 30 (not 20), 20: mean 20, median 20, max 30; peak 5120 MiB; train 100 + 50 s in 2 calls."""
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
@@ -290,7 +290,8 @@ def test_verl_steps_reads_a_resumed_log(tmp_path):
         "== call 1\nstep:1 - timing_s/step:10.0 - perf/throughput:100 - perf/max_memory_allocated_gb:4.5\n"
         "(TaskRunner pid=7) step:2 - timing_s/step:20.0 - perf/throughput:200 - note:x\nKilled\n"
         "(TaskRunner pid=9) step:2 - timing_s/step:30.0 - perf/throughput:300\n"
-        "step:3 - timing_s/step:20.0 - perf/throughput:400 - perf/max_memory_allocated_gb:6.25\n"
+        "step:3 - timing_s/step:20.0 - perf/throughput:400 - perf/max_memory_allocated_gb:np.float64(6.25)"
+        " - perf/max_memory_reserved_gb:np.float64(7.5) - actor/pg_loss:np.float64(-1.5e-05)\n"
     )
     mem = tmp_path / "gpu_mem.csv"
     mem.write_text(
@@ -307,7 +308,8 @@ def test_verl_steps_reads_a_resumed_log(tmp_path):
     assert s["steps_logged"] == 3 and s["last_step"] == 3
     assert s["time_step_s"] == {"n": 3, "mean": 20.0, "median": 20.0, "max": 30.0}
     assert s["throughput_tokens_per_s_per_gpu"]["mean"] == (100 + 300 + 400) / 3
-    assert s["max_memory_allocated_gb"] == 6.25 and s["max_memory_reserved_gb"] is None
+    assert rows[2]["actor/pg_loss"] == -1.5e-05  # veRL's numpy scalars, `np.float64(x)` under numpy 2
+    assert s["max_memory_allocated_gb"] == 6.25 and s["max_memory_reserved_gb"] == 7.5
     assert s["gpu_memory_used_peak_mib"] == 5120.0
     assert s["phases"] == {"train": {"seconds": 150, "calls": 2, "rc": [124, 0]}}
     assert verl_steps.main([str(tmp_path / "none.log"), "--jsonl", str(out), "--json", str(js)]) == 2
