@@ -346,8 +346,24 @@ PY
     fi
     read -r -a sets <<< "${VERLGO_SETS:-}"; set_args=(--set "data.path=\"$S/spider\"")
     for x in ${sets[@]+"${sets[@]}"}; do set_args+=(--set "$x"); done
-    steps=$(python3 -c 'import sys; from sqlrl import config as C; print(C.load(sys.argv[1], sys.argv[2:]).grpo.steps)' \
-      "$CONFIG" ${sets[@]+"${sets[@]}"})
+    # grpo.steps, then the `sqlrl eval` arguments that evaluate like the native experiment's arms do: the
+    # config's agent budgets and held-out split (eval's own defaults differ: 8000 schema chars, 4096 tokens)
+    cfgline=$(python3 - "$CONFIG" ${sets[@]+"${sets[@]}"} <<'PY'
+import sys
+from sqlrl import config as C
+c = C.load(sys.argv[1], sys.argv[2:])
+a, d = c.agent, c.data
+args = ["--split", d.eval_split, "--turns", a.turns, "--max-new-tokens", a.max_new_tokens,
+        "--max-sql-executions", a.max_sql_executions, "--max-schema-chars", a.max_schema_chars,
+        "--max-context-tokens", a.max_context_tokens, "--schema-sample-values", a.schema_sample_values,
+        "--schema-order", a.schema_order, "--val-fraction", d.val_fraction, "--split-seed", d.split_seed,
+        "--seed", d.split_seed, "--limit", d.max_eval_tasks]
+args += [] if a.show_evidence else ["--no-evidence"]
+args += ["--column-descriptions"] if a.column_descriptions else []
+print(c.grpo.steps, *args)
+PY
+) || { echo "verlgo: $CONFIG with VERLGO_SETS='${VERLGO_SETS:-}' does not load (see above); fix the --set values" >&2; exit 2; }
+    read -r steps eval_cfg <<< "$cfgline"
     trained() { [ "$(cat "$run/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null)" = "$steps" ]; }
     fail=0
     left=$((end - SECONDS - reserve))
@@ -377,7 +393,7 @@ PY
     if [ -s "$run/final/identity.json" ] && [ ! -s "$run/eval/summary.json" ] && [ "$left" -ge "$min_s" ]; then
       # shellcheck disable=SC2086
       t0=$SECONDS; rc=0; rm -rf "$run/eval"
-      timeout "$left" bash scripts/gpu.sh evalrun verl-run "$L" ${VERLGO_EVAL_ARGS:-} || rc=$?
+      timeout "$left" bash scripts/gpu.sh evalrun verl-run "$L" $eval_cfg ${VERLGO_EVAL_ARGS:-} || rc=$?
       phase eval "$t0" "$rc"; [ "$rc" = 0 ] || fail=1
     fi
     # what is committed: config, logs, per-step metrics, eval summary, memory samples, timings (no weights)

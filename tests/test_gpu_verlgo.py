@@ -78,7 +78,10 @@ elif sys.argv[1] == "export":
     (out / "identity.json").write_text('{"weights_hash": "h"}')
 elif sys.argv[1] == "eval":
     out = Path(opt(args, "--out"))
-    log("eval", Path(opt(args, "--model")).relative_to(os.environ["SQLRL_SCRATCH"]), opt(args, "--split"))
+    last = {a: args[len(args) - 1 - args[::-1].index(a) + 1] for a in args if a.startswith("--")}
+    log("eval", Path(last["--model"]).relative_to(os.environ["SQLRL_SCRATCH"]), last["--split"],
+        *(f"{k[2:]}={last[k]}" for k in ("--max-schema-chars", "--max-context-tokens", "--max-new-tokens",
+                                         "--turns", "--val-fraction", "--self-consistency") if k in last))
     out.mkdir(parents=True)
     (out / "summary.json").write_text('{"accuracy": 0.5}')
     (out / "results.jsonl").write_text('{"task_id": "t0", "solved": true}\n')
@@ -209,12 +212,17 @@ def test_verlgo_stops_at_the_budget_resumes_then_skips_what_is_done(tmp_path):
     assert (d1 / "gpu_mem.csv").read_text().startswith("timestamp, memory.used [MiB]")
     # call 2: setup and install skipped; the run continues from step 2, then export and eval
     d2 = tmp_path / "out2"
-    r = _gpu(co, {**env, "FAKE_HANG_AT": "2"}, "verlgo", str(d2), "120")
+    r = _gpu(
+        co, {**env, "FAKE_HANG_AT": "2", "VERLGO_EVAL_ARGS": "--self-consistency 4"}, "verlgo", str(d2), "120"
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert _phases(tmp_path)[5:] == [
         f"train from 2 engine verl gpus 1 {site}",
         "export verl-run/checkpoints/global_step_3/actor path0 /tmp/site",
-        "eval verl-run/final validation",
+        # the config's budgets (configs/spider-0.5b-gpu.toml: 6000 chars, 3072 tokens, 256 new tokens,
+        # 1 turn, val_fraction 0.1), not `sqlrl eval`'s defaults (8000, 4096); VERLGO_EVAL_ARGS added last
+        "eval verl-run/final validation max-schema-chars=6000 max-context-tokens=3072 max-new-tokens=256"
+        " turns=1 val-fraction=0.1 self-consistency=4",
     ]
     assert "verlgo: done" in r.stdout
     steps = (d2 / "verl-steps.log").read_text().splitlines()
