@@ -370,8 +370,14 @@ PY
     if ! trained && [ "$left" -ge "$min_s" ]; then
       echo "== call $call: train, $left s, $(date -u +%FT%TZ)" >> "$L/verl-run.log"
       nvidia-smi --query-gpu=timestamp,memory.used --format=csv -lms 1000 >> "$L/gpu_mem.csv" 2>/dev/null & smi=$!
-      t0=$SECONDS; rc=0
+      t0=$SECONDS; rc=0; before=$(cat "$run/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo none)
+      # veRL's checkpoint before a capacity block expires (`should_save_ckpt_esi`): with this timestamp it
+      # also saves after every step that ends within 60 s + its longest step of it, so each call keeps its
+      # steps whatever run.checkpoint_every is; the timestamp is VERLGO_SAVE_S (default 30) before the
+      # `timeout`, so that a save started in time finishes before the kill
+      esi=$(( $(date +%s) + left - ${VERLGO_SAVE_S:-30} ))
       PYTHONPATH=$S/verl-site:/tmp/site:$PWD/src VLLM_USE_FLASHINFER_SAMPLER=0 SQLRL_GOLD_CACHE=$S/verl-goldcache \
+        MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP=$esi \
         TENSORBOARD_DIR=$run/tensorboard timeout -k 20 "$left" python3 -m sqlrl.cli train "$CONFIG" --engine verl \
         --gpus-per-node 1 --out "$run" --model-path "$S/models/models/$MODEL" "${set_args[@]}" >> "$L/verl-run.log" 2>&1 || rc=$?
       phase train "$t0" "$rc"; kill "$smi" 2>/dev/null || true; wait "$smi" 2>/dev/null || true
@@ -379,6 +385,8 @@ PY
       [ "$rc" = 0 ] || PYTHONPATH=$S/verl-site python3 -m ray.scripts.scripts stop --force >> "$L/verl-run.log" 2>&1 || true
       echo "train: exit $rc (124/137: stopped at the budget; the same call again resumes), checkpointed step $(cat "$run/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo none) of $steps"
       grep -ao 'step:[0-9][0-9]* - .*' "$L/verl-run.log" | tail -2 | cut -c1-300 || true
+      [ "$(cat "$run/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo none)" != "$before" ] \
+        || echo "verlgo: no new checkpoint in this call (still $before): the same call again would redo the same steps; see verl-run.log"
       if [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$rc" != 137 ]; then fail=1; grep -av 'step:[0-9][0-9]* - ' "$L/verl-run.log" | tail -20; fi
     fi
     left=$((end - SECONDS - 15))

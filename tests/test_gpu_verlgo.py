@@ -50,6 +50,9 @@ elif sys.argv[1] == "train":
     model = opt(args, "--model-path")
     assert Path(model, "config.json").is_file(), model
     assert os.environ["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    esi = int(os.environ["MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"])
+    with open(os.environ["PHASES"] + ".esi", "a") as f:
+        f.write(f"{esi - int(time.time())}\n")
     log("train", "from", start, "engine", opt(args, "--engine"), "gpus", opt(args, "--gpus-per-node"),
         "path0", os.environ["PYTHONPATH"].split(":")[0])
     if os.environ.get("FAKE_CRASH"):
@@ -157,6 +160,7 @@ def _checkout(tmp: Path) -> tuple[Path, dict]:
         "VERLGO_SETS": "grpo.steps=3 run.checkpoint_every=1",
         "VERLGO_RESERVE_S": "1",
         "VERLGO_MIN_S": "1",
+        "VERLGO_SAVE_S": "2",
     }
     return co, env
 
@@ -193,10 +197,15 @@ def test_verlgo_stops_at_the_budget_resumes_then_skips_what_is_done(tmp_path):
     r = _gpu(co, {**env, "FAKE_HANG_AT": "2"}, "verlgo", str(d1), "8")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "train: exit 124" in r.stdout and "checkpointed step 2 of 3" in r.stdout, r.stdout
+    assert "no new checkpoint" not in r.stdout
     site = f"path0 {S}/verl-site"
     first = ["pip", "model-fetch qwen2.5-coder-0.5b-instruct", "verl-install --gpu-install"]
     assert _phases(tmp_path) == [*first, f"train from 0 engine verl gpus 1 {site}", "ray stop"]
     assert (S / "verl-run" / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "2"
+    # veRL's save-before-expiry timestamp: VERLGO_SAVE_S (2) before the train's `timeout` of `left` s
+    left = int((d1 / "verl-run.log").read_text().split("train, ")[1].split(" s,")[0])
+    esi_in = int((tmp_path / "phases.log.esi").read_text().split()[0])
+    assert left - 2 - 2 <= esi_in <= left - 2, (left, esi_in)  # 2 s for the fake's start
     assert not (S / "verl-run" / "final").exists()
     assert "not finished" in r.stdout
     timings = (d1 / "timings.tsv").read_text().splitlines()
@@ -279,6 +288,7 @@ def test_verlgo_reports_a_crashed_train_and_exports_nothing(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert [p.split()[0] for p in _phases(tmp_path)] == ["pip", "model-fetch", "verl-install", "train", "ray"]
     assert "train: exit 1" in r.stdout and "fake veRL failure" in r.stdout, r.stdout
+    assert "no new checkpoint in this call (still none)" in r.stdout
     assert (tmp_path / "out" / "verl-run.log").is_file() and not (
         tmp_path / "S" / "verl-run" / "final"
     ).exists()
