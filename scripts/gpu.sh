@@ -313,18 +313,43 @@ PY
     # resume_mode=auto continues in the next call), and once its last step is checkpointed `sqlrl export`
     # of that step's actor into $S/verl-run/final and `evalrun` (greedy, validation split). Finished phases
     # are skipped. Logs, timings and GPU memory samples accumulate in $S/verlgo (every call appended) and are
-    # copied to DEST with veRL's config, per-step metrics and the eval's summary: never checkpoints or weights.
+    # packed into DEST/verlgo.tgz with veRL's config, per-step metrics and the eval's summary (verlgo_pack):
+    # never checkpoints or weights.
     # Carry the last model part + MANIFEST, spider.tgz, .whl, .stage/tree.tgz, the last .stage/verl part +
     # .stage/verl/MANIFEST (VERL_PARTS: another folder). VERLGO_SETS="grpo.steps=2 ..." (sqlrl --set values,
     # no spaces inside one), VERLGO_EVAL_ARGS (`sqlrl eval`), VERLGO_RESERVE_S (left for stopping veRL and
     # packing, default 45), VERLGO_MIN_S (the least time worth starting a phase with, default 90).
     dest=$1; end=$((SECONDS + ${2:-570})); reserve=${VERLGO_RESERVE_S:-45}; min_s=${VERLGO_MIN_S:-90}
     vparts=${VERL_PARTS:-.stage/verl}; L=$S/verlgo; run=$S/verl-run
-    mkdir -p "$L" "$dest"; call=$(( $(cat "$L/calls" 2>/dev/null || echo 0) + 1 )); echo "$call" > "$L/calls"
+    mkdir -p "$L" "$dest"; dest=$(cd "$dest" && pwd)   # absolute: the call goes on in $S/tree
+    call=$(( $(cat "$L/calls" 2>/dev/null || echo 0) + 1 )); echo "$call" > "$L/calls"
     phase() {  # phase NAME START RC: one row of $L/timings.tsv (call, phase, seconds, exit code)
       [ -s "$L/timings.tsv" ] || printf 'call\tphase\tseconds\trc\tended\n' > "$L/timings.tsv"
       printf '%s\t%s\t%s\t%s\t%s\n' "$call" "$1" "$((SECONDS - $2))" "$3" "$(date -u +%FT%TZ)" >> "$L/timings.tsv"
     }
+    # the record so far, on every exit (a failed phase or a set -e stop too): config, logs, per-step metrics,
+    # eval summary, memory samples, timings, TensorBoard events, never weights. The device returns at most
+    # 8 files from DEST (16 MiB each), so all of it goes into DEST/verlgo.tgz and the few files read first
+    # (verl_summary.json, summary.json, timings.tsv, verl-steps.log, final_identity.json) beside it.
+    verlgo_pack() {
+      local rec=$S/verlgo-record
+      rm -rf "$rec"; mkdir -p "$rec"
+      cp "$L"/*.log "$L"/*.csv "$L"/*.tsv "$L"/summary.json "$L"/results.jsonl "$rec/" 2>/dev/null || true
+      cp "$run"/verl.yaml "$run"/verl.agent_loops.yaml "$run"/data/gold_audit.json "$rec/" 2>/dev/null || true
+      cp "$run"/final/identity.json "$rec/final_identity.json" 2>/dev/null || true
+      grep -ao 'step:[0-9][0-9]* - .*' "$L/verl-run.log" > "$rec/verl-steps.log" 2>/dev/null || true
+      local vs=$S/tree/scripts/verl_steps.py; [ -f "$vs" ] || vs=$repo/scripts/verl_steps.py
+      [ ! -f "$L/verl-run.log" ] || python3 "$vs" "$L/verl-run.log" --mem "$L/gpu_mem.csv" \
+        --timings "$L/timings.tsv" --jsonl "$rec/verl_steps.jsonl" --json "$rec/verl_summary.json" || true
+      [ ! -d "$run/tensorboard" ] || (cd "$run" && find tensorboard -type f -name 'events.out.tfevents*' -size -20M \
+        -exec cp --parents {} "$rec/" \;) || true
+      tar czf "$dest/verlgo.tgz" -C "$rec" . || true
+      for f in verl_summary.json summary.json timings.tsv verl-steps.log final_identity.json; do
+        [ ! -f "$rec/$f" ] || cp "$rec/$f" "$dest/"
+      done
+      ls -la "$dest" | tail -n +2
+    }
+    repo=$PWD; trap verlgo_pack EXIT
     cp "$PARTS"/part* "$PARTS/MANIFEST" "$S/parts/" 2>/dev/null || true
     if [ ! -f "$S/verl.done" ]; then
       mkdir -p "$S/verl-parts"; cp "$vparts"/part* "$vparts/MANIFEST" "$S/verl-parts/" 2>/dev/null || true
@@ -336,13 +361,13 @@ PY
     t0=$SECONDS
     if [ ! -f "$S/setup.done" ]; then
       rc=0; bash scripts/gpu.sh setup > "$L/setup.log" 2>&1 || rc=$?; phase setup "$t0" "$rc"
-      [ "$rc" = 0 ] || { tail -20 "$L/setup.log"; cp "$L/setup.log" "$dest/"; exit 1; }
+      [ "$rc" = 0 ] || { tail -20 "$L/setup.log"; exit 1; }
       touch "$S/setup.done"
     fi
     if [ ! -f "$S/verl.done" ]; then
       t0=$SECONDS; rc=0; VERL_PARTS=$S/verl-parts bash scripts/gpu.sh verl install > "$L/verl-install.log" 2>&1 || rc=$?
       phase verl-install "$t0" "$rc"
-      [ "$rc" = 0 ] || { tail -20 "$L/verl-install.log"; cp "$L"/*.log "$L/timings.tsv" "$dest/"; exit 1; }
+      [ "$rc" = 0 ] || { tail -20 "$L/verl-install.log"; exit 1; }
     fi
     read -r -a sets <<< "${VERLGO_SETS:-}"; set_args=(--set "data.path=\"$S/spider\"")
     for x in ${sets[@]+"${sets[@]}"}; do set_args+=(--set "$x"); done
@@ -404,18 +429,9 @@ PY
       timeout "$left" bash scripts/gpu.sh evalrun verl-run "$L" $eval_cfg ${VERLGO_EVAL_ARGS:-} || rc=$?
       phase eval "$t0" "$rc"; [ "$rc" = 0 ] || fail=1
     fi
-    # what is committed: config, logs, per-step metrics, eval summary, memory samples, timings (no weights)
-    cp "$L"/*.log "$L"/*.csv "$L"/*.tsv "$L"/summary.json "$L"/results.jsonl "$dest/" 2>/dev/null || true
-    cp "$run"/verl.yaml "$run"/verl.agent_loops.yaml "$run"/data/gold_audit.json "$dest/" 2>/dev/null || true
-    cp "$run"/final/identity.json "$dest/final_identity.json" 2>/dev/null || true
-    grep -ao 'step:[0-9][0-9]* - .*' "$L/verl-run.log" > "$dest/verl-steps.log" 2>/dev/null || true
-    python3 scripts/verl_steps.py "$L/verl-run.log" --mem "$L/gpu_mem.csv" --timings "$L/timings.tsv" \
-      --jsonl "$dest/verl_steps.jsonl" --json "$dest/verl_summary.json" || true   # step time, throughput, memory
-    [ ! -d "$run/tensorboard" ] || (cd "$run" && find tensorboard -type f -name 'events.out.tfevents*' -size -20M \
-      -exec cp --parents {} "$dest/" \;)
     if [ -s "$run/eval/summary.json" ]; then echo "verlgo: done (trained $steps steps, exported, evaluated)"
     else echo "verlgo: not finished; run the same call again"; fi
-    ls "$dest"; exit "$fail" ;;
+    exit "$fail" ;;   # verlgo_pack (the EXIT trap) writes DEST
   scoretime)
     # The reward's share of GRPO step time (issue #18 item 7): the grpo arm of $CONFIG, seed 0,
     # ${SCORE_STEPS:-100} steps, into $S/${SCORE_RUN:-scoretime}, then scripts/score_share.py on its

@@ -187,6 +187,20 @@ def _weight_like(dest: Path) -> list[str]:
     ]
 
 
+def _record(dest: Path) -> Path:
+    """DEST as the device returns it (at most 8 files of at most 16 MiB, none in a folder), and the
+    record unpacked from its verlgo.tgz (a folder beside DEST)."""
+    files = sorted(p.name for p in dest.iterdir())
+    assert len(files) <= 8 and "verlgo.tgz" in files, files
+    assert all((dest / f).is_file() and (dest / f).stat().st_size <= 16 << 20 for f in files), files
+    rec = dest.with_name(dest.name + "-record")
+    with tarfile.open(dest / "verlgo.tgz") as t:
+        t.extractall(rec, filter="data")
+    for f in files:  # the files beside the archive are copies of the record's
+        assert f == "verlgo.tgz" or (dest / f).read_bytes() == (rec / f).read_bytes(), f
+    return rec
+
+
 def test_verlgo_stops_at_the_budget_resumes_then_skips_what_is_done(tmp_path):
     co, env = _checkout(tmp_path)
     S = tmp_path / "S"
@@ -196,6 +210,7 @@ def test_verlgo_stops_at_the_budget_resumes_then_skips_what_is_done(tmp_path):
     d1 = tmp_path / "out1"
     r = _gpu(co, {**env, "FAKE_HANG_AT": "2"}, "verlgo", str(d1), "8")
     assert r.returncode == 0, r.stdout + r.stderr
+    r1 = _record(d1)
     assert "train: exit 124" in r.stdout and "checkpointed step 2 of 3" in r.stdout, r.stdout
     assert "no new checkpoint" not in r.stdout
     site = f"path0 {S}/verl-site"
@@ -203,28 +218,29 @@ def test_verlgo_stops_at_the_budget_resumes_then_skips_what_is_done(tmp_path):
     assert _phases(tmp_path) == [*first, f"train from 0 engine verl gpus 1 {site}", "ray stop"]
     assert (S / "verl-run" / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "2"
     # veRL's save-before-expiry timestamp: VERLGO_SAVE_S (2) before the train's `timeout` of `left` s
-    left = int((d1 / "verl-run.log").read_text().split("train, ")[1].split(" s,")[0])
+    left = int((r1 / "verl-run.log").read_text().split("train, ")[1].split(" s,")[0])
     esi_in = int((tmp_path / "phases.log.esi").read_text().split()[0])
     assert left - 2 - 2 <= esi_in <= left - 2, (left, esi_in)  # 2 s for the fake's start
     assert not (S / "verl-run" / "final").exists()
     assert "not finished" in r.stdout
-    timings = (d1 / "timings.tsv").read_text().splitlines()
+    timings = (r1 / "timings.tsv").read_text().splitlines()
     assert [row.split("\t")[1:2] + row.split("\t")[3:4] for row in timings[1:]] == [
         ["setup", "0"],
         ["verl-install", "0"],
         ["train", "124"],
     ]
-    assert (d1 / "verl-steps.log").read_text().splitlines() == [
+    assert (r1 / "verl-steps.log").read_text().splitlines() == [
         "step:1 - timing_s/step:11 - perf/throughput:100",
         "step:2 - timing_s/step:12 - perf/throughput:200",
     ]
-    assert (d1 / "gpu_mem.csv").read_text().startswith("timestamp, memory.used [MiB]")
+    assert (r1 / "gpu_mem.csv").read_text().startswith("timestamp, memory.used [MiB]")
     # call 2: setup and install skipped; the run continues from step 2, then export and eval
     d2 = tmp_path / "out2"
     r = _gpu(
         co, {**env, "FAKE_HANG_AT": "2", "VERLGO_EVAL_ARGS": "--self-consistency 4"}, "verlgo", str(d2), "120"
     )
     assert r.returncode == 0, r.stdout + r.stderr
+    r2 = _record(d2)
     assert _phases(tmp_path)[5:] == [
         f"train from 2 engine verl gpus 1 {site}",
         "export verl-run/checkpoints/global_step_3/actor path0 /tmp/site",
@@ -234,7 +250,7 @@ def test_verlgo_stops_at_the_budget_resumes_then_skips_what_is_done(tmp_path):
         " turns=1 val-fraction=0.1 self-consistency=4",
     ]
     assert "verlgo: done" in r.stdout
-    steps = (d2 / "verl-steps.log").read_text().splitlines()
+    steps = (r2 / "verl-steps.log").read_text().splitlines()
     assert [s.split(" - ")[0] for s in steps] == ["step:1", "step:2", "step:3"]
     for name in (
         "verl.yaml",
@@ -244,14 +260,14 @@ def test_verlgo_stops_at_the_budget_resumes_then_skips_what_is_done(tmp_path):
         "gpu_mem.csv",
         "eval.log",
     ):
-        assert (d2 / name).is_file(), name
-    assert (d2 / "tensorboard" / "events.out.tfevents.2").is_file()
-    assert [row.split("\t")[:2] for row in (d2 / "timings.tsv").read_text().splitlines()[4:]] == [
+        assert (r2 / name).is_file(), name
+    assert (r2 / "tensorboard" / "events.out.tfevents.2").is_file()
+    assert [row.split("\t")[:2] for row in (r2 / "timings.tsv").read_text().splitlines()[4:]] == [
         ["2", "train"],
         ["2", "export"],
         ["2", "eval"],
     ]
-    summary = json.loads((d2 / "verl_summary.json").read_text())
+    summary = json.loads((r2 / "verl_summary.json").read_text())
     assert summary["steps_logged"] == 3 and summary["time_step_s"]["median"] == 12.0
     assert summary["throughput_tokens_per_s_per_gpu"]["mean"] == 200.0
     assert summary["gpu_memory_used_peak_mib"] >= 1000
@@ -260,15 +276,24 @@ def test_verlgo_stops_at_the_budget_resumes_then_skips_what_is_done(tmp_path):
         "calls": 2,
         "rc": [124, 0],
     }
-    assert len((d2 / "verl_steps.jsonl").read_text().splitlines()) == 3
+    assert len((r2 / "verl_steps.jsonl").read_text().splitlines()) == 3
     assert (S / "verl-run" / "final" / "model.safetensors").is_file()  # the weights stay on the machine
-    assert _weight_like(d1) == [] and _weight_like(d2) == []
+    assert _weight_like(r1) == [] and _weight_like(r2) == []
+    assert sorted(p.name for p in d2.iterdir()) == [
+        "final_identity.json",
+        "summary.json",
+        "timings.tsv",
+        "verl-steps.log",
+        "verl_summary.json",
+        "verlgo.tgz",
+    ]
     # call 3: everything done, nothing runs again; DEST still gets the record
     d3 = tmp_path / "out3"
     r = _gpu(co, env, "verlgo", str(d3), "120")
     assert r.returncode == 0 and "verlgo: done" in r.stdout, r.stdout + r.stderr
     assert len(_phases(tmp_path)) == 8
-    assert (d3 / "summary.json").is_file() and _weight_like(d3) == []
+    r3 = _record(d3)
+    assert (r3 / "summary.json").is_file() and _weight_like(r3) == []
 
 
 def test_verlgo_refuses_a_fresh_machine_before_setup(tmp_path):
@@ -281,6 +306,20 @@ def test_verlgo_refuses_a_fresh_machine_before_setup(tmp_path):
     assert not (tmp_path / "phases.log").exists() and not (tmp_path / "S" / "tree").exists()
 
 
+def test_verlgo_failed_setup_still_returns_the_record(tmp_path):
+    """The model's parts do not join to their MANIFEST: setup fails, the call exits 1 before veRL's
+    install, and DEST still holds the record (setup.log, timings) in verlgo.tgz."""
+    co, env = _checkout(tmp_path)
+    (co / ".stage" / "q" / "part00").write_bytes(b"gguf-X")
+    r = _gpu(co, env, "verlgo", str(tmp_path / "out"), "60")
+    assert r.returncode == 1, r.stdout + r.stderr
+    rec = _record(tmp_path / "out")
+    assert "sha256 mismatch" in (rec / "setup.log").read_text()
+    rows = (rec / "timings.tsv").read_text().splitlines()[1:]
+    assert [row.split("\t")[1] + " " + row.split("\t")[3] for row in rows] == ["setup 1"]
+    assert not (tmp_path / "phases.log").exists()  # neither pip, veRL's install nor a train ran
+
+
 def test_verlgo_reports_a_crashed_train_and_exports_nothing(tmp_path):
     """A train that fails (not the budget) makes the call exit 1 with the log's tail; no export or eval."""
     co, env = _checkout(tmp_path)
@@ -289,15 +328,15 @@ def test_verlgo_reports_a_crashed_train_and_exports_nothing(tmp_path):
     assert [p.split()[0] for p in _phases(tmp_path)] == ["pip", "model-fetch", "verl-install", "train", "ray"]
     assert "train: exit 1" in r.stdout and "fake veRL failure" in r.stdout, r.stdout
     assert "no new checkpoint in this call (still none)" in r.stdout
-    assert (tmp_path / "out" / "verl-run.log").is_file() and not (
-        tmp_path / "S" / "verl-run" / "final"
-    ).exists()
+    rec = _record(tmp_path / "out")
+    assert "fake veRL failure" in (rec / "verl-run.log").read_text()
+    assert not (tmp_path / "S" / "verl-run" / "final").exists()
 
 
 def test_verl_steps_reads_a_resumed_log(tmp_path):
     """Hand-made: step 2 logged twice (a resumed run redoing it: the last record counts), Ray's prefix on
-    some lines, a non-number value skipped, numpy scalars as veRL prints them (`np.float64(6.25)`); two calls' nvidia-smi samples with repeated headers; step
-    times 10, 30 (not 20), 20: mean 20, median 20, max 30; peak 5120 MiB; train 100 + 50 s in 2 calls."""
+    some lines, a non-number value skipped, numpy scalars as veRL prints them (`np.float64(6.25)`); two
+    calls' nvidia-smi samples with repeated headers; step times 10, 30 (not 20), 20: mean 20, median 20, max 30; peak 5120 MiB; train 100 + 50 s in 2 calls."""
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
         import verl_steps
