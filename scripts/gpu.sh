@@ -390,7 +390,19 @@ PY
 ) || { echo "verlgo: $CONFIG with VERLGO_SETS='${VERLGO_SETS:-}' does not load (see above); fix the --set values" >&2; exit 2; }
     read -r steps eval_cfg <<< "$cfgline"
     trained() { [ "$(cat "$run/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null)" = "$steps" ]; }
-    fail=0
+    fail=0; ck=$run/checkpoints
+    # veRL resumes from global_step_N of the tracker N and trains from scratch when that folder is missing:
+    # with keep_checkpoints = 1 it deletes the previous step once the new step's actor is saved, before
+    # data.pt and the tracker are written, so a kill in between leaves the tracker on a deleted step. Point
+    # it at the newest step with data.pt (written after its actor) instead of starting again.
+    n=$(cat "$ck/latest_checkpointed_iteration.txt" 2>/dev/null || true)
+    if [ -n "$n" ] && [ ! -d "$ck/global_step_$n/actor" ]; then
+      m=$(cd "$ck" && ls -d global_step_* 2>/dev/null | sed 's/^global_step_//' | sort -n \
+        | while read -r k; do [ ! -f "global_step_$k/data.pt" ] || echo "$k"; done | tail -1 || true)
+      if [ -n "$m" ]; then printf '%s' "$m" > "$ck/latest_checkpointed_iteration.txt"
+        echo "verlgo: the tracker named step $n, whose folder is gone (a kill mid-save); resuming from step $m" | tee -a "$L/verl-run.log"
+      else echo "verlgo: the tracker names step $n, whose folder is gone, and no complete step is left: veRL starts again from step 0" | tee -a "$L/verl-run.log"; fi
+    fi
     left=$((end - SECONDS - reserve))
     if ! trained && [ "$left" -ge "$min_s" ]; then
       echo "== call $call: train, $left s, $(date -u +%FT%TZ)" >> "$L/verl-run.log"
@@ -420,14 +432,15 @@ PY
       timeout "$left" python3 -m sqlrl.cli export "$run/checkpoints/global_step_$steps/actor" -o "$run/final.tmp" \
         > "$L/export.log" 2>&1 || rc=$?
       phase export "$t0" "$rc"; tail -2 "$L/export.log"
-      if [ "$rc" = 0 ]; then mv "$run/final.tmp" "$run/final"; else fail=1; fi
+      # 124: stopped at the budget (the same call again exports): not a failure
+      if [ "$rc" = 0 ]; then mv "$run/final.tmp" "$run/final"; elif [ "$rc" != 124 ]; then fail=1; fi
     fi
     left=$((end - SECONDS - 15))
     if [ -s "$run/final/identity.json" ] && [ ! -s "$run/eval/summary.json" ] && [ "$left" -ge "$min_s" ]; then
       # shellcheck disable=SC2086
       t0=$SECONDS; rc=0; rm -rf "$run/eval"
       timeout "$left" bash scripts/gpu.sh evalrun verl-run "$L" $eval_cfg ${VERLGO_EVAL_ARGS:-} || rc=$?
-      phase eval "$t0" "$rc"; [ "$rc" = 0 ] || fail=1
+      phase eval "$t0" "$rc"; [ "$rc" = 0 ] || [ "$rc" = 124 ] || fail=1
     fi
     if [ -s "$run/eval/summary.json" ]; then echo "verlgo: done (trained $steps steps, exported, evaluated)"
     else echo "verlgo: not finished; run the same call again"; fi

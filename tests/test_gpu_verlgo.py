@@ -69,6 +69,7 @@ elif sys.argv[1] == "train":
             actor = ck / f"global_step_{s}" / "actor"
             actor.mkdir(parents=True, exist_ok=True)
             (actor / "model_world_size_1_rank_0.pt").write_bytes(b"w" * 64)
+            (actor.parent / "data.pt").write_bytes(b"d")
             latest.write_text(str(s))
         if start == 0 and s == int(os.environ.get("FAKE_HANG_AT", "0")):
             time.sleep(600)  # a run longer than the call's budget: `timeout` stops it
@@ -77,6 +78,8 @@ elif sys.argv[1] == "export":
     log("export", Path(args[0]).relative_to(os.environ["SQLRL_SCRATCH"]), "path0",
         os.environ["PYTHONPATH"].split(":")[0])
     out.mkdir(parents=True)
+    if os.environ.get("FAKE_EXPORT_HANG"):
+        time.sleep(600)  # an export longer than what is left of the call: `timeout` stops it
     (out / "model.safetensors").write_bytes(b"w" * 64)
     (out / "identity.json").write_text('{"weights_hash": "h"}')
 elif sys.argv[1] == "eval":
@@ -318,6 +321,50 @@ def test_verlgo_failed_setup_still_returns_the_record(tmp_path):
     rows = (rec / "timings.tsv").read_text().splitlines()[1:]
     assert [row.split("\t")[1] + " " + row.split("\t")[3] for row in rows] == ["setup 1"]
     assert not (tmp_path / "phases.log").exists()  # neither pip, veRL's install nor a train ran
+
+
+def test_verlgo_resumes_from_the_newest_complete_step_when_the_tracker_names_a_deleted_one(tmp_path):
+    """A kill between veRL deleting step 2 (keep_checkpoints = 1) and writing the tracker for step 3:
+    the tracker says 2, global_step_2 is gone, global_step_3 has its actor but no data.pt, global_step_1
+    is complete. The call points the tracker at 1 (veRL would otherwise start from 0) and trains from 1;
+    with no complete step left it says veRL starts again."""
+    co, env = _checkout(tmp_path)
+    ck = tmp_path / "S" / "verl-run" / "checkpoints"
+    for step, data in ((1, True), (3, False)):
+        (ck / f"global_step_{step}" / "actor").mkdir(parents=True)
+        if data:
+            (ck / f"global_step_{step}" / "data.pt").write_bytes(b"d")
+    (ck / "latest_checkpointed_iteration.txt").write_text("2")
+    r = _gpu(
+        co, {**env, "VERLGO_SETS": "grpo.steps=4 run.checkpoint_every=1"}, "verlgo", str(tmp_path / "o"), "60"
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (
+        "the tracker named step 2, whose folder is gone (a kill mid-save); resuming from step 1" in r.stdout
+    )
+    assert [p for p in _phases(tmp_path) if p.startswith("train")][0].startswith("train from 1 ")
+    # nothing complete left: the call says so
+    co2, env2 = _checkout(tmp_path / "b")
+    ck2 = tmp_path / "b" / "S" / "verl-run" / "checkpoints"
+    (ck2 / "global_step_3" / "actor").mkdir(parents=True)
+    (ck2 / "latest_checkpointed_iteration.txt").write_text("2")
+    r = _gpu(co2, env2, "verlgo", str(tmp_path / "b" / "o"), "60")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "no complete step is left: veRL starts again from step 0" in r.stdout
+
+
+def test_verlgo_export_stopped_at_the_budget_is_not_a_failure(tmp_path):
+    """The train finishes, the export is stopped by the call's budget (exit 124): the call exits 0 and
+    says to run it again; the next call exports from a clean final.tmp and evaluates."""
+    co, env = _checkout(tmp_path)
+    r = _gpu(co, {**env, "FAKE_EXPORT_HANG": "1"}, "verlgo", str(tmp_path / "o1"), "18")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "verlgo: not finished" in r.stdout
+    rows = (_record(tmp_path / "o1") / "timings.tsv").read_text().splitlines()[1:]
+    assert [row.split("\t")[1] + " " + row.split("\t")[3] for row in rows][-2:] == ["train 0", "export 124"]
+    r = _gpu(co, env, "verlgo", str(tmp_path / "o2"), "60")
+    assert r.returncode == 0 and "verlgo: done" in r.stdout, r.stdout + r.stderr
+    assert [p.split()[0] for p in _phases(tmp_path)][-3:] == ["export", "export", "eval"]
 
 
 def test_verlgo_reports_a_crashed_train_and_exports_nothing(tmp_path):
