@@ -418,8 +418,9 @@ PY
         TENSORBOARD_DIR=$run/tensorboard timeout -k 20 "$left" python3 -m sqlrl.cli train "$CONFIG" --engine verl \
         --gpus-per-node 1 --out "$run" --model-path "$S/models/models/$MODEL" "${set_args[@]}" >> "$L/verl-run.log" 2>&1 || rc=$?
       phase train "$t0" "$rc"; kill "$smi" 2>/dev/null || true; wait "$smi" 2>/dev/null || true
-      # a run stopped by the budget may leave Ray's daemons behind: stop them before the next call's start
-      [ "$rc" = 0 ] || PYTHONPATH=$S/verl-site python3 -m ray.scripts.scripts stop --force >> "$L/verl-run.log" 2>&1 || true
+      # Ray's daemons (and the vLLM engine's GPU memory) may outlive veRL, stopped by the budget or not:
+      # stop them before this call's eval or the next call's start
+      PYTHONPATH=$S/verl-site python3 -m ray.scripts.scripts stop --force >> "$L/verl-run.log" 2>&1 || true
       echo "train: exit $rc (124/137: stopped at the budget; the same call again resumes), checkpointed step $(cat "$run/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo none) of $steps"
       grep -ao 'step:[0-9][0-9]* - .*' "$L/verl-run.log" | tail -2 | cut -c1-300 || true
       [ "$(cat "$run/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo none)" != "$before" ] \

@@ -246,6 +246,7 @@ def test_verlgo_stops_at_the_budget_resumes_then_skips_what_is_done(tmp_path):
     r2 = _record(d2)
     assert _phases(tmp_path)[5:] == [
         f"train from 2 engine verl gpus 1 {site}",
+        "ray stop",  # after a finished train too: nothing of veRL holds the GPU during the eval
         "export verl-run/checkpoints/global_step_3/actor path0 /tmp/site",
         # the config's budgets (configs/spider-0.5b-gpu.toml: 6000 chars, 3072 tokens, 256 new tokens,
         # 1 turn, val_fraction 0.1), not `sqlrl eval`'s defaults (8000, 4096); VERLGO_EVAL_ARGS added last
@@ -294,7 +295,7 @@ def test_verlgo_stops_at_the_budget_resumes_then_skips_what_is_done(tmp_path):
     d3 = tmp_path / "out3"
     r = _gpu(co, env, "verlgo", str(d3), "120")
     assert r.returncode == 0 and "verlgo: done" in r.stdout, r.stdout + r.stderr
-    assert len(_phases(tmp_path)) == 8
+    assert len(_phases(tmp_path)) == 9
     r3 = _record(d3)
     assert (r3 / "summary.json").is_file() and _weight_like(r3) == []
 
