@@ -93,7 +93,8 @@ esac
 # /work/verl-wheels .stage/verl 56M`: 9 parts (8 of 58,720,256 B, part08 20,477,952 B; 490,240,000 B joined),
 # which need the slim tree (`slim`: 3.8 MB, measured 2026-12-07; 61 MB with results/): a staging call carries
 # 3.8 + 58.7 = 62.5 MB of 67.1; the verlgo call (q50x part08 + MANIFEST, spider.tgz, .whl, tree.tgz, verl
-# part08 + MANIFEST: 51.3 MB) 55.1 MB. `verl preflight` checks this before a session (docs/verl.md).
+# part08 + MANIFEST: 51.3 MB) 55.1 MB. `GPU_PARTS=.stage/q50x bash scripts/gpu.sh verl preflight` checks both
+# before a session (docs/verl.md).
 #   here:  bash scripts/gpu.sh verl preflight          sizes per call; parts against MANIFEST and the lock
 #   there: bash scripts/gpu.sh verl stage NN [NN ...]  (carry .stage/verl/partNN) copies them to $S/verl-parts
 #          bash scripts/gpu.sh verl install            (carry the last part and .stage/verl/MANIFEST) joins,
@@ -112,6 +113,13 @@ verl_cmd() {  # VERL_PARTS (default .stage/verl) and VERL_LOCK (scripts/verl-gpu
       [ "$want" = "$got" ] || { echo "verl preflight: parts give $got, MANIFEST says $want"; return 1; }
       want=$(awk '$1=="lock"{print $2}' "$parts/MANIFEST"); got=$(sha256sum "$lock" | cut -d' ' -f1)
       [ "$want" = "$got" ] || { echo "verl preflight: parts were packed from another lock: re-pack"; return 1; }
+      # the repeated `verlgo` call carries the last part of the model ($PARTS: GPU_PARTS) and of veRL
+      if ls "$PARTS"/part* > /dev/null 2>&1; then
+        local extra; extra=$(du -cb "$(ls "$PARTS"/part* | tail -1)" "$PARTS/MANIFEST" .stage/spider.tgz .whl .stage/tree.tgz \
+          "$(ls "$parts"/part* | tail -1)" "$parts/MANIFEST" 2>/dev/null | tail -1 | cut -f1 || true)
+        echo "the verlgo call carries $((tree + extra)) B of $limit (the last parts of $PARTS and $parts, spider.tgz, .whl, tree.tgz)"
+        [ $((tree + extra)) -le $limit ] || { echo "verl preflight: the verlgo call needs $((tree + extra)) B > 64 MiB: pack smaller last parts"; return 1; }
+      else echo "verl preflight: the verlgo call not checked: no model parts in $PARTS (GPU_PARTS=.stage/q50x)"; fi
       echo "verl preflight ok: parts join to the MANIFEST, packed from this lock; $n calls (verl stage NN ..., then verl install)" ;;
     stage)
       shift; mkdir -p "$dst"
