@@ -368,12 +368,15 @@ PY
     cd "$S/tree"; export PYTHONPATH=/tmp/site:$PWD/src   # the committed tree's code from here on
     t0=$SECONDS
     if [ ! -f "$S/setup.done" ]; then
-      rc=0; bash scripts/gpu.sh setup > "$L/setup.log" 2>&1 || rc=$?; phase setup "$t0" "$rc"
+      # setup and install are bounded too (20 s before the budget, 10 s at least), so that a stuck one still
+      # returns DEST
+      rc=0; timeout $(( end - SECONDS - 20 > 10 ? end - SECONDS - 20 : 10 )) bash scripts/gpu.sh setup > "$L/setup.log" 2>&1 || rc=$?; phase setup "$t0" "$rc"
       [ "$rc" = 0 ] || { tail -20 "$L/setup.log"; exit 1; }
       touch "$S/setup.done"
     fi
     if [ ! -f "$S/verl.done" ]; then
-      t0=$SECONDS; rc=0; VERL_PARTS=$S/verl-parts bash scripts/gpu.sh verl install > "$L/verl-install.log" 2>&1 || rc=$?
+      t0=$SECONDS; rc=0; VERL_PARTS=$S/verl-parts timeout $(( end - SECONDS - 20 > 10 ? end - SECONDS - 20 : 10 )) bash scripts/gpu.sh verl install \
+        > "$L/verl-install.log" 2>&1 || rc=$?
       phase verl-install "$t0" "$rc"
       [ "$rc" = 0 ] || { tail -20 "$L/verl-install.log"; exit 1; }
     fi

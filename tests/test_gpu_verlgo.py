@@ -137,7 +137,10 @@ def _checkout(tmp: Path) -> tuple[Path, dict]:
     (tmp / "spider" / "tables.json").write_text("[]")
     with tarfile.open(co / ".stage" / "spider.tgz", "w:gz") as t:
         t.add(tmp / "spider", arcname="spider")
-    fake_env = '#!/bin/bash\necho "verl-install $1" >> "$PHASES"; mkdir -p "$3"\n'
+    fake_env = (
+        '#!/bin/bash\necho "verl-install $1" >> "$PHASES"; mkdir -p "$3"\n'
+        '[ -z "$FAKE_INSTALL_HANG" ] || sleep 600\n'
+    )
     _exe(tmp / "tree-extra" / "scripts" / "verl-env.sh", fake_env)
     with tarfile.open(co / ".stage" / "tree.tgz", "w:gz") as t:
         t.add(ROOT / "scripts" / "gpu.sh", arcname="scripts/gpu.sh")
@@ -366,6 +369,18 @@ def test_verlgo_export_stopped_at_the_budget_is_not_a_failure(tmp_path):
     r = _gpu(co, env, "verlgo", str(tmp_path / "o2"), "60")
     assert r.returncode == 0 and "verlgo: done" in r.stdout, r.stdout + r.stderr
     assert [p.split()[0] for p in _phases(tmp_path)][-3:] == ["export", "export", "eval"]
+
+
+def test_verlgo_stuck_install_is_stopped_and_returns_the_record(tmp_path):
+    """veRL's install hangs: it is stopped 20 s before the budget (exit 124), the call exits 1 and DEST
+    holds the install's log and timings; no train starts."""
+    co, env = _checkout(tmp_path)
+    r = _gpu(co, {**env, "FAKE_INSTALL_HANG": "1"}, "verlgo", str(tmp_path / "o"), "24")
+    assert r.returncode == 1, r.stdout + r.stderr
+    rows = (_record(tmp_path / "o") / "timings.tsv").read_text().splitlines()[1:]
+    assert [row.split("\t")[1] + " " + row.split("\t")[3] for row in rows] == ["setup 0", "verl-install 124"]
+    assert not (tmp_path / "S" / "verl.done").exists()
+    assert [p.split()[0] for p in _phases(tmp_path)] == ["pip", "model-fetch", "verl-install"]
 
 
 def test_verlgo_reports_a_crashed_train_and_exports_nothing(tmp_path):
