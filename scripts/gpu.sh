@@ -326,7 +326,8 @@ PY
     # Carry the last model part + MANIFEST, spider.tgz, .whl, .stage/tree.tgz, the last .stage/verl part +
     # .stage/verl/MANIFEST (VERL_PARTS: another folder). VERLGO_SETS="grpo.steps=2 ..." (sqlrl --set values,
     # no spaces inside one), VERLGO_EVAL_ARGS (`sqlrl eval`), VERLGO_RESERVE_S (left for stopping veRL and
-    # packing, default 45), VERLGO_MIN_S (the least time worth starting a phase with, default 90).
+    # packing, default 45), VERLGO_MIN_S (the least time worth starting a phase with, default 90),
+    # VERLGO_SAVE_S (veRL's last checkpoint starts this long before the train's timeout, default 30).
     dest=$1; end=$((SECONDS + ${2:-570})); reserve=${VERLGO_RESERVE_S:-45}; min_s=${VERLGO_MIN_S:-90}
     vparts=${VERL_PARTS:-.stage/verl}; L=$S/verlgo; run=$S/verl-run
     mkdir -p "$L" "$dest"; dest=$(cd "$dest" && pwd)   # absolute: the call goes on in $S/tree
