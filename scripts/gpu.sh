@@ -425,10 +425,13 @@ PY
       # steps whatever run.checkpoint_every is; the timestamp is VERLGO_SAVE_S (default 30) before the
       # `timeout`, so that a save started in time finishes before the kill
       esi=$(( $(date +%s) + left - ${VERLGO_SAVE_S:-30} ))
+      # the actor's and ref's attention: sdpa (remove-padding off), named rather than left to `auto`, which
+      # picks flash_attention_2 wherever `import flash_attn` succeeds; this machine has none (vLLM's rollout
+      # uses its own attention)
       PYTHONPATH=$S/verl-site:/tmp/site:$PWD/src VLLM_USE_FLASHINFER_SAMPLER=0 SQLRL_GOLD_CACHE=$S/verl-goldcache \
         MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP=$esi \
         TENSORBOARD_DIR=$run/tensorboard timeout -k 20 "$left" python3 -m sqlrl.cli train "$CONFIG" --engine verl \
-        --gpus-per-node 1 --out "$run" --model-path "$S/models/models/$MODEL" "${set_args[@]}" >> "$L/verl-run.log" 2>&1 || rc=$?
+        --gpus-per-node 1 --attn-implementation sdpa --out "$run" --model-path "$S/models/models/$MODEL" "${set_args[@]}" >> "$L/verl-run.log" 2>&1 || rc=$?
       phase train "$t0" "$rc"; kill "$smi" 2>/dev/null || true; wait "$smi" 2>/dev/null || true
       # Ray's daemons (and the vLLM engine's GPU memory) may outlive veRL, stopped by the budget or not:
       # stop them before this call's eval or the next call's start

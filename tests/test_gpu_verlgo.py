@@ -6,8 +6,8 @@ checkpoints and latest_checkpointed_iteration.txt; export and eval write their f
 
 Covered: the phases' order (setup, veRL install, train, export of the last step's actor, eval on the
 validation split with the config's budgets), the train's environment (veRL's site first, the
-save-before-expiry timestamp), a train stopped by the budget (`timeout`) and continued by the next call
-from its checkpoint, a tracker left on a deleted step, a finished run skipped entirely, DEST within the
+save-before-expiry timestamp) and its sdpa attention (the arguments through the real `sqlrl train`), a
+train stopped by the budget (`timeout`) and continued by the next call from its checkpoint, a tracker left on a deleted step, a finished run skipped entirely, DEST within the
 device's 8 files (verlgo.tgz) and nothing weight-like in it, the record returned after a failed setup,
 a stuck install and an export stopped at the budget, a fresh machine without the staged veRL parts
 refused before setup. Not covered: veRL, vLLM, Ray or a GPU (nothing real is trained; whether veRL
@@ -56,7 +56,10 @@ elif sys.argv[1] == "train":
     esi = int(os.environ["MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"])
     with open(os.environ["PHASES"] + ".esi", "a") as f:
         f.write(f"{esi - int(time.time())}\n")
+    with open(os.environ["PHASES"] + ".argv", "a") as f:
+        f.write(json.dumps({"cwd": os.getcwd(), "args": args}) + "\n")
     log("train", "from", start, "engine", opt(args, "--engine"), "gpus", opt(args, "--gpus-per-node"),
+        "attn", opt(args, "--attn-implementation"),
         "path0", os.environ["PYTHONPATH"].split(":")[0])
     if os.environ.get("FAKE_CRASH"):
         sys.exit("Traceback: fake veRL failure")
@@ -224,7 +227,7 @@ def test_verlgo_stops_at_the_budget_resumes_then_skips_what_is_done(tmp_path):
     assert "no new checkpoint" not in r.stdout
     site = f"path0 {S}/verl-site"
     first = ["pip", "model-fetch qwen2.5-coder-0.5b-instruct", "verl-install --gpu-install"]
-    assert _phases(tmp_path) == [*first, f"train from 0 engine verl gpus 1 {site}", "ray stop"]
+    assert _phases(tmp_path) == [*first, f"train from 0 engine verl gpus 1 attn sdpa {site}", "ray stop"]
     assert (S / "verl-run" / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "2"
     # veRL's save-before-expiry timestamp: VERLGO_SAVE_S (2) before the train's `timeout` of `left` s
     left = int((r1 / "verl-run.log").read_text().split("train, ")[1].split(" s,")[0])
@@ -251,7 +254,7 @@ def test_verlgo_stops_at_the_budget_resumes_then_skips_what_is_done(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     r2 = _record(d2)
     assert _phases(tmp_path)[5:] == [
-        f"train from 2 engine verl gpus 1 {site}",
+        f"train from 2 engine verl gpus 1 attn sdpa {site}",
         "ray stop",  # after a finished train too: nothing of veRL holds the GPU during the eval
         "export verl-run/checkpoints/global_step_3/actor path0 /tmp/site",
         # the config's budgets (configs/spider-0.5b-gpu.toml: 6000 chars, 3072 tokens, 256 new tokens,
@@ -304,6 +307,27 @@ def test_verlgo_stops_at_the_budget_resumes_then_skips_what_is_done(tmp_path):
     assert len(_phases(tmp_path)) == 9
     r3 = _record(d3)
     assert (r3 / "summary.json").is_file() and _weight_like(r3) == []
+
+
+def test_verlgo_trains_with_sdpa_attention_through_the_real_train_cli(tmp_path, monkeypatch):
+    """The GPU machine has no flash_attn: the train arguments gpu.sh passes, parsed by the real `sqlrl
+    train --engine verl`, ask `verl-config` for sdpa (not `auto`, which would follow whatever imports)."""
+    import sqlrl.cli.verl_config as vcli
+    from sqlrl.cli.train import cli_main
+
+    co, env = _checkout(tmp_path)
+    for cmd in (["stage", "00"], ["verl", "stage", "00"]):
+        assert _gpu(co, env, *cmd).returncode == 0
+    r = _gpu(co, env, "verlgo", str(tmp_path / "out"), "120")
+    assert r.returncode == 0, r.stdout + r.stderr
+    call = json.loads((tmp_path / "phases.log.argv").read_text().splitlines()[0])
+    seen: list[list[str]] = []
+    monkeypatch.setattr(vcli, "cli_main", lambda args: seen.append(args) or 0)
+    monkeypatch.chdir(call["cwd"])
+    assert cli_main([*call["args"], "--dry-run"]) == 0
+    args = seen[0]
+    assert args[args.index("--attn-implementation") + 1] == "sdpa"
+    assert args[args.index("--gpus-per-node") + 1] == "1"
 
 
 def test_verlgo_refuses_a_fresh_machine_before_setup(tmp_path):
