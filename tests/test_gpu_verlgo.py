@@ -7,11 +7,12 @@ checkpoints and latest_checkpointed_iteration.txt; export and eval write their f
 Covered: the phases' order (setup, veRL install, train, export of the last step's actor, eval on the
 validation split with the config's budgets), the train's environment (veRL's site first, the
 save-before-expiry timestamp) and its sdpa attention (the arguments through the real `sqlrl train`), a
-train stopped by the budget (`timeout`) and continued by the next call from its checkpoint, a tracker left on a deleted step, a finished run skipped entirely, DEST within the
-device's 8 files (verlgo.tgz) and nothing weight-like in it, the record returned after a failed setup,
-a stuck install and an export stopped at the budget, a fresh machine without the staged veRL parts
-refused before setup. Not covered: veRL, vLLM, Ray or a GPU (nothing real is trained; whether veRL
-honours the timestamp is read in its code, not run)."""
+train stopped by the budget (`timeout`) and continued by the next call from its checkpoint, a tracker
+left on a deleted step, a finished run skipped entirely, DEST within the device's 8 files (verlgo.tgz)
+and nothing weight-like in it, the record returned after a failed setup, a stuck install and an export
+stopped at the budget, a fresh machine without the staged veRL parts refused before setup. Not covered:
+veRL, vLLM, Ray or a GPU (nothing real is trained; whether veRL honours the timestamp is read in its
+code, not run)."""
 
 from __future__ import annotations
 
