@@ -20,6 +20,10 @@
 #   or, after staging all parts but the last, the same call repeated: bash scripts/gpu.sh go $OUT   (carry the last part,
 #          MANIFEST, spider.tgz, .whl, .stage/tree.tgz): setup, benchmark, exp1 (1 turn), exp3 (3 turns),
 #          then the debugging curriculum (configs/debug-curriculum-gpu.toml) into $S/cur
+#   issue #21 step 2 (veRL): after the model's and veRL's parts but the last are staged, repeat
+#          GPU_PARTS=.stage/q50x bash scripts/gpu.sh verlgo $OUT   (carry .stage/q50x/part08 + MANIFEST,
+#          spider.tgz, .whl, .stage/tree.tgz, .stage/verl/part08 + MANIFEST): setup, verl install, the veRL
+#          GRPO run, export, eval (see `verlgo` below and docs/verl.md, "GPU environment")
 #   another model: GPU_MODEL=1.5b (parts in .stage/q15, configs/spider-1.5b-gpu.toml) on every call.
 set -euo pipefail
 S=${SQLRL_SCRATCH:-/root/sqlrl-scratch}
@@ -85,8 +89,12 @@ case "${1:-}" in
   unslim) unslim; exit $? ;;
 esac
 # veRL + vLLM + Ray (the wheels of scripts/verl-gpu.lock) travel like the model: parts of .stage/verl, made
-# here by `scripts/verl-env.sh --gpu-fetch ../verl-wheels` then `scripts/verl-env.sh --gpu-pack ../verl-wheels
-# .stage/verl 18M` (docs/verl.md, "GPU environment").
+# here by `scripts/verl-env.sh --gpu-fetch /work/verl-wheels` then `scripts/verl-env.sh --gpu-pack
+# /work/verl-wheels .stage/verl 56M`: 9 parts (8 of 58,720,256 B, part08 20,477,952 B; 490,240,000 B joined),
+# which need the slim tree (`slim`: 3.8 MB, measured 2026-12-07; 61 MB with results/): a staging call carries
+# 3.8 + 58.7 = 62.5 MB of 67.1; the verlgo call (q50x part08 + MANIFEST, spider.tgz, .whl, tree.tgz, verl
+# part08 + MANIFEST: 51.3 MB) 55.1 MB. `GPU_PARTS=.stage/q50x bash scripts/gpu.sh verl preflight` checks both
+# before a session (docs/verl.md).
 #   here:  bash scripts/gpu.sh verl preflight          sizes per call; parts against MANIFEST and the lock
 #   there: bash scripts/gpu.sh verl stage NN [NN ...]  (carry .stage/verl/partNN) copies them to $S/verl-parts
 #          bash scripts/gpu.sh verl install            (carry the last part and .stage/verl/MANIFEST) joins,
@@ -105,6 +113,13 @@ verl_cmd() {  # VERL_PARTS (default .stage/verl) and VERL_LOCK (scripts/verl-gpu
       [ "$want" = "$got" ] || { echo "verl preflight: parts give $got, MANIFEST says $want"; return 1; }
       want=$(awk '$1=="lock"{print $2}' "$parts/MANIFEST"); got=$(sha256sum "$lock" | cut -d' ' -f1)
       [ "$want" = "$got" ] || { echo "verl preflight: parts were packed from another lock: re-pack"; return 1; }
+      # the repeated `verlgo` call carries the last part of the model ($PARTS: GPU_PARTS) and of veRL
+      if ls "$PARTS"/part* > /dev/null 2>&1; then
+        local extra; extra=$(du -cb "$(ls "$PARTS"/part* | tail -1)" "$PARTS/MANIFEST" .stage/spider.tgz .whl .stage/tree.tgz \
+          "$(ls "$parts"/part* | tail -1)" "$parts/MANIFEST" 2>/dev/null | tail -1 | cut -f1 || true)
+        echo "the verlgo call carries $((tree + extra)) B of $limit (the last parts of $PARTS and $parts, spider.tgz, .whl, tree.tgz)"
+        [ $((tree + extra)) -le $limit ] || { echo "verl preflight: the verlgo call needs $((tree + extra)) B > 64 MiB: pack smaller last parts"; return 1; }
+      else echo "verl preflight: the verlgo call not checked: no model parts in $PARTS (GPU_PARTS=.stage/q50x)"; fi
       echo "verl preflight ok: parts join to the MANIFEST, packed from this lock; $n calls (verl stage NN ..., then verl install)" ;;
     stage)
       shift; mkdir -p "$dst"
@@ -299,6 +314,153 @@ PY
     dirs=$(cd "$S" && ls -d exp[0-9]* cur debug 2>/dev/null || true)
     [ -n "$dirs" ] && bash scripts/gpu.sh pack "$dest" $dirs > /dev/null
     ls "$dest" ;;
+  verlgo)
+    # Issue #21 step 2 in one command repeated (like `go`; the machine is given back 30 s after a call):
+    # the model's setup (as `go`), `verl install` once, then `sqlrl train CONFIG --engine verl` on one GPU
+    # into $S/verl-run under `timeout` (the call ends before DEST's budget, default 570 s; veRL's
+    # resume_mode=auto continues in the next call), and once its last step is checkpointed `sqlrl export`
+    # of that step's actor into $S/verl-run/final and `evalrun` (greedy, validation split). Finished phases
+    # are skipped. Logs, timings and GPU memory samples accumulate in $S/verlgo (every call appended) and are
+    # packed into DEST/verlgo.tgz with veRL's config, per-step metrics and the eval's summary (verlgo_pack):
+    # never checkpoints or weights.
+    # Carry the last model part + MANIFEST, spider.tgz, .whl, .stage/tree.tgz, the last .stage/verl part +
+    # .stage/verl/MANIFEST (VERL_PARTS: another folder). VERLGO_SETS="grpo.steps=2 ..." (sqlrl --set values,
+    # no spaces inside one), VERLGO_EVAL_ARGS (`sqlrl eval`), VERLGO_RESERVE_S (left for stopping veRL and
+    # packing, default 45), VERLGO_MIN_S (the least time worth starting a phase with, default 90),
+    # VERLGO_SAVE_S (veRL's last checkpoint starts this long before the train's timeout, default 30).
+    dest=$1; end=$((SECONDS + ${2:-570})); reserve=${VERLGO_RESERVE_S:-45}; min_s=${VERLGO_MIN_S:-90}
+    vparts=${VERL_PARTS:-.stage/verl}; L=$S/verlgo; run=$S/verl-run
+    mkdir -p "$L" "$dest"; dest=$(cd "$dest" && pwd)   # absolute: the call goes on in $S/tree
+    call=$(( $(cat "$L/calls" 2>/dev/null || echo 0) + 1 )); echo "$call" > "$L/calls"
+    phase() {  # phase NAME START RC: one row of $L/timings.tsv (call, phase, seconds, exit code)
+      [ -s "$L/timings.tsv" ] || printf 'call\tphase\tseconds\trc\tended\n' > "$L/timings.tsv"
+      printf '%s\t%s\t%s\t%s\t%s\n' "$call" "$1" "$((SECONDS - $2))" "$3" "$(date -u +%FT%TZ)" >> "$L/timings.tsv"
+    }
+    # the record so far, on every exit (a failed phase or a set -e stop too): config, logs, per-step metrics,
+    # eval summary, memory samples, timings, TensorBoard events, never weights. The device returns at most
+    # 8 files from DEST (16 MiB each), so all of it goes into DEST/verlgo.tgz and the few files read first
+    # (verl_summary.json, summary.json, timings.tsv, verl-steps.log, final_identity.json) beside it.
+    verlgo_pack() {
+      local rec=$S/verlgo-record
+      rm -rf "$rec"; mkdir -p "$rec"
+      cp "$L"/*.log "$L"/*.csv "$L"/*.tsv "$L"/summary.json "$L"/results.jsonl "$rec/" 2>/dev/null || true
+      cp "$run"/verl.yaml "$run"/verl.agent_loops.yaml "$run"/data/gold_audit.json "$rec/" 2>/dev/null || true
+      cp "$run"/final/identity.json "$rec/final_identity.json" 2>/dev/null || true
+      grep -ao 'step:[0-9][0-9]* - .*' "$L/verl-run.log" > "$rec/verl-steps.log" 2>/dev/null || true
+      local vs=$S/tree/scripts/verl_steps.py; [ -f "$vs" ] || vs=$repo/scripts/verl_steps.py
+      [ ! -f "$L/verl-run.log" ] || python3 "$vs" "$L/verl-run.log" --mem "$L/gpu_mem.csv" \
+        --timings "$L/timings.tsv" --jsonl "$rec/verl_steps.jsonl" --json "$rec/verl_summary.json" || true
+      [ ! -d "$run/tensorboard" ] || (cd "$run" && find tensorboard -type f -name 'events.out.tfevents*' -size -20M \
+        -exec cp --parents {} "$rec/" \;) || true
+      tar czf "$dest/verlgo.tgz" -C "$rec" . || true
+      for f in verl_summary.json summary.json timings.tsv verl-steps.log final_identity.json; do
+        [ ! -f "$rec/$f" ] || cp "$rec/$f" "$dest/"
+      done
+      ls -la "$dest" | tail -n +2
+    }
+    repo=$PWD; trap verlgo_pack EXIT
+    cp "$PARTS"/part* "$PARTS/MANIFEST" "$S/parts/" 2>/dev/null || true
+    if [ ! -f "$S/verl.done" ]; then
+      mkdir -p "$S/verl-parts"; cp "$vparts"/part* "$vparts/MANIFEST" "$S/verl-parts/" 2>/dev/null || true
+      have=$(ls "$S"/verl-parts/part* 2>/dev/null | wc -l); want_n=$(awk '$1=="parts"{print $2}' "$S/verl-parts/MANIFEST" 2>/dev/null)
+      [ "$have" = "${want_n:-none}" ] || { echo "verlgo: $have of ${want_n:-?} veRL parts staged on this machine (a fresh machine?); stage them: gpu.sh verl stage NN, and carry the last with .stage/verl/MANIFEST" >&2; exit 1; }
+    fi
+    [ -d "$S/tree/src" ] || bash scripts/gpu.sh tree
+    cd "$S/tree"; export PYTHONPATH=/tmp/site:$PWD/src   # the committed tree's code from here on
+    t0=$SECONDS
+    if [ ! -f "$S/setup.done" ]; then
+      # setup and install are bounded too (20 s before the budget, 10 s at least), so that a stuck one still
+      # returns DEST
+      rc=0; timeout $(( end - SECONDS - 20 > 10 ? end - SECONDS - 20 : 10 )) bash scripts/gpu.sh setup > "$L/setup.log" 2>&1 || rc=$?; phase setup "$t0" "$rc"
+      [ "$rc" = 0 ] || { tail -20 "$L/setup.log"; exit 1; }
+      touch "$S/setup.done"
+    fi
+    if [ ! -f "$S/verl.done" ]; then
+      t0=$SECONDS; rc=0; VERL_PARTS=$S/verl-parts timeout $(( end - SECONDS - 20 > 10 ? end - SECONDS - 20 : 10 )) bash scripts/gpu.sh verl install \
+        > "$L/verl-install.log" 2>&1 || rc=$?
+      phase verl-install "$t0" "$rc"
+      [ "$rc" = 0 ] || { tail -20 "$L/verl-install.log"; exit 1; }
+    fi
+    read -r -a sets <<< "${VERLGO_SETS:-}"; set_args=(--set "data.path=\"$S/spider\"")
+    for x in ${sets[@]+"${sets[@]}"}; do set_args+=(--set "$x"); done
+    # grpo.steps, then the `sqlrl eval` arguments that evaluate like the native experiment's arms do: the
+    # config's agent budgets and held-out split (eval's own defaults differ: 8000 schema chars, 4096 tokens)
+    cfgline=$(python3 - "$CONFIG" ${sets[@]+"${sets[@]}"} <<'PY'
+import sys
+from sqlrl import config as C
+c = C.load(sys.argv[1], sys.argv[2:])
+a, d = c.agent, c.data
+args = ["--split", d.eval_split, "--turns", a.turns, "--max-new-tokens", a.max_new_tokens,
+        "--max-sql-executions", a.max_sql_executions, "--max-schema-chars", a.max_schema_chars,
+        "--max-context-tokens", a.max_context_tokens, "--schema-sample-values", a.schema_sample_values,
+        "--schema-order", a.schema_order, "--val-fraction", d.val_fraction, "--split-seed", d.split_seed,
+        "--seed", d.split_seed, "--limit", d.max_eval_tasks]
+args += [] if a.show_evidence else ["--no-evidence"]
+args += ["--column-descriptions"] if a.column_descriptions else []
+print(c.grpo.steps, *args)
+PY
+) || { echo "verlgo: $CONFIG with VERLGO_SETS='${VERLGO_SETS:-}' does not load (see above); fix the --set values" >&2; exit 2; }
+    read -r steps eval_cfg <<< "$cfgline"
+    trained() { [ "$(cat "$run/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null)" = "$steps" ]; }
+    fail=0; ck=$run/checkpoints
+    # veRL resumes from global_step_N of the tracker N and trains from scratch when that folder is missing:
+    # with keep_checkpoints = 1 it deletes the previous step once the new step's actor is saved, before
+    # data.pt and the tracker are written, so a kill in between leaves the tracker on a deleted step. Point
+    # it at the newest step with data.pt (written after its actor) instead of starting again.
+    n=$(cat "$ck/latest_checkpointed_iteration.txt" 2>/dev/null || true)
+    if [ -n "$n" ] && [ ! -d "$ck/global_step_$n/actor" ]; then
+      m=$(cd "$ck" && ls -d global_step_* 2>/dev/null | sed 's/^global_step_//' | sort -n \
+        | while read -r k; do [ ! -f "global_step_$k/data.pt" ] || echo "$k"; done | tail -1 || true)
+      if [ -n "$m" ]; then printf '%s' "$m" > "$ck/latest_checkpointed_iteration.txt"
+        echo "verlgo: the tracker named step $n, whose folder is gone (a kill mid-save); resuming from step $m" | tee -a "$L/verl-run.log"
+      else echo "verlgo: the tracker names step $n, whose folder is gone, and no complete step is left: veRL starts again from step 0" | tee -a "$L/verl-run.log"; fi
+    fi
+    left=$((end - SECONDS - reserve))
+    if ! trained && [ "$left" -ge "$min_s" ]; then
+      echo "== call $call: train, $left s, $(date -u +%FT%TZ)" >> "$L/verl-run.log"
+      nvidia-smi --query-gpu=timestamp,memory.used --format=csv -lms 1000 >> "$L/gpu_mem.csv" 2>/dev/null & smi=$!
+      t0=$SECONDS; rc=0; before=$(cat "$run/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo none)
+      # veRL's checkpoint before a capacity block expires (`should_save_ckpt_esi`): with this timestamp it
+      # also saves after every step that ends within 60 s + its longest step of it, so each call keeps its
+      # steps whatever run.checkpoint_every is; the timestamp is VERLGO_SAVE_S (default 30) before the
+      # `timeout`, so that a save started in time finishes before the kill
+      esi=$(( $(date +%s) + left - ${VERLGO_SAVE_S:-30} ))
+      # the actor's and ref's attention: sdpa (remove-padding off), named rather than left to `auto`, which
+      # picks flash_attention_2 wherever `import flash_attn` succeeds; this machine has none (vLLM's rollout
+      # uses its own attention)
+      PYTHONPATH=$S/verl-site:/tmp/site:$PWD/src VLLM_USE_FLASHINFER_SAMPLER=0 SQLRL_GOLD_CACHE=$S/verl-goldcache \
+        MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP=$esi \
+        TENSORBOARD_DIR=$run/tensorboard timeout -k 20 "$left" python3 -m sqlrl.cli train "$CONFIG" --engine verl \
+        --gpus-per-node 1 --attn-implementation sdpa --out "$run" --model-path "$S/models/models/$MODEL" "${set_args[@]}" >> "$L/verl-run.log" 2>&1 || rc=$?
+      phase train "$t0" "$rc"; kill "$smi" 2>/dev/null || true; wait "$smi" 2>/dev/null || true
+      # Ray's daemons (and the vLLM engine's GPU memory) may outlive veRL, stopped by the budget or not:
+      # stop them before this call's eval or the next call's start
+      PYTHONPATH=$S/verl-site python3 -m ray.scripts.scripts stop --force >> "$L/verl-run.log" 2>&1 || true
+      echo "train: exit $rc (124/137: stopped at the budget; the same call again resumes), checkpointed step $(cat "$run/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo none) of $steps"
+      grep -ao 'step:[0-9][0-9]* - .*' "$L/verl-run.log" | tail -2 | cut -c1-300 || true
+      [ "$(cat "$run/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo none)" != "$before" ] \
+        || echo "verlgo: no new checkpoint in this call (still $before): the same call again would redo the same steps; see verl-run.log"
+      if [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$rc" != 137 ]; then fail=1; grep -av 'step:[0-9][0-9]* - ' "$L/verl-run.log" | tail -20; fi
+    fi
+    left=$((end - SECONDS - 15))
+    if trained && [ ! -s "$run/final/identity.json" ] && [ "$left" -ge "$min_s" ]; then
+      t0=$SECONDS; rc=0; rm -rf "$run/final.tmp"
+      timeout "$left" python3 -m sqlrl.cli export "$run/checkpoints/global_step_$steps/actor" -o "$run/final.tmp" \
+        > "$L/export.log" 2>&1 || rc=$?
+      phase export "$t0" "$rc"; tail -2 "$L/export.log"
+      # 124: stopped at the budget (the same call again exports): not a failure
+      if [ "$rc" = 0 ]; then mv "$run/final.tmp" "$run/final"; elif [ "$rc" != 124 ]; then fail=1; fi
+    fi
+    left=$((end - SECONDS - 15))
+    if [ -s "$run/final/identity.json" ] && [ ! -s "$run/eval/summary.json" ] && [ "$left" -ge "$min_s" ]; then
+      # shellcheck disable=SC2086
+      t0=$SECONDS; rc=0; rm -rf "$run/eval"
+      timeout "$left" bash scripts/gpu.sh evalrun verl-run "$L" $eval_cfg ${VERLGO_EVAL_ARGS:-} || rc=$?
+      phase eval "$t0" "$rc"; [ "$rc" = 0 ] || [ "$rc" = 124 ] || fail=1
+    fi
+    if [ -s "$run/eval/summary.json" ]; then echo "verlgo: done (trained $steps steps, exported, evaluated)"
+    else echo "verlgo: not finished; run the same call again"; fi
+    exit "$fail" ;;   # verlgo_pack (the EXIT trap) writes DEST
   scoretime)
     # The reward's share of GRPO step time (issue #18 item 7): the grpo arm of $CONFIG, seed 0,
     # ${SCORE_STEPS:-100} steps, into $S/${SCORE_RUN:-scoretime}, then scripts/score_share.py on its
@@ -330,5 +492,5 @@ PY
     tar czf "$dest/exp.tgz" -C "$S" --exclude='*.safetensors' --exclude='*.pt' --exclude='.goldcache' \
       --exclude='.gold_real' --exclude='.gold_mutated' --exclude='tokenizer.json' $dirs
     ls -la "$dest" ;;
-  *) echo "usage: gpu.sh preflight|verl preflight|verl stage NN ...|verl install|stage NN|tree|setup|bench|oomcheck|updmem --out FILE|engine BENCH.json|experiment SECONDS|evalrun RUN DEST|curriculum SECONDS|go DEST [SECONDS]|scoretime DEST [SECONDS]|finished EXP [TURNS]|pack DIR [EXPDIRS]|slim|unslim" >&2; exit 2 ;;
+  *) echo "usage: gpu.sh preflight|verl preflight|verl stage NN ...|verl install|stage NN|tree|setup|bench|oomcheck|updmem --out FILE|engine BENCH.json|experiment SECONDS|evalrun RUN DEST|curriculum SECONDS|go DEST [SECONDS]|verlgo DEST [SECONDS]|scoretime DEST [SECONDS]|finished EXP [TURNS]|pack DIR [EXPDIRS]|slim|unslim" >&2; exit 2 ;;
 esac

@@ -215,8 +215,16 @@ def test_cpu_venv_reads_versions_from_the_lock(tmp_path):
     assert not (tmp_path / "venv").exists()
 
 
-def _gpu_sh(args: list[str], lock: Path, parts: Path, scratch: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "VERL_LOCK": str(lock), "VERL_PARTS": str(parts), "SQLRL_SCRATCH": str(scratch)}
+def _gpu_sh(
+    args: list[str], lock: Path, parts: Path, scratch: Path, **more: str
+) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "VERL_LOCK": str(lock),
+        "VERL_PARTS": str(parts),
+        "SQLRL_SCRATCH": str(scratch),
+        **more,
+    }
     env.update(PYTHON=sys.executable, PYTHONPATH="", VERL_IMPORT_CHECK="fakea fakeb")
     return subprocess.run(
         ["bash", "scripts/gpu.sh", "verl", *args],
@@ -243,6 +251,27 @@ def test_gpu_sh_verl_preflight_stage_install(tmp_path, wheelset):
     assert (scratch / "verl.done").is_file() and (scratch / "verl-site" / "fakea" / "__init__.py").is_file()
     assert not (scratch / "verl-parts").exists()  # the parts are removed once installed
     assert "installed in" in _gpu_sh(["install"], lock, parts, scratch).stdout  # once per machine
+
+
+def test_gpu_sh_verl_preflight_sizes_the_verlgo_call(tmp_path, wheelset):
+    """With the model's parts (GPU_PARTS) the preflight also sizes the repeated verlgo call (the last
+    model part and the last veRL part travel together): a 60 MiB last model part does not fit 64 MiB."""
+    wdir, wheels = wheelset
+    lock = _lock(tmp_path / "fake.lock", wheels)
+    parts, model = tmp_path / "stage", tmp_path / "model"
+    assert _env_sh(["--gpu-pack", str(wdir), str(parts), "4K"], lock).returncode == 0
+    r = _gpu_sh(["preflight"], lock, parts, tmp_path / "scratch")
+    assert r.returncode == 0 and "the verlgo call not checked: no model parts" in r.stdout, r.stdout
+    model.mkdir()
+    (model / "MANIFEST").write_text("parts 2\n")
+    (model / "part00").write_bytes(b"x" * 1024)
+    (model / "part01").write_bytes(b"x" * 1024)
+    r = _gpu_sh(["preflight"], lock, parts, tmp_path / "scratch", GPU_PARTS=str(model))
+    assert r.returncode == 0 and "the verlgo call carries" in r.stdout, r.stdout
+    with open(model / "part01", "wb") as f:
+        f.truncate(60 << 20)
+    r = _gpu_sh(["preflight"], lock, parts, tmp_path / "scratch", GPU_PARTS=str(model))
+    assert r.returncode == 1 and "the verlgo call needs" in r.stdout, r.stdout
 
 
 def test_gpu_sh_verl_preflight_finds_a_stale_pack(tmp_path, wheelset):
