@@ -103,5 +103,6 @@ echo "verl-env: $VENV ready in $((end - start)) s, $(du -sh "$VENV" | cut -f1)"
 "$VENV/bin/python" -c "import verl, torch, numpy, transformers; print('verl', verl.__version__, 'torch', torch.__version__, 'numpy', numpy.__version__, 'transformers', transformers.__version__)"
 if [ "${1:-}" = "--test" ]; then
   "$VENV/bin/python" -m pytest -q tests/integrations/test_verl_contract.py tests/training/test_fsdp_export.py tests/integrations/test_verl_launch.py \
-    tests/integrations/test_verl_gpu_env.py -p no:cacheprovider
+    tests/integrations/test_verl_gpu_env.py tests/integrations/test_verl_ray_nodes.py tests/test_slurm_example.py \
+    -p no:cacheprovider
 fi
