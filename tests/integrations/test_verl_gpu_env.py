@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 
 import pytest
 import torch
@@ -124,6 +125,8 @@ def test_verl_config_cli_writes_the_chosen_attention_and_the_environment(tmp_pat
     monkeypatch.setattr(cli, "require_verl", lambda: None)
     monkeypatch.setattr(cli, "build_verl_config", vc.verl_overrides)  # the mapping, without veRL's checks
     _installed(monkeypatch)
+    for name in [n for n in os.environ if n.startswith("SQLRL_")]:  # e.g. CI's own SQLRL_* settings
+        monkeypatch.delenv(name)
     monkeypatch.setenv("SQLRL_GOLD_CACHE", str(tmp_path / "gc"))
     toml = tmp_path / "run.toml"
     toml.write_text("[grpo]\nprompts_per_step = 8\n")
@@ -190,6 +193,8 @@ def test_run_ppo_passes_the_environment_to_ray_init(tmp_path, monkeypatch):
     import sqlrl.cli.verl_config as cli
 
     _installed(monkeypatch)
+    for name in [n for n in os.environ if n.startswith("SQLRL_")]:  # e.g. CI's own SQLRL_* settings
+        monkeypatch.delenv(name)
     monkeypatch.setenv("SQLRL_GOLD_CACHE", str(tmp_path / "gc"))
     toml = tmp_path / "run.toml"
     toml.write_text("[grpo]\nprompts_per_step = 8\n")
