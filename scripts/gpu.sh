@@ -358,6 +358,7 @@ PY
       done
       ls -la "$dest" | tail -n +2
     }
+    bounded_s() { local s=$((end - SECONDS - 20)); echo $((s > 10 ? s : 10)); }   # setup/install: 20 s before the budget
     repo=$PWD; trap verlgo_pack EXIT
     cp "$PARTS"/part* "$PARTS/MANIFEST" "$S/parts/" 2>/dev/null || true
     if [ ! -f "$S/verl.done" ]; then
@@ -369,14 +370,13 @@ PY
     cd "$S/tree"; export PYTHONPATH=/tmp/site:$PWD/src   # the committed tree's code from here on
     t0=$SECONDS
     if [ ! -f "$S/setup.done" ]; then
-      # setup and install are bounded too (20 s before the budget, 10 s at least), so that a stuck one still
-      # returns DEST
-      rc=0; timeout $(( end - SECONDS - 20 > 10 ? end - SECONDS - 20 : 10 )) bash scripts/gpu.sh setup > "$L/setup.log" 2>&1 || rc=$?; phase setup "$t0" "$rc"
+      # setup and install are bounded too (bounded_s: 10 s at least), so that a stuck one still returns DEST
+      rc=0; timeout "$(bounded_s)" bash scripts/gpu.sh setup > "$L/setup.log" 2>&1 || rc=$?; phase setup "$t0" "$rc"
       [ "$rc" = 0 ] || { tail -20 "$L/setup.log"; exit 1; }
       touch "$S/setup.done"
     fi
     if [ ! -f "$S/verl.done" ]; then
-      t0=$SECONDS; rc=0; VERL_PARTS=$S/verl-parts timeout $(( end - SECONDS - 20 > 10 ? end - SECONDS - 20 : 10 )) bash scripts/gpu.sh verl install \
+      t0=$SECONDS; rc=0; VERL_PARTS=$S/verl-parts timeout "$(bounded_s)" bash scripts/gpu.sh verl install \
         > "$L/verl-install.log" 2>&1 || rc=$?
       phase verl-install "$t0" "$rc"
       [ "$rc" = 0 ] || { tail -20 "$L/verl-install.log"; exit 1; }
@@ -401,14 +401,16 @@ print(c.grpo.steps, *args)
 PY
 ) || { echo "verlgo: $CONFIG with VERLGO_SETS='${VERLGO_SETS:-}' does not load (see above); fix the --set values" >&2; exit 2; }
     read -r steps eval_cfg <<< "$cfgline"
-    trained() { [ "$(cat "$run/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null)" = "$steps" ]; }
-    fail=0; ck=$run/checkpoints
+    ck=$run/checkpoints
+    latest() { cat "$ck/latest_checkpointed_iteration.txt" 2>/dev/null || echo none; }   # veRL's step tracker
+    trained() { [ "$(latest)" = "$steps" ]; }
+    fail=0
     # veRL resumes from global_step_N of the tracker N and trains from scratch when that folder is missing:
     # with keep_checkpoints = 1 it deletes the previous step once the new step's actor is saved, before
     # data.pt and the tracker are written, so a kill in between leaves the tracker on a deleted step. Point
     # it at the newest step with data.pt (written after its actor) instead of starting again.
-    n=$(cat "$ck/latest_checkpointed_iteration.txt" 2>/dev/null || true)
-    if [ -n "$n" ] && [ ! -d "$ck/global_step_$n/actor" ]; then
+    n=$(latest)
+    if [ -n "$n" ] && [ "$n" != none ] && [ ! -d "$ck/global_step_$n/actor" ]; then
       m=$(cd "$ck" && ls -d global_step_* 2>/dev/null | sed 's/^global_step_//' | sort -n \
         | while read -r k; do [ ! -f "global_step_$k/data.pt" ] || echo "$k"; done | tail -1 || true)
       if [ -n "$m" ]; then printf '%s' "$m" > "$ck/latest_checkpointed_iteration.txt"
@@ -419,7 +421,7 @@ PY
     if ! trained && [ "$left" -ge "$min_s" ]; then
       echo "== call $call: train, $left s, $(date -u +%FT%TZ)" >> "$L/verl-run.log"
       nvidia-smi --query-gpu=timestamp,memory.used --format=csv -lms 1000 >> "$L/gpu_mem.csv" 2>/dev/null & smi=$!
-      t0=$SECONDS; rc=0; before=$(cat "$run/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo none)
+      t0=$SECONDS; rc=0; before=$(latest)
       # veRL's checkpoint before a capacity block expires (`should_save_ckpt_esi`): with this timestamp it
       # also saves after every step that ends within 60 s + its longest step of it, so each call keeps its
       # steps whatever run.checkpoint_every is; the timestamp is VERLGO_SAVE_S (default 30) before the
@@ -436,9 +438,9 @@ PY
       # Ray's daemons (and the vLLM engine's GPU memory) may outlive veRL, stopped by the budget or not:
       # stop them before this call's eval or the next call's start
       PYTHONPATH=$S/verl-site python3 -m ray.scripts.scripts stop --force >> "$L/verl-run.log" 2>&1 || true
-      echo "train: exit $rc (124/137: stopped at the budget; the same call again resumes), checkpointed step $(cat "$run/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo none) of $steps"
+      echo "train: exit $rc (124/137: stopped at the budget; the same call again resumes), checkpointed step $(latest) of $steps"
       grep -ao 'step:[0-9][0-9]* - .*' "$L/verl-run.log" | tail -2 | cut -c1-300 || true
-      [ "$(cat "$run/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo none)" != "$before" ] \
+      [ "$(latest)" != "$before" ] \
         || echo "verlgo: no new checkpoint in this call (still $before): the same call again would redo the same steps; see verl-run.log"
       if [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$rc" != 137 ]; then fail=1; grep -av 'step:[0-9][0-9]* - ' "$L/verl-run.log" | tail -20; fi
     fi
