@@ -28,6 +28,13 @@ def _installed(monkeypatch, *present: str) -> None:
     monkeypatch.setattr(vc, "_importable", lambda name: name in present)
 
 
+def _only_gold_cache_env(monkeypatch, gold_cache) -> None:
+    """SQLRL_GOLD_CACHE is this process's only SQLRL_* variable (CI sets its own, e.g. SQLRL_INSTALL_CHROMIUM)."""
+    for name in [n for n in os.environ if n.startswith("SQLRL_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("SQLRL_GOLD_CACHE", str(gold_cache))
+
+
 def _model(d: dict) -> dict:
     return d["actor_rollout_ref"]["model"]
 
@@ -125,9 +132,7 @@ def test_verl_config_cli_writes_the_chosen_attention_and_the_environment(tmp_pat
     monkeypatch.setattr(cli, "require_verl", lambda: None)
     monkeypatch.setattr(cli, "build_verl_config", vc.verl_overrides)  # the mapping, without veRL's checks
     _installed(monkeypatch)
-    for name in [n for n in os.environ if n.startswith("SQLRL_")]:  # e.g. CI's own SQLRL_* settings
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("SQLRL_GOLD_CACHE", str(tmp_path / "gc"))
+    _only_gold_cache_env(monkeypatch, tmp_path / "gc")
     toml = tmp_path / "run.toml"
     toml.write_text("[grpo]\nprompts_per_step = 8\n")
     out = tmp_path / "verl.yaml"
@@ -193,9 +198,7 @@ def test_run_ppo_passes_the_environment_to_ray_init(tmp_path, monkeypatch):
     import sqlrl.cli.verl_config as cli
 
     _installed(monkeypatch)
-    for name in [n for n in os.environ if n.startswith("SQLRL_")]:  # e.g. CI's own SQLRL_* settings
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("SQLRL_GOLD_CACHE", str(tmp_path / "gc"))
+    _only_gold_cache_env(monkeypatch, tmp_path / "gc")
     toml = tmp_path / "run.toml"
     toml.write_text("[grpo]\nprompts_per_step = 8\n")
     assert cli.cli_main([str(toml), "-o", str(tmp_path / "verl.yaml"), "--gpus-per-node", "1"]) == 0
