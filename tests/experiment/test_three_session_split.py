@@ -85,7 +85,7 @@ def _session(cfg, exp, out: Path, arms: tuple[str, ...], earlier: tuple[str, ...
     assert _kept(out, earlier) == kept
     assert finished_matrix(out, now) and finished_matrix(out, exp) is (len(earlier) + len(arms) == 6)
     e = json.loads((out / "experiment.json").read_text())
-    assert set(e["arms"]) == set(earlier) | set(arms) and e["experiment"]["arms"] == list(arms)
+    assert set(e["arms"]) == set(earlier) | set(arms) and e["experiment"]["arms"] == [*earlier, *arms]
     for arm in arms:
         summary = json.loads((out / f"arms/{arm}/eval/summary.json").read_text())
         assert summary["n_tasks"] == 2, arm

@@ -201,12 +201,14 @@ def _experiment_state(
     # the [sft] settings its sft arms trained with stay recorded through a session whose arms do not use them
     uses_sft = {"sft", "grpo_sft"} & set(exp.arms)
     sft = dataclasses.asdict(exp.sft) if uses_sft else (state.get("experiment") or {}).get("sft")
+    # a matrix resumed with other arms (one seed split over sessions) records every arm it has had
+    earlier = (state.get("experiment") or {}).get("arms") or []
     state.update(
         {
             "name": exp.name,
             "config": cfg.resolve(),
             "experiment": {
-                "arms": list(exp.arms),
+                "arms": list(dict.fromkeys([*earlier, *exp.arms])),
                 "turns": list(exp.turns),
                 **({"context_tokens": list(exp.context_tokens)} if exp.context_tokens else {}),
                 "leakage_tasks": exp.leakage_tasks,
