@@ -384,7 +384,8 @@ PY
     read -r -a sets <<< "${VERLGO_SETS:-}"; set_args=(--set "data.path=\"$S/spider\"")
     for x in ${sets[@]+"${sets[@]}"}; do set_args+=(--set "$x"); done
     # grpo.steps, then the `sqlrl eval` arguments that evaluate like the native experiment's arms do: the
-    # config's agent budgets and held-out split (eval's own defaults differ: 8000 schema chars, 4096 tokens)
+    # config's agent budgets, held-out split and generation engine (eval's own defaults differ: 8000 schema
+    # chars, 4096 tokens)
     cfgline=$(python3 - "$CONFIG" ${sets[@]+"${sets[@]}"} <<'PY'
 import sys
 from sqlrl import config as C
@@ -394,7 +395,7 @@ args = ["--split", d.eval_split, "--turns", a.turns, "--max-new-tokens", a.max_n
         "--max-sql-executions", a.max_sql_executions, "--max-schema-chars", a.max_schema_chars,
         "--max-context-tokens", a.max_context_tokens, "--schema-sample-values", a.schema_sample_values,
         "--schema-order", a.schema_order, "--val-fraction", d.val_fraction, "--split-seed", d.split_seed,
-        "--seed", d.split_seed, "--limit", d.max_eval_tasks]
+        "--seed", d.split_seed, "--limit", d.max_eval_tasks, "--engine", c.run.gen_engine]
 args += [] if a.show_evidence else ["--no-evidence"]
 args += ["--column-descriptions"] if a.column_descriptions else []
 print(c.grpo.steps, *args)

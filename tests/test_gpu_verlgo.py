@@ -94,7 +94,8 @@ elif sys.argv[1] == "eval":
     last = {a: args[len(args) - 1 - args[::-1].index(a) + 1] for a in args if a.startswith("--")}
     log("eval", Path(last["--model"]).relative_to(os.environ["SQLRL_SCRATCH"]), last["--split"],
         *(f"{k[2:]}={last[k]}" for k in ("--max-schema-chars", "--max-context-tokens", "--max-new-tokens",
-                                         "--turns", "--val-fraction", "--self-consistency") if k in last))
+                                         "--turns", "--val-fraction", "--engine", "--self-consistency")
+          if k in last))
     out.mkdir(parents=True)
     (out / "summary.json").write_text('{"accuracy": 0.5}')
     (out / "results.jsonl").write_text('{"task_id": "t0", "solved": true}\n')
@@ -261,7 +262,7 @@ def test_verlgo_stops_at_the_budget_resumes_then_skips_what_is_done(tmp_path):
         # the config's budgets (configs/spider-0.5b-gpu.toml: 6000 chars, 3072 tokens, 256 new tokens,
         # 1 turn, val_fraction 0.1), not `sqlrl eval`'s defaults (8000, 4096); VERLGO_EVAL_ARGS added last
         "eval verl-run/final validation max-schema-chars=6000 max-context-tokens=3072 max-new-tokens=256"
-        " turns=1 val-fraction=0.1 self-consistency=4",
+        " turns=1 val-fraction=0.1 engine=auto self-consistency=4",
     ]
     assert "verlgo: done" in r.stdout
     steps = (r2 / "verl-steps.log").read_text().splitlines()
