@@ -138,7 +138,8 @@ def execution_match(
     3. Rows are a multiset: duplicates count, row order is ignored ...
     4. ... unless the gold has a top-level ORDER BY (see `sqlrl.reward.shape`). Then:
        a. If every ORDER BY key resolves to an output column of the gold, the gold rows are cut into
-          *runs* of consecutive rows with equal key (rule 2 equality). The prediction must have the
+          *runs* of consecutive rows with equal key (Python `==`, as SQLite ties them: no float
+          tolerance, so keys 37.7766 and 37.776617 are two runs). The prediction must have the
           same number of rows and, for every run, its rows at those positions must equal the gold run
           as a multiset (rows tied on the key may come in any order).
        b. LIMIT/OFFSET: with a `cut` (`sqlrl.reward.cut`, built from the gold's full ordered result,
@@ -209,7 +210,7 @@ def execution_match(
     steps = (k * k if float_tol else 0) + k + 1
     if _FAST_PATH and steps <= max_tries and n * steps <= max_work and _identical(g, p, mode, has_float):
         return MatchResult(True, "match", tuple(range(k)), mode, 0)
-    segs, pooled = _segments(g, mode, shape, cmp, cut)
+    segs, pooled = _segments(g, mode, shape, cut)
     if (
         _FAST_PATH
         and k <= _REJECT_MAX_COLS
@@ -234,14 +235,14 @@ def _identical(g: list[tuple], p: list[tuple], mode: str, has_float: bool) -> bo
     """Fast path, the search's answer only cheaper: identical rows (a sequence when order matters)
     match under the identity permutation, the search's first leaf. The caller takes it only when the
     search could not run out of budget on the way there (k*k column checks, k partial checks and one
-    full one, of n rows each); in "runs" mode only without floats (a run is a tolerance chain)."""
+    full one, of n rows each); in "runs" mode only without floats."""
     if mode == "multiset":
         return g == p or counts(g) == counts(p)
     return (mode == "sequence" or not has_float) and g == p
 
 
 def _segments(
-    g: list[tuple], mode: str, shape: GoldShape, cmp: CellCmp, cut: Cut | None
+    g: list[tuple], mode: str, shape: GoldShape, cut: Cut | None
 ) -> tuple[list[list[int]], list[tuple[list[int], list[tuple]]]]:
     """(exact multiset segments as position lists, pooled segments: (positions, the rows that may
     stand there)); rule 4."""
@@ -266,7 +267,7 @@ def _segments(
     keys = project(g, shape.key_columns)  # type: ignore[arg-type]
     runs: list[list[int]] = [[0]]
     for i in range(1, n):
-        if cmp.row(keys[i], keys[i - 1]):
+        if keys[i] == keys[i - 1]:  # SQLite's tie: exact (rule 4a), never the float tolerance
             runs[-1].append(i)
         else:
             runs.append([i])

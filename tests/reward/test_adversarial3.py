@@ -1,0 +1,97 @@
+"""Adversarial cases against the reward, third round: an attacker's and a careless user's predictions
+scored through `Evaluator.score_many` as training scores them (a 1 s statement deadline).
+
+Each table lists cases with the verdict worked out by hand; the databases are real SQLite files (a
+toy one here, the shared Spider ones where present). Cases that held on main are in `HELD`; the others
+each failed on main before their fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import make_name_age_db
+from sqlrl.reward.evaluator import Evaluator
+from sqlrl.reward.match import execution_match
+from sqlrl.reward.shape import gold_shape
+from sqlrl.sql.sandbox import Sandbox
+from sqlrl.tasks.data import PrivateTask, PublicTask
+from sqlrl.tasks.goldcache import GoldCache
+
+SPIDER = Path(__file__).resolve().parents[3] / "shared" / "data" / "spider" / "database"
+needs_spider = pytest.mark.skipif(not (SPIDER / "bike_1").is_dir(), reason="no Spider data")
+
+# t(name, age) with near-equal non-integral ages: each neighbour within the 1e-6 relative tolerance
+# of the next (6e-7 apart), A and C not (1.2e-6 apart); D and E truly tied.
+# Ordered by age: A 1 | B 1.0000006 | C 1.0000012 | D 2.5, E 2.5
+ROWS = [("A", 1), ("B", 1.0000006), ("C", 1.0000012), ("D", 2.5), ("E", 2.5)]
+MATCH, MISMATCH = ("match", 1.0), ("mismatch", 0.0)
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> str:
+    return make_name_age_db(tmp_path_factory.mktemp("adv3") / "toy" / "toy.sqlite", ROWS)
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(workers=1) as sb:
+        yield sb
+
+
+def _task(db: str, gold_sql: str) -> PrivateTask:
+    return PrivateTask(PublicTask("t/00000", Path(db).stem, "q?", "", "", db), gold_sql)
+
+
+def _score(sandbox, db: str, gold_sql: str, preds: list[str]) -> list:
+    with GoldCache(executor=sandbox) as gc:
+        ev = Evaluator(sandbox, gc, timeout_s=1.0)
+        return [(r.status, r.value) for r in ev.score_many([(p, _task(db, gold_sql)) for p in preds])]
+
+
+# --------------------------------------------------------------------------- ORDER BY ties are exact
+
+# A top-level ORDER BY whose key is an output column, no LIMIT: only rows with EQUAL keys (SQLite's
+# tie) may come in any order. Near-equal keys are distinct keys: on main they formed one run through
+# the float tolerance, chained from neighbour to neighbour (A-B-C), so any order of A, B, C matched.
+GOLD = "SELECT name, age FROM t ORDER BY age"
+FLOAT_KEY_CASES = [
+    ("SELECT name, age FROM t ORDER BY age", MATCH),
+    ("SELECT name, age FROM t ORDER BY age, name DESC", MATCH),  # D, E truly tied
+    ("SELECT name, age FROM t ORDER BY round(age, 3), name DESC", MISMATCH),  # C, B, A: failed on main
+    ("SELECT name, age FROM t ORDER BY round(age, 3), name = 'B'", MISMATCH),  # A, C, B: failed on main
+    ("SELECT name, age FROM t ORDER BY age DESC", MISMATCH),
+    # the cells themselves still compare with the tolerance (rule 2): a key within it, in its place
+    ("SELECT name, age + 1e-9 FROM t ORDER BY age", MATCH),
+]
+
+
+@pytest.mark.parametrize("pred,want", FLOAT_KEY_CASES)
+def test_near_equal_float_keys_are_not_ties(toy, sandbox, pred, want):
+    assert _score(sandbox, toy, GOLD, [pred])[0] == want
+
+
+def test_near_equal_float_keys_are_not_ties_in_execution_match():
+    # the same rule on execution_match alone (no cut: keys are output columns, no LIMIT)
+    gold = [("A", 1.0), ("B", 1.0000006), ("C", 1.0000012)]
+    shape = gold_shape("SELECT name, x FROM t ORDER BY x")
+    assert not execution_match(None, gold, None, gold[::-1], shape).match  # matched on main
+    assert not execution_match(None, gold, None, [gold[0], gold[2], gold[1]], shape).match  # matched on main
+    assert execution_match(None, gold, None, [("A", 1.0000000001), gold[1], gold[2]], shape).match
+    tied = [("A", 2.5), ("B", 2.5), ("C", 3.5)]
+    assert execution_match(None, tied, None, [tied[1], tied[0], tied[2]], shape).match
+
+
+@needs_spider
+def test_near_equal_latitudes_on_spider(sandbox):
+    # bike_1, San Francisco stations by lat: ... 37.7766 (Caltrain 2), 37.776617 (Caltrain),
+    # 37.776619 (Market at 10th) ...: three distinct keys 4.5e-7 and 5e-8 apart relatively
+    db = str(SPIDER / "bike_1" / "bike_1.sqlite")
+    gold = "SELECT name, lat FROM station WHERE city = 'San Francisco' ORDER BY lat"
+    preds = [
+        "SELECT name, lat FROM station WHERE city = 'San Francisco' ORDER BY lat",
+        "SELECT name, lat FROM station WHERE city = 'San Francisco' ORDER BY round(lat, 4), name DESC",
+    ]
+    assert _score(sandbox, db, gold, preds) == [MATCH, MISMATCH]  # the second matched on main
