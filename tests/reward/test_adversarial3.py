@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_name_age_db
+from sqlrl.reward.cut import cut_query
 from sqlrl.reward.evaluator import Evaluator
 from sqlrl.reward.match import execution_match
 from sqlrl.reward.shape import gold_shape
@@ -95,3 +96,58 @@ def test_near_equal_latitudes_on_spider(sandbox):
         "SELECT name, lat FROM station WHERE city = 'San Francisco' ORDER BY round(lat, 4), name DESC",
     ]
     assert _score(sandbox, db, gold, preds) == [MATCH, MISMATCH]  # the second matched on main
+
+
+# --------------------------------------------------------------------------- an ORDER BY below a LIMIT
+
+# A LIMIT without a top-level ORDER BY accepts any rows of the gold's whole result (rule 4d): the rows
+# are the engine's choice. Not when an ORDER BY below the LIMIT picks them (a derived table, a CTE, a
+# window): on main the youngest (D, 25) matched a gold asking for the oldest (F, 50). Such a gold's
+# rows are now compared as returned (a multiset). By age DESC: F 50 | C, E 40 | A, B 30 | D 25.
+OLDEST = [("A", 30), ("B", 30), ("C", 40), ("D", 25), ("E", 40), ("F", 50)]
+INNER_ORDER_CASES = [
+    ("SELECT name FROM (SELECT name FROM t ORDER BY age DESC) LIMIT 1", "SELECT 'F'", MATCH),
+    ("SELECT name FROM (SELECT name FROM t ORDER BY age DESC) LIMIT 1", "SELECT 'D'", MISMATCH),
+    (
+        "SELECT name FROM (SELECT name FROM t ORDER BY age DESC) LIMIT 1",
+        "SELECT name FROM t ORDER BY age LIMIT 1",
+        MISMATCH,
+    ),
+    (
+        "WITH o AS (SELECT name FROM t ORDER BY age DESC) SELECT name FROM o LIMIT 3",
+        "VALUES ('E'), ('C'), ('F')",  # C and E tie at 40, both kept
+        MATCH,
+    ),
+    (
+        "WITH o AS (SELECT name FROM t ORDER BY age DESC) SELECT name FROM o LIMIT 3",
+        "VALUES ('A'), ('B'), ('D')",
+        MISMATCH,
+    ),
+    ("SELECT name, rank() OVER (ORDER BY age DESC) FROM t LIMIT 1", "SELECT 'F', 1", MATCH),
+    ("SELECT name, rank() OVER (ORDER BY age DESC) FROM t LIMIT 1", "SELECT 'D', 6", MISMATCH),
+    # held on main: no ORDER BY anywhere, so any two rows of the whole result (rule 4d)
+    ("SELECT name FROM t LIMIT 2", "VALUES ('D'), ('F')", MATCH),
+    ("SELECT name FROM t LIMIT 2", "VALUES ('D'), ('D')", MISMATCH),
+]
+
+
+@pytest.fixture(scope="module")
+def ages(tmp_path_factory) -> str:
+    return make_name_age_db(tmp_path_factory.mktemp("adv3b") / "ages" / "ages.sqlite", OLDEST)
+
+
+@pytest.mark.parametrize("gold,pred,want", INNER_ORDER_CASES)
+def test_an_order_by_below_the_limit_picks_the_rows(ages, sandbox, gold, pred, want):
+    assert _score(sandbox, ages, gold, [pred])[0] == want
+
+
+@pytest.mark.parametrize(
+    "gold",
+    [
+        "SELECT name FROM (SELECT name FROM t ORDER BY age DESC) LIMIT 1",
+        "WITH o AS (SELECT name FROM t ORDER BY age) SELECT name FROM o LIMIT 2 OFFSET 1",
+        "SELECT name, rank() OVER (ORDER BY age) FROM t LIMIT 1",
+    ],
+)
+def test_no_cut_query_under_an_inner_order_by(gold):
+    assert cut_query(gold) is None

@@ -7,7 +7,7 @@ keys appended as output columns when they are not, and `LIMIT offset + n + CUT_T
 rows)` of that ordered result and gives the `Cut` that `execution_match` applies: runs of rows with
 equal sort key; a run strictly inside the window is compared exactly; the first run (only with an
 OFFSET) and the last run may, when rows tied with them lie outside the window, hold ANY rows of the
-full result with that key, each predicted row its own row of that pool. Without a top-level ORDER BY
+full result with that key, each predicted row its own row of that pool. With no ORDER BY anywhere
 the full query is the gold without LIMIT/OFFSET (bounded by the caps only) and the Cut is one run
 whose pool is that whole result (`execution_match` rule 4d).
 
@@ -16,12 +16,13 @@ What is covered:
   keys that are not and no LIMIT/OFFSET: the whole gold with its keys, one window, no pools;
 - no cut unless the gold agrees with its full result, nor for a fetch stopped inside the ties;
 - `fetch_cuts`: one batched fetch per scoring call (an exception is infrastructure); in a gold with
-  `--`, the inserted keys and LIMIT follow a newline (no line comment hides them).
+  `--`, inserted keys and LIMIT follow a newline (no line comment hides them).
 What is not:
 - no cut (nothing relaxed: a possible false negative, never a false positive) for a compound SELECT
-  or a top-level SELECT DISTINCT whose keys are not output columns, a non-literal OFFSET, SQL sqlglot
-  cannot tokenize, or a full result that fails or is over the caps (a non-literal LIMIT adds no LIMIT
-  to the full query: it is then bounded by the caps only); ties are Python equality of the key values.
+  or a top-level SELECT DISTINCT whose keys are not output columns, a LIMIT whose rows an ORDER BY
+  below it picks (derived table, CTE, window), a non-literal OFFSET, SQL sqlglot cannot tokenize, or
+  a full result that fails or is over the caps (a non-literal LIMIT adds no LIMIT to the full query:
+  it is then bounded by the caps only); ties are Python equality of the key values.
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ def _unbounded(gold_sql: str) -> CutQuery | None:
         toks = sqlglot.tokenize(gold_sql, read="sqlite")
     except Exception:
         return None
+    if not shape.order_matters and any(t.token_type == T.ORDER_BY for t in toks):
+        return None  # an ORDER BY below the LIMIT (derived table, CTE, window) picks the rows: no pool
     depth, top = 0, []  # top: (index in toks, token) at parenthesis depth 0
     for t in toks:
         if t.token_type == T.L_PAREN:

@@ -154,12 +154,13 @@ def execution_match(
           with a cut (the gold run with its keys appended) the runs are the cut's, as in (a): rows
           tied on an unseen key may come in any order. Without one the prediction must equal the
           gold as a sequence (ties NOT relaxed: a conservative mismatch).
-       d. LIMIT n (and an OFFSET) without a top-level ORDER BY: which rows the gold returned is the
-          engine's choice, so with a cut (`sqlrl.reward.cut`: the gold's whole result without
-          LIMIT/OFFSET, run once and cached with the gold) the prediction matches when it has as many
-          rows as the gold and its rows, as a multiset, are rows of that whole result: each predicted
-          row its own row (`compare_mode` "subset"). Without a cut (the whole result failed or is over
-          the caps, or holds no other row) the rows returned are compared as a multiset.
+       d. LIMIT n (and an OFFSET) without any ORDER BY: which rows the gold returned is the engine's
+          choice, so with a cut (`sqlrl.reward.cut`: the gold's whole result without LIMIT/OFFSET,
+          run once and cached with the gold) the prediction matches when it has as many rows as the
+          gold and its rows, as a multiset, are rows of that whole result: each predicted row its own
+          row (`compare_mode` "subset"). Without a cut (an ORDER BY below the LIMIT, in a derived
+          table, CTE or window, picks the rows; the whole result failed or is over the caps, or holds
+          no other row) the rows returned are compared as a multiset.
     5. Column permutation. The prediction may list the gold's columns in another order. Gold column
        j is *compatible* with predicted column i when their values, restricted to every compared
        segment (the whole result, each run, or each position), are equal as multisets. Among
