@@ -65,7 +65,7 @@ FLOAT_KEY_CASES = [
     ("SELECT name, age FROM t ORDER BY round(age, 3), name = 'B'", MISMATCH),  # A, C, B: failed on main
     ("SELECT name, age FROM t ORDER BY age DESC", MISMATCH),
     # the cells themselves still compare with the tolerance (rule 2): a key within it, in its place
-    ("SELECT name, age + 1e-9 FROM t ORDER BY age", MATCH),
+    ("SELECT name, age + 1e-12 FROM t ORDER BY age", MATCH),
 ]
 
 
@@ -151,3 +151,70 @@ def test_an_order_by_below_the_limit_picks_the_rows(ages, sandbox, gold, pred, w
 )
 def test_no_cut_query_under_an_inner_order_by(gold):
     assert cut_query(gold) is None
+
+
+# --------------------------------------------------------------------------- the float tolerance
+
+# The tolerance is for float rounding noise (a sum in another order, 0.1 + 0.2), 1e-9 relative. On
+# main it was 1e-6: a budget sum of 1,077,459.33 matched the integer 1,077,460 (0.67 off: the same
+# hole as an off-by-one large integer, with one side non-integral), its rounding and its truncation,
+# and two distinct stored latitudes 2e-6 apart matched. Amounts in t.age (REAL values).
+MONEY = [("M", 500000.11), ("F", 577459.22), ("A", 37.776619), ("B", 37.776617)]
+SUM_MF = "SELECT sum(age) FROM t WHERE name IN ('M', 'F')"  # 1077459.33 (up to rounding noise)
+TOLERANCE_CASES = [
+    (SUM_MF, "SELECT sum(age) FROM t WHERE name IN ('F', 'M')", MATCH),
+    (SUM_MF, "SELECT (SELECT age FROM t WHERE name = 'F') + (SELECT age FROM t WHERE name = 'M')", MATCH),
+    (SUM_MF, "SELECT sum(age * 100) / 100 FROM t WHERE name IN ('M', 'F')", MATCH),  # noise only
+    (SUM_MF, "SELECT 1077459.33", MATCH),
+    (SUM_MF, "SELECT 1077460", MISMATCH),  # matched on main
+    (
+        SUM_MF,
+        "SELECT round(sum(age)) FROM t WHERE name IN ('M', 'F')",
+        MISMATCH,
+    ),  # 1077459.0: matched on main
+    (SUM_MF, "SELECT round(sum(age), 1) FROM t WHERE name IN ('M', 'F')", MISMATCH),  # matched on main
+    (SUM_MF, "SELECT CAST(sum(age) AS INTEGER) FROM t WHERE name IN ('M', 'F')", MISMATCH),  # matched on main
+    ("SELECT age FROM t WHERE name = 'A'", "SELECT age FROM t WHERE name = 'B'", MISMATCH),  # matched on main
+    ("SELECT 0.1", "SELECT 0.10000001", MISMATCH),  # matched on main
+    ("SELECT 0.1 + 0.2", "SELECT 0.3", MATCH),
+    ("SELECT 1e-12", "SELECT 0", MATCH),  # the absolute tolerance, 1e-9
+]
+
+
+@pytest.fixture(scope="module")
+def money(tmp_path_factory) -> str:
+    return make_name_age_db(tmp_path_factory.mktemp("adv3c") / "money" / "money.sqlite", MONEY)
+
+
+@pytest.mark.parametrize("gold,pred,want", TOLERANCE_CASES)
+def test_the_tolerance_is_rounding_noise_only(money, sandbox, gold, pred, want):
+    assert _score(sandbox, money, gold, [pred])[0] == want
+
+
+@needs_spider
+def test_rounded_large_values_on_spider(sandbox):
+    # college_2: the Marketing and Finance budgets sum to 1077459.33; film_rank: the average gross is
+    # 114827242.38461539; bike_1: two stations 2e-6 degrees of latitude apart
+    budget = "SELECT sum(budget) FROM department WHERE dept_name = 'Marketing' OR dept_name = 'Finance'"
+    got = _score(
+        sandbox,
+        str(SPIDER / "college_2" / "college_2.sqlite"),
+        budget,
+        [budget.replace("sum(budget)", "round(sum(budget))"), "SELECT 1077460", "SELECT 1077459.33"],
+    )
+    assert got == [MISMATCH, MISMATCH, MATCH]  # the first two matched on main
+    gross = "SELECT avg(Gross_in_dollar) FROM film"
+    got = _score(
+        sandbox,
+        str(SPIDER / "film_rank" / "film_rank.sqlite"),
+        gross,
+        [
+            "SELECT sum(Gross_in_dollar) / count(*) FROM film",  # integer division: 114827242
+            "SELECT 114827300",
+            "SELECT sum(Gross_in_dollar) * 1.0 / count(*) FROM film",
+        ],
+    )
+    assert got == [MISMATCH, MISMATCH, MATCH]  # the first two matched on main
+    lat = "SELECT lat FROM station WHERE name = 'Market at 10th'"
+    pred = "SELECT lat FROM station WHERE name = 'San Francisco Caltrain (Townsend at 4th)'"
+    assert _score(sandbox, str(SPIDER / "bike_1" / "bike_1.sqlite"), lat, [pred]) == [MISMATCH]  # main: match
