@@ -218,3 +218,51 @@ def test_rounded_large_values_on_spider(sandbox):
     lat = "SELECT lat FROM station WHERE name = 'Market at 10th'"
     pred = "SELECT lat FROM station WHERE name = 'San Francisco Caltrain (Townsend at 4th)'"
     assert _score(sandbox, str(SPIDER / "bike_1" / "bike_1.sqlite"), lat, [pred]) == [MISMATCH]  # main: match
+
+
+# --------------------------------------------------------------------------- positional ORDER BY terms
+
+# `ORDER BY 2` sorts by the second output column. When the keys are not all output columns (a `*`,
+# or an unseen key beside it) the cut appended each term's TEXT as a key: the constant 2, so every
+# row tied and any rows of the table matched. A positional term now gives no cut (a strict
+# comparison; ties are not relaxed). t by age DESC: F 50 | C, E 40 | A, B 30 | D 25 (rowid order A..F)
+POSITIONAL_CASES = [
+    ("SELECT * FROM t ORDER BY 2 DESC LIMIT 1", "SELECT * FROM t ORDER BY age DESC LIMIT 1", MATCH),
+    ("SELECT * FROM t ORDER BY 2 DESC LIMIT 1", "SELECT * FROM t LIMIT 1", MISMATCH),  # A: matched on main
+    ("SELECT * FROM t ORDER BY 2 DESC LIMIT 1", "SELECT 'D', 25", MISMATCH),  # matched on main
+    ("SELECT * FROM t ORDER BY (2) DESC LIMIT 1", "SELECT 'D', 25", MISMATCH),  # matched on main
+    ("SELECT * FROM t ORDER BY 2 DESC", "SELECT * FROM t ORDER BY age DESC", MATCH),
+    ("SELECT * FROM t ORDER BY 2 DESC", "SELECT * FROM t", MISMATCH),  # matched on main
+    # name first, then age: A (30) comes first; B (30) is not tied with it on (name, age)
+    ("SELECT name FROM t ORDER BY 1, age LIMIT 1", "SELECT 'A'", MATCH),
+    ("SELECT name FROM t ORDER BY 1, age LIMIT 1", "SELECT 'B'", MISMATCH),  # matched on main
+    # held on main: the keys resolve to output columns, ties at the cut still relaxed (C, E at 40)
+    ("SELECT name, age FROM t ORDER BY 2 DESC LIMIT 2", "VALUES ('F', 50), ('E', 40)", MATCH),
+    ("SELECT name, age FROM t ORDER BY 2 DESC LIMIT 2", "VALUES ('F', 50), ('A', 30)", MISMATCH),
+]
+
+
+@pytest.mark.parametrize("gold,pred,want", POSITIONAL_CASES)
+def test_positional_order_by_terms(ages, sandbox, gold, pred, want):
+    assert _score(sandbox, ages, gold, [pred])[0] == want
+
+
+@pytest.mark.parametrize(
+    "gold,has_cut",
+    [
+        ("SELECT * FROM t ORDER BY 2 DESC LIMIT 1", False),
+        ("SELECT * FROM t ORDER BY (2) LIMIT 1", False),
+        ("SELECT * FROM t ORDER BY +2 LIMIT 1", False),
+        ("SELECT * FROM t ORDER BY 2 COLLATE NOCASE LIMIT 1", False),
+        ("SELECT * FROM t ORDER BY 0x2 LIMIT 1", False),
+        ("SELECT name FROM t ORDER BY 1, age LIMIT 1", False),
+        ("SELECT * FROM t ORDER BY 2 DESC", False),
+        # not positional: a constant SQLite does not sort by, and keys that resolve
+        ("SELECT * FROM t ORDER BY 2.0 LIMIT 1", True),
+        ("SELECT * FROM t ORDER BY 2 + 0 LIMIT 1", True),
+        ("SELECT * FROM t ORDER BY age LIMIT 1", True),
+        ("SELECT name, age FROM t ORDER BY 2 DESC LIMIT 1", True),
+    ],
+)
+def test_cut_query_refuses_positional_terms(gold, has_cut):
+    assert (cut_query(gold) is not None) is has_cut

@@ -18,11 +18,11 @@ What is covered:
 - `fetch_cuts`: one batched fetch per scoring call (an exception is infrastructure); in a gold with
   `--`, inserted keys and LIMIT follow a newline (no line comment hides them).
 What is not:
-- no cut (nothing relaxed: a possible false negative, never a false positive) for a compound SELECT
-  or a top-level SELECT DISTINCT whose keys are not output columns, a LIMIT whose rows an ORDER BY
-  below it picks (derived table, CTE, window), a non-literal OFFSET, SQL sqlglot cannot tokenize, or
-  a full result that fails or is over the caps (a non-literal LIMIT adds no LIMIT to the full query:
-  it is then bounded by the caps only); ties are Python equality of the key values.
+- no cut (nothing relaxed: a possible false negative, never a false positive) for a compound SELECT,
+  a top-level SELECT DISTINCT or a positional term (`ORDER BY 2` beside `*` or an unseen key) when
+  keys are not output columns, a LIMIT whose rows an ORDER BY below it picks (derived table, CTE,
+  window), a non-literal OFFSET, SQL sqlglot cannot tokenize, a full result that fails or is over the
+  caps (a non-literal LIMIT adds no LIMIT to the full query); ties are Python equality of key values.
 """
 
 from __future__ import annotations
@@ -149,7 +149,9 @@ def _unbounded(gold_sql: str) -> CutQuery | None:
 
 
 def _order_terms(sql: str, toks: list, after: int, before: int) -> list[str]:
-    """The ORDER BY terms' text between the two positions, without ASC/DESC and NULLS FIRST/LAST."""
+    """The ORDER BY terms' text between the two positions, without ASC/DESC and NULLS FIRST/LAST; []
+    when a term is positional (`ORDER BY 2`, `(2)`, `+2`, `2 COLLATE x`, `0x2`: SQLite sorts by that
+    output column, which the term's text, appended as a key, would not hold)."""
     from sqlglot.tokens import TokenType as T
 
     terms: list[list] = [[]]
@@ -170,10 +172,26 @@ def _order_terms(sql: str, toks: list, after: int, before: int) -> list[str]:
             term = term[:-2]
         if term and term[-1].token_type in (T.ASC, T.DESC):
             term = term[:-1]
-        if not term:
+        if not term or _positional(term):
             return []
         out.append(sql[term[0].start : term[-1].end + 1])
     return out
+
+
+def _positional(term: list) -> bool:
+    """Whether SQLite reads this ORDER BY term as an output column number: an integer literal, maybe
+    in parentheses, signed or with a COLLATE (hex and blob literals counted too: refusing is safe)."""
+    from sqlglot.tokens import TokenType as T
+
+    core = []
+    for t in term:
+        if t.token_type == T.COLLATE:
+            break
+        if t.token_type not in (T.L_PAREN, T.R_PAREN, T.PLUS, T.DASH):
+            core.append(t)
+    return len(core) == 1 and (
+        core[0].token_type == T.HEX_STRING or (core[0].token_type == T.NUMBER and core[0].text.isdigit())
+    )
 
 
 def build_cut(gold_rows: list, full_rows: list, n_cols: int, query: CutQuery, key_columns: Any) -> Cut | None:
