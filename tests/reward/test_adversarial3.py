@@ -224,9 +224,9 @@ def test_rounded_large_values_on_spider(sandbox):
 
 # `ORDER BY 2` sorts by the second output column. When the keys are not all output columns (a `*`,
 # or an unseen key beside it) the cut appended each term's TEXT as a key: the constant 2, so every
-# row tied and any rows of the table matched. A positional term now gives no cut (a strict
-# comparison; ties are not relaxed). t by age DESC: F 50 | C, E 40 | A, B 30 | D 25 (rowid order A..F)
-POSITIONAL_CASES = [
+# row tied and any rows of the table matched; likewise a bare name that is an output alias read as
+# the table's column. Such a term now gives no cut (a strict comparison; ties are not relaxed). t by age DESC: F 50 | C, E 40 | A, B 30 | D 25 (rowid order A..F)
+OUTPUT_REF_CASES = [
     ("SELECT * FROM t ORDER BY 2 DESC LIMIT 1", "SELECT * FROM t ORDER BY age DESC LIMIT 1", MATCH),
     ("SELECT * FROM t ORDER BY 2 DESC LIMIT 1", "SELECT * FROM t LIMIT 1", MISMATCH),  # A: matched on main
     ("SELECT * FROM t ORDER BY 2 DESC LIMIT 1", "SELECT 'D', 25", MISMATCH),  # matched on main
@@ -236,14 +236,17 @@ POSITIONAL_CASES = [
     # name first, then age: A (30) comes first; B (30) is not tied with it on (name, age)
     ("SELECT name FROM t ORDER BY 1, age LIMIT 1", "SELECT 'A'", MATCH),
     ("SELECT name FROM t ORDER BY 1, age LIMIT 1", "SELECT 'B'", MISMATCH),  # matched on main
+    # a bare name equal to an output alias sorts by that column (name), not by t.age: A then B
+    ("SELECT name AS age, * FROM t ORDER BY age LIMIT 1", "SELECT 'A', 'A', 30", MATCH),
+    ("SELECT name AS age, * FROM t ORDER BY age LIMIT 1", "SELECT 'B', 'B', 30", MISMATCH),  # main: match
     # held on main: the keys resolve to output columns, ties at the cut still relaxed (C, E at 40)
     ("SELECT name, age FROM t ORDER BY 2 DESC LIMIT 2", "VALUES ('F', 50), ('E', 40)", MATCH),
     ("SELECT name, age FROM t ORDER BY 2 DESC LIMIT 2", "VALUES ('F', 50), ('A', 30)", MISMATCH),
 ]
 
 
-@pytest.mark.parametrize("gold,pred,want", POSITIONAL_CASES)
-def test_positional_order_by_terms(ages, sandbox, gold, pred, want):
+@pytest.mark.parametrize("gold,pred,want", OUTPUT_REF_CASES)
+def test_order_by_terms_naming_output_columns(ages, sandbox, gold, pred, want):
     assert _score(sandbox, ages, gold, [pred])[0] == want
 
 
@@ -257,12 +260,16 @@ def test_positional_order_by_terms(ages, sandbox, gold, pred, want):
         ("SELECT * FROM t ORDER BY 0x2 LIMIT 1", False),
         ("SELECT name FROM t ORDER BY 1, age LIMIT 1", False),
         ("SELECT * FROM t ORDER BY 2 DESC", False),
+        ("SELECT name AS age, * FROM t ORDER BY age LIMIT 1", False),
+        ("SELECT name AS age, * FROM t ORDER BY (age) COLLATE NOCASE LIMIT 1", False),
         # not positional: a constant SQLite does not sort by, and keys that resolve
         ("SELECT * FROM t ORDER BY 2.0 LIMIT 1", True),
         ("SELECT * FROM t ORDER BY 2 + 0 LIMIT 1", True),
         ("SELECT * FROM t ORDER BY age LIMIT 1", True),
         ("SELECT name, age FROM t ORDER BY 2 DESC LIMIT 1", True),
+        ("SELECT *, name AS n FROM t ORDER BY age LIMIT 1", True),  # age names no alias
+        ("SELECT name AS age, * FROM t ORDER BY age + 0 LIMIT 1", True),  # an expression: t.age
     ],
 )
-def test_cut_query_refuses_positional_terms(gold, has_cut):
+def test_cut_query_refuses_terms_naming_output_columns(gold, has_cut):
     assert (cut_query(gold) is not None) is has_cut
