@@ -2,10 +2,11 @@
 
 What is covered:
 - `CellCmp`: two cells are equal when Python `==` says so, or, with tolerance on, when one is a
-  non-integral float, both are numbers and `math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL)`;
-  integers and integral floats always compare exactly; rows cell by cell; multisets exactly, then
-  (tolerance on, floats present) by groups of equal non-numeric cells, sorted, then by an exact
-  bipartite matching for groups of at most 64 rows;
+  non-integral float, both are numbers and `math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL)`
+  (both 1e-9: float rounding noise, never a rounded answer); integers and integral floats always
+  compare exactly; rows cell by cell; multisets exactly, then (tolerance on, floats present) by
+  groups of equal non-numeric cells, sorted, then by an exact bipartite matching for groups of at
+  most 64 rows;
 - `CellCmp.submultiset`: whether every row of one list pairs with its own equal row of another;
 - `counts` / `project`: a multiset as a dict, and rows projected on columns.
 
@@ -22,7 +23,7 @@ from typing import Any
 
 __all__ = ["ABS_TOL", "REL_TOL", "CellCmp", "counts", "is_num", "non_integral", "project"]
 
-REL_TOL = 1e-6
+REL_TOL = 1e-9  # float rounding noise (summation order), not a rounded answer
 ABS_TOL = 1e-9
 _MATCHING_MAX = 64
 _POOL_MAX = 4096

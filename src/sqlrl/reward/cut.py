@@ -7,7 +7,7 @@ keys appended as output columns when they are not, and `LIMIT offset + n + CUT_T
 rows)` of that ordered result and gives the `Cut` that `execution_match` applies: runs of rows with
 equal sort key; a run strictly inside the window is compared exactly; the first run (only with an
 OFFSET) and the last run may, when rows tied with them lie outside the window, hold ANY rows of the
-full result with that key, each predicted row its own row of that pool. Without a top-level ORDER BY
+full result with that key, each predicted row its own row of that pool. With no ORDER BY anywhere
 the full query is the gold without LIMIT/OFFSET (bounded by the caps only) and the Cut is one run
 whose pool is that whole result (`execution_match` rule 4d).
 
@@ -15,13 +15,14 @@ What is covered:
 - keys that are output columns, keys that are not (appended), `LIMIT n, m`, OFFSET, no ORDER BY;
   keys that are not and no LIMIT/OFFSET: the whole gold with its keys, one window, no pools;
 - no cut unless the gold agrees with its full result, nor for a fetch stopped inside the ties;
-- `fetch_cuts`: one batched fetch per scoring call (an exception is infrastructure); in a gold with
-  `--`, the inserted keys and LIMIT follow a newline (no line comment hides them).
+- `fetch_cuts`: one batched fetch per scoring call (an exception is infrastructure); after a `--`
+  in the gold, inserted keys and LIMIT follow a newline (no line comment hides them).
 What is not:
-- no cut (nothing relaxed: a possible false negative, never a false positive) for a compound SELECT
-  or a top-level SELECT DISTINCT whose keys are not output columns, a non-literal OFFSET, SQL sqlglot
-  cannot tokenize, or a full result that fails or is over the caps (a non-literal LIMIT adds no LIMIT
-  to the full query: it is then bounded by the caps only); ties are Python equality of the key values.
+- no cut (nothing relaxed: a possible false negative, never a false positive) for: keys that are
+  not all output columns in a compound SELECT, a top-level SELECT DISTINCT or beside a term naming
+  an output column (`ORDER BY 2`, an alias); a LIMIT whose rows an ORDER BY below it picks (derived
+  table, CTE, window); a non-literal OFFSET; SQL sqlglot cannot tokenize; a full result that fails
+  or is over the caps. A non-literal LIMIT adds none to the full query; ties are Python equality.
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ def _unbounded(gold_sql: str) -> CutQuery | None:
     bounded = shape.has_limit or shape.has_offset
     if not (shape.parsed and (bounded if not shape.order_matters else bounded or shape.key_columns is None)):
         return None
-    offset = sqlglot.parse_one(gold_sql, read="sqlite").args.get("offset")
+    node = sqlglot.parse_one(gold_sql, read="sqlite")
+    offset = node.args.get("offset")
     off = 0
     if offset is not None:
         lit = offset.args.get("expression")
@@ -107,6 +109,8 @@ def _unbounded(gold_sql: str) -> CutQuery | None:
         toks = sqlglot.tokenize(gold_sql, read="sqlite")
     except Exception:
         return None
+    if not shape.order_matters and any(t.token_type == T.ORDER_BY for t in toks):
+        return None  # an ORDER BY below the LIMIT (derived table, CTE, window) picks the rows: no pool
     depth, top = 0, []  # top: (index in toks, token) at parenthesis depth 0
     for t in toks:
         if t.token_type == T.L_PAREN:
@@ -135,7 +139,8 @@ def _unbounded(gold_sql: str) -> CutQuery | None:
     frm = next((i for i, k in enumerate(kinds) if k == T.FROM and i > first_select), None)
     if order is None or frm is None or frm > order:
         return None
-    terms = _order_terms(gold_sql, toks, top[order].end, cut_at)
+    aliases = {p.alias.lower() for p in node.expressions if isinstance(p, sqlglot.exp.Alias)}
+    terms = _order_terms(gold_sql, toks, top[order].end, cut_at, aliases)
     if not terms:
         return None
     extra = "".join(f", {term} AS sqlrl_cut_key_{i}" for i, term in enumerate(terms))
@@ -145,8 +150,10 @@ def _unbounded(gold_sql: str) -> CutQuery | None:
     return CutQuery(head + extra + sep + gold_sql[at:cut_at].rstrip(), off, len(terms))
 
 
-def _order_terms(sql: str, toks: list, after: int, before: int) -> list[str]:
-    """The ORDER BY terms' text between the two positions, without ASC/DESC and NULLS FIRST/LAST."""
+def _order_terms(sql: str, toks: list, after: int, before: int, aliases: set[str]) -> list[str]:
+    """The ORDER BY terms' text between the two positions, without ASC/DESC and NULLS FIRST/LAST; []
+    when a term names an output column (`_output_ref`): SQLite sorts by that column, which the
+    term's text, appended as a key, would not hold."""
     from sqlglot.tokens import TokenType as T
 
     terms: list[list] = [[]]
@@ -167,10 +174,30 @@ def _order_terms(sql: str, toks: list, after: int, before: int) -> list[str]:
             term = term[:-2]
         if term and term[-1].token_type in (T.ASC, T.DESC):
             term = term[:-1]
-        if not term:
+        if not term or _output_ref(term, aliases):
             return []
         out.append(sql[term[0].start : term[-1].end + 1])
     return out
+
+
+def _output_ref(term: list, aliases: set[str]) -> bool:
+    """Whether SQLite reads this ORDER BY term as an output column: a number (`2`, `(2)`, `+2`,
+    `2 COLLATE x`, `0x2`; hex and blob literals counted too: refusing is safe) or a bare name equal
+    to an output alias (`SELECT name AS age, * ... ORDER BY age` sorts by name, not t.age)."""
+    from sqlglot.tokens import TokenType as T
+
+    core = []
+    for t in term:
+        if t.token_type == T.COLLATE:
+            break
+        if t.token_type not in (T.L_PAREN, T.R_PAREN, T.PLUS, T.DASH):
+            core.append(t)
+    if len(core) != 1:
+        return False
+    kind, text = core[0].token_type, core[0].text
+    if kind in (T.VAR, T.IDENTIFIER):
+        return text.lower() in aliases
+    return kind == T.HEX_STRING or (kind == T.NUMBER and text.isdigit())
 
 
 def build_cut(gold_rows: list, full_rows: list, n_cols: int, query: CutQuery, key_columns: Any) -> Cut | None:

@@ -133,12 +133,15 @@ def execution_match(
        (`reason="column_count"`). Column *names* are ignored.
     2. Values. Two cells are equal when Python `==` says so (NULL equals NULL, 3 equals 3.0, 0 equals
        -0.0), or when one is a NON-INTEGRAL float, both are numbers (int/float, not str/bytes) and
-       `math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)`: integers and integral floats compare exactly
-       (1000001 != 1000000.0, 1e16 != 1e16 + 2). Numbers never equal str/bytes ('1' != 1).
+       `math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)`: integers and integral floats compare exactly
+       (1000001 != 1000000.0, 1e16 != 1e16 + 2). The tolerance absorbs float rounding noise (0.1 +
+       0.2 == 0.3, a sum in another order), never a rounded answer: 1077459.33 != 1077460 or
+       1077459.3, 37.776619 != 37.776617. Numbers never equal str/bytes ('1' != 1).
     3. Rows are a multiset: duplicates count, row order is ignored ...
     4. ... unless the gold has a top-level ORDER BY (see `sqlrl.reward.shape`). Then:
        a. If every ORDER BY key resolves to an output column of the gold, the gold rows are cut into
-          *runs* of consecutive rows with equal key (rule 2 equality). The prediction must have the
+          *runs* of consecutive rows with equal key (Python `==`, as SQLite ties them: no float
+          tolerance, so keys 37.7766 and 37.776617 are two runs). The prediction must have the
           same number of rows and, for every run, its rows at those positions must equal the gold run
           as a multiset (rows tied on the key may come in any order).
        b. LIMIT/OFFSET: with a `cut` (`sqlrl.reward.cut`, built from the gold's full ordered result,
@@ -153,12 +156,13 @@ def execution_match(
           with a cut (the gold run with its keys appended) the runs are the cut's, as in (a): rows
           tied on an unseen key may come in any order. Without one the prediction must equal the
           gold as a sequence (ties NOT relaxed: a conservative mismatch).
-       d. LIMIT n (and an OFFSET) without a top-level ORDER BY: which rows the gold returned is the
-          engine's choice, so with a cut (`sqlrl.reward.cut`: the gold's whole result without
-          LIMIT/OFFSET, run once and cached with the gold) the prediction matches when it has as many
-          rows as the gold and its rows, as a multiset, are rows of that whole result: each predicted
-          row its own row (`compare_mode` "subset"). Without a cut (the whole result failed or is over
-          the caps, or holds no other row) the rows returned are compared as a multiset.
+       d. LIMIT n (and an OFFSET) without any ORDER BY: which rows the gold returned is the engine's
+          choice, so with a cut (`sqlrl.reward.cut`: the gold's whole result without LIMIT/OFFSET,
+          run once and cached with the gold) the prediction matches when it has as many rows as the
+          gold and its rows, as a multiset, are rows of that whole result: each predicted row its own
+          row (`compare_mode` "subset"). Without a cut (an ORDER BY below the LIMIT, in a derived
+          table, CTE or window, picks the rows; the whole result failed or is over the caps, or holds
+          no other row) the rows returned are compared as a multiset.
     5. Column permutation. The prediction may list the gold's columns in another order. Gold column
        j is *compatible* with predicted column i when their values, restricted to every compared
        segment (the whole result, each run, or each position), are equal as multisets. Among
@@ -209,7 +213,7 @@ def execution_match(
     steps = (k * k if float_tol else 0) + k + 1
     if _FAST_PATH and steps <= max_tries and n * steps <= max_work and _identical(g, p, mode, has_float):
         return MatchResult(True, "match", tuple(range(k)), mode, 0)
-    segs, pooled = _segments(g, mode, shape, cmp, cut)
+    segs, pooled = _segments(g, mode, shape, cut)
     if (
         _FAST_PATH
         and k <= _REJECT_MAX_COLS
@@ -234,14 +238,14 @@ def _identical(g: list[tuple], p: list[tuple], mode: str, has_float: bool) -> bo
     """Fast path, the search's answer only cheaper: identical rows (a sequence when order matters)
     match under the identity permutation, the search's first leaf. The caller takes it only when the
     search could not run out of budget on the way there (k*k column checks, k partial checks and one
-    full one, of n rows each); in "runs" mode only without floats (a run is a tolerance chain)."""
+    full one, of n rows each); in "runs" mode only without floats."""
     if mode == "multiset":
         return g == p or counts(g) == counts(p)
     return (mode == "sequence" or not has_float) and g == p
 
 
 def _segments(
-    g: list[tuple], mode: str, shape: GoldShape, cmp: CellCmp, cut: Cut | None
+    g: list[tuple], mode: str, shape: GoldShape, cut: Cut | None
 ) -> tuple[list[list[int]], list[tuple[list[int], list[tuple]]]]:
     """(exact multiset segments as position lists, pooled segments: (positions, the rows that may
     stand there)); rule 4."""
@@ -266,7 +270,7 @@ def _segments(
     keys = project(g, shape.key_columns)  # type: ignore[arg-type]
     runs: list[list[int]] = [[0]]
     for i in range(1, n):
-        if cmp.row(keys[i], keys[i - 1]):
+        if keys[i] == keys[i - 1]:  # SQLite's tie: exact (rule 4a), never the float tolerance
             runs[-1].append(i)
         else:
             runs.append([i])
