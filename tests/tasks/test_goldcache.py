@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from sqlrl.tasks.data import PrivateTask, PublicTask, SpiderData, embedded_root
-from sqlrl.tasks.goldcache import CACHE_FILE, GoldCache, GoldCacheError, GoldResult, audit_golds
+from sqlrl.tasks.goldcache import (
+    CACHE_FILE,
+    GoldCache,
+    GoldCacheError,
+    GoldResult,
+    audit_golds,
+    unstable_gold,
+)
 
 SPIDER = Path(__file__).resolve().parents[3] / "shared" / "data" / "spider"
 
@@ -281,6 +288,7 @@ def test_audit_real_spider(tmp_path):
     assert audit.scorable + sum(audit.excluded.values()) == 6904
     # the folder's README documents 3 erroring and 254 empty golds
     assert audit.excluded["gold_error"] == 3 and audit.excluded["gold_empty"] == 254
+    assert "gold_unstable" not in audit.excluded  # no Spider train gold reads the clock or random()
 
 
 def test_resolved_paths_shared_by_calls_and_sql_hashes_remembered(db, tmp_path):
@@ -362,3 +370,61 @@ def test_gold_over_the_byte_cap_is_too_large_with_its_own_reason(tmp_path):
         assert gc.get(db, "SELECT s FROM t WHERE x <= 10").scorable
     with GoldCache(tmp_path / "cache", workers=1) as gc:  # the default 8 MiB cap: measured again
         assert gc.get(db, "SELECT s FROM t").row_count == 150
+
+
+UNSTABLE = [  # (gold, what it reads): random() or the clock
+    ("SELECT random()", "random"),
+    ("SELECT abs(RANDOM ()) % 2 FROM t", "random"),
+    ("SELECT hex(randomblob(4))", "random"),
+    ("SELECT id FROM t ORDER BY random() LIMIT 1", "random"),
+    ("SELECT date('now')", "clock"),
+    ("SELECT strftime('%Y', 'NOW') - 1990", "clock"),
+    ("SELECT julianday( 'now' ) - julianday(s) FROM t", "clock"),
+    ("SELECT id FROM t WHERE date(s, 'start of month') < date('now', '-1 day')", "clock"),
+    ("SELECT CURRENT_TIMESTAMP", "clock"),
+    ("SELECT id FROM t WHERE s < current_date", "clock"),
+    ("SELECT datetime()", "clock"),
+    ("SELECT unixepoch ( )", "clock"),
+]
+STABLE = [  # date functions on stored values, and the words elsewhere
+    "SELECT strftime('%Y', s) FROM t",
+    "SELECT date(s), time(s, '+1 hour') FROM t",
+    "SELECT id FROM t WHERE s = 'now'",  # a plain string, no date function
+    "SELECT id AS random FROM t",
+    "SELECT current_dates FROM t",
+    "SELECT id, s FROM t ORDER BY id",
+]
+
+
+@pytest.mark.parametrize("sql,what", UNSTABLE)
+def test_a_gold_reading_random_or_the_clock_is_unstable(sql, what):
+    why = unstable_gold(sql)
+    assert why is not None and ("random()" in why if what == "random" else "clock" in why)
+
+
+@pytest.mark.parametrize("sql", STABLE)
+def test_date_functions_on_stored_values_are_stable(sql):
+    assert unstable_gold(sql) is None
+
+
+def test_unstable_golds_are_excluded_with_their_own_reason_never_run_or_cached(db, tmp_path):
+    """A gold whose result changes between runs is no answer: excluded as gold_unstable, counted, not
+    executed, and nothing of it reaches the disk cache (a later run on another date would read it)."""
+    ex = SqliteExecutor()
+    golds = [GOLDS[0], "SELECT id FROM t ORDER BY random() LIMIT 1", "SELECT date('now')"]
+    with GoldCache(tmp_path / "gc", executor=ex) as cache:
+        audit = audit_golds([task(db, i, sql) for i, sql in enumerate(golds)], cache)
+        r = cache.get(db, golds[2])
+    assert audit.scorable == 1 and dict(audit.excluded) == {"gold_unstable": 2}
+    assert audit.per_task["tiny/00001"] == "gold_unstable" and audit.per_task["tiny/00002"] == "gold_unstable"
+    assert ex.calls == [(str(db.resolve()), GOLDS[0])]
+    assert r.status == "unstable" and not r.scorable and r.unscorable_reason == "gold_unstable"
+    assert "clock" in r.message and r.rows == []
+    con = sqlite3.connect(tmp_path / "gc" / CACHE_FILE)
+    try:
+        (n,) = con.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()
+        tables = [t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        rows = sum(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables)
+    finally:
+        con.close()
+    assert n >= 1 and rows == 1  # only the stable gold

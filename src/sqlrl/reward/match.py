@@ -18,6 +18,9 @@ What is not:
   neither are ties inside the result (conservative mismatches; `sqlrl.reward.cut` says when);
 - a float-tolerance group over 64 rows may be a false negative, and so may a result past the
   permutation search bound (reason "permutation_bound"); neither is ever a false positive;
+- execution match cannot tell a right query from a wrong one with the same result: a gold of one
+  all-NULL or all-zero row (`count(*)` = 0) is matched by any query returning it (golds with no rows
+  are excluded; the literature's answer, test-suite accuracy, needs databases this data lacks);
 - reward statuses and the scoring of (SQL, task) pairs: `sqlrl.reward.evaluator`.
 """
 

@@ -4,7 +4,7 @@
 (or looks up) every gold of the usable databases in a `sqlrl.tasks.goldcache.GoldCache`, and returns a
 `GoldAudit`: per task None (scorable) or the reason it is excluded: `database_damaged` (the file failed
 the check; its golds are not run), else the gold's `GoldResult.unscorable_reason` (`gold_error`,
-`gold_timeout`, `gold_empty`, `gold_too_many_rows`, `gold_too_large`). Re-exported by
+`gold_timeout`, `gold_empty`, `gold_too_many_rows`, `gold_too_large`, `gold_unstable`). Re-exported by
 `sqlrl.tasks.goldcache`.
 """
 

@@ -6,7 +6,8 @@
 optionally in one SQLite file, `gold_cache.v1.sqlite`, in `cache_dir`. Statuses: `ok` (at least one
 row), `empty`, `timeout`, `too_many_rows` / `too_large` (over the caps a prediction has,
 `sqlrl.sql.result.MAX_ROWS` / `MAX_RESULT_BYTES`: unscorable, never a mismatch), `error` (anything else
-the sandbox reports); `scorable` is ok with rows.
+the sandbox reports), `unstable` (not run: the gold calls random() or reads the clock, so its result is
+not a fixed answer: `unstable_gold`); `scorable` is ok with rows.
 
 What is covered:
 - a gold runs at most once per (database bytes, SQL text) per cache; a cached `timeout` is trusted
@@ -31,6 +32,7 @@ import json
 import logging
 import marshal
 import os
+import re
 import sqlite3
 import sys
 import threading
@@ -62,7 +64,28 @@ DEFAULT_TIMEOUT_S = 60.0
 PROGRESS_MIN_TASKS = 100
 _SQL_SHAS_MAX = 65536
 
-_REASONS = {s: "gold_" + s for s in ("error", "timeout", "empty", "too_many_rows", "too_large")}
+_REASONS = {s: "gold_" + s for s in ("error", "timeout", "empty", "too_many_rows", "too_large", "unstable")}
+_RANDOM = re.compile(r"\brandom(?:blob)?\s*\(", re.I)
+# the clock: CURRENT_DATE/TIME/TIMESTAMP, a date function given 'now' (its arguments up to the literal
+# hold no parenthesis) or called with no argument
+_CLOCK = re.compile(
+    r"\bcurrent_(?:date|time|timestamp)\b"
+    r"|\b(?:date|time|datetime|julianday|strftime|unixepoch|timediff)\s*\((?:[^()']|'[^']*')*?'now'"
+    r"|\b(?:date|time|datetime|julianday|unixepoch)\s*\(\s*\)",
+    re.I,
+)
+
+
+def unstable_gold(sql: str) -> str | None:
+    """Why a gold's result is not a fixed answer (it calls random() or reads the clock), or None. Such a
+    gold is `unstable`, unscorable: its cached result would be compared with a prediction run at
+    another time. A string literal holding such text counts too (a needless exclusion, never a wrong
+    score); no Spider train gold matches."""
+    if _RANDOM.search(sql):
+        return "the gold calls random(): its result changes from run to run"
+    if _CLOCK.search(sql):
+        return "the gold reads the clock ('now', CURRENT_DATE, ...): its result changes with the date"
+    return None
 
 
 class GoldCacheError(RuntimeError):
@@ -102,7 +125,7 @@ def decode_value(v: Any) -> Any:
 
 @dataclass(frozen=True)
 class GoldResult:
-    status: str  # ok | error | timeout | empty | too_many_rows | too_large
+    status: str  # ok | error | timeout | empty | too_many_rows | too_large | unstable
     columns: list[str]
     rows: list[tuple]
     row_count: int
@@ -117,7 +140,7 @@ class GoldResult:
     @property
     def unscorable_reason(self) -> str | None:
         """None when scorable, else gold_error | gold_timeout | gold_empty | gold_too_many_rows |
-        gold_too_large."""
+        gold_too_large | gold_unstable."""
         if self.scorable:
             return None
         return _REASONS.get(self.status, "gold_empty" if self.status == "ok" else "gold_error")
@@ -470,6 +493,10 @@ class GoldCache:
             todo: dict[tuple[str, str], tuple[str, str]] = {}
             for (_, sql), path, key in zip(items, paths, keys):
                 if key in results or key in todo:
+                    continue
+                why = unstable_gold(sql)
+                if why is not None:  # not run, not cached: no result of it is the answer
+                    results[key] = GoldResult("unstable", [], [], 0, why)
                     continue
                 hit = self._lookup(key)
                 if hit is not None:
