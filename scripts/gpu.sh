@@ -35,6 +35,10 @@ PARTS=${GPU_PARTS:-$PARTS}                   # GPU_PARTS: another split, e.g. .s
 CONFIG=${GPU_CONFIG:-configs/spider-$TAG-gpu.toml}   # GPU_CONFIG: another run file, e.g. configs/spider-0.5b-gpu-sft.toml
 # Here, before a GPU session: check that every call's upload fits the device tool's 64 MiB (working tree
 # + carried files), that the parts join to the manifest's sha256 and that the tree archive is HEAD's.
+too_big() {  # the first remedy for a call over 64 MiB while results/ travels with the tree
+  local r; r=$(git ls-files -z results | xargs -0 -r stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
+  [ "$r" = 0 ] || echo -n "results/ ($r B) travels with every call: run 'bash scripts/gpu.sh slim' first, or "
+}
 preflight() {
   local limit=67108864 tree part last n extra ok=0
   tree=$(git ls-files -z -co --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
@@ -44,7 +48,7 @@ preflight() {
   last=$(ls "$PARTS"/part* | tail -1)
   extra=$(du -cb "$last" "$PARTS/MANIFEST" .stage/spider.tgz .whl .stage/tree.tgz 2>/dev/null | tail -1 | cut -f1)
   echo "working tree $tree B; $n parts in $PARTS, largest $part B; last call carries $extra B"
-  [ $((tree + part)) -le $limit ] || { echo "preflight: a staging call needs $((tree + part)) B > 64 MiB: split smaller"; ok=1; }
+  [ $((tree + part)) -le $limit ] || { echo "preflight: a staging call needs $((tree + part)) B > 64 MiB: $(too_big)split smaller"; ok=1; }
   [ $((tree + extra)) -le $limit ] || { echo "preflight: the go call needs $((tree + extra)) B > 64 MiB"; ok=1; }
   for f in .stage/spider.tgz .stage/tree.tgz; do [ -s "$f" ] || { echo "preflight: $f missing"; ok=1; }; done
   ls .whl/*.whl > /dev/null 2>&1 || { echo "preflight: no wheels in .whl"; ok=1; }
@@ -108,7 +112,7 @@ verl_cmd() {  # VERL_PARTS (default .stage/verl) and VERL_LOCK (scripts/verl-gpu
       [ "$n" -gt 0 ] && [ -s "$parts/MANIFEST" ] || { echo "verl preflight: no parts or MANIFEST in $parts (scripts/verl-env.sh --gpu-pack DIR $parts 18M)"; return 1; }
       part=$(ls -l "$parts"/part* | awk '{if ($5>m) m=$5} END {print m}')
       echo "working tree $tree B; $n parts in $parts, largest $part B; a staging call carries $((tree + part)) B of $limit"
-      [ $((tree + part)) -le $limit ] || { echo "verl preflight: a staging call needs $((tree + part)) B > 64 MiB: pack smaller parts"; return 1; }
+      [ $((tree + part)) -le $limit ] || { echo "verl preflight: a staging call needs $((tree + part)) B > 64 MiB: $(too_big)pack smaller parts"; return 1; }
       want=$(awk '$1=="sha256"{print $2}' "$parts/MANIFEST"); got=$(cat "$parts"/part* | sha256sum | cut -d' ' -f1)
       [ "$want" = "$got" ] || { echo "verl preflight: parts give $got, MANIFEST says $want"; return 1; }
       want=$(awk '$1=="lock"{print $2}' "$parts/MANIFEST"); got=$(sha256sum "$lock" | cut -d' ' -f1)
