@@ -66,9 +66,9 @@ preflight() {
   [ $ok = 0 ] && echo "preflight ok: $((n - 1)) staging calls (cp $PARTS/partNN), then go with the last part"
   return $ok
 }
-# Here, before a GPU session: `slim` stops results/ (about 50 MB of committed results, never read there: runs
-# use .stage/tree.tgz, which excludes it) from travelling with every call, so parts can be about 56 MiB
-# instead of 18 (measured: an untracked, ignored results/ arrives empty). It untracks results/ in the
+# Here, before a GPU session: `slim` stops results/ (64 MB of committed results, more than a call holds
+# beside anything else; never read there: runs use .stage/tree.tgz, which excludes it) from travelling
+# with every call, so parts can be about 56 MiB (measured: an untracked, ignored results/ arrives empty). It untracks results/ in the
 # index and ignores it in the repository's info/exclude (`git rev-parse --git-path info/exclude`: in a
 # linked worktree that file is the main checkout's, shared by every worktree); nothing is committed, and no
 # commit may be made until `unslim` restores both (slim refuses staged changes, unslim checks that results/
@@ -95,7 +95,7 @@ esac
 # veRL + vLLM + Ray (the wheels of scripts/verl-gpu.lock) travel like the model: parts of .stage/verl, made
 # here by `scripts/verl-env.sh --gpu-fetch /work/verl-wheels` then `scripts/verl-env.sh --gpu-pack
 # /work/verl-wheels .stage/verl 56M`: 9 parts (8 of 58,720,256 B, part08 20,477,952 B; 490,240,000 B joined),
-# which need the slim tree (`slim`: 3.8 MB, measured 2026-12-07; 61 MB with results/): a staging call carries
+# which need the slim tree (`slim`: 3.8 MB, measured 2026-12-07; 67.5 MB with results/): a staging call carries
 # 3.8 + 58.7 = 62.5 MB of 67.1; the verlgo call (q50x part08 + MANIFEST, spider.tgz, .whl, tree.tgz, verl
 # part08 + MANIFEST: 51.3 MB) 55.1 MB. `GPU_PARTS=.stage/q50x bash scripts/gpu.sh verl preflight` checks both
 # before a session (docs/verl.md).
