@@ -91,6 +91,26 @@ def make_name_age_db(path: Path, rows: list[tuple]) -> str:
     return str(path)
 
 
+def gold_task(db: str, gold_sql: str, task_id: str = "t/00000"):
+    """A PrivateTask on the database file `db` with this gold (question and schema left empty)."""
+    from sqlrl.tasks.data import PrivateTask, PublicTask
+
+    return PrivateTask(PublicTask(task_id, Path(db).stem, "q?", "", "", db), gold_sql)
+
+
+def score_statuses(
+    sandbox, db: str, gold_sql: str, preds: list[str], timeout_s=None, gold_cache=None
+) -> list:
+    """(status, value) of each prediction against the gold, scored by `Evaluator.score_many` as
+    training scores (a fresh GoldCache on `sandbox` unless one is given)."""
+    from sqlrl.reward.evaluator import Evaluator
+    from sqlrl.tasks.goldcache import GoldCache
+
+    with gold_cache or GoldCache(executor=sandbox) as gc:
+        ev = Evaluator(sandbox, gc, timeout_s=timeout_s)
+        return [(r.status, r.value) for r in ev.score_many([(p, gold_task(db, gold_sql)) for p in preds])]
+
+
 class ParentOnlySandbox:
     """A sandbox without `execute_scored`: drives the Evaluator's parent-side scoring path."""
 

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_name_age_db
+from conftest import gold_task, make_name_age_db, score_statuses
 from sqlrl.reward import cut as cut_module
 from sqlrl.reward.evaluator import Evaluator
 from sqlrl.sql.engine import fits_caps
 from sqlrl.sql.sandbox import Sandbox
-from sqlrl.tasks.data import PrivateTask, PublicTask
 from sqlrl.tasks.goldcache import GoldCache
 
 SPIDER = Path(__file__).resolve().parents[3] / "shared" / "data" / "spider" / "database"
@@ -39,14 +38,8 @@ def sandbox():
         yield sb
 
 
-def _task(db: str, gold_sql: str) -> PrivateTask:
-    return PrivateTask(PublicTask("t/00000", Path(db).stem, "q?", "", "", db), gold_sql)
-
-
 def _score(sandbox, db: str, gold_sql: str, preds: list[str], gold_cache=None) -> list:
-    with gold_cache or GoldCache(executor=sandbox) as gc:
-        ev = Evaluator(sandbox, gc)
-        return [(r.status, r.value) for r in ev.score_many([(p, _task(db, gold_sql)) for p in preds])]
+    return score_statuses(sandbox, db, gold_sql, preds, gold_cache=gold_cache)
 
 
 MATCH, MISMATCH = ("match", 1.0), ("mismatch", 0.0)
@@ -114,7 +107,7 @@ def test_gold_over_the_sandbox_byte_cap_is_unscorable(toy, slack, want):
     gold = "SELECT name, age FROM t"
     size = _exact_size(["name", "age"], ROWS)
     with Sandbox(workers=1, max_result_bytes=size + slack) as sb, GoldCache(workers=1) as gc:
-        got = Evaluator(sb, gc).score_many([(gold, _task(toy, gold))])[0]
+        got = Evaluator(sb, gc).score_many([(gold, gold_task(toy, gold))])[0]
     assert (got.status, got.value) == want
     if got.status == "gold_unscorable":
         assert got.parts["reason"] == "gold_too_large"
@@ -126,7 +119,7 @@ def test_spider_gold_over_a_lower_byte_cap(sandbox):
     db = str(SPIDER / "college_2" / "college_2.sqlite")
     gold = "SELECT * FROM takes"
     with Sandbox(workers=1, max_result_bytes=200_000) as sb, GoldCache(workers=1) as gc:
-        got = Evaluator(sb, gc).score(gold, _task(db, gold))
+        got = Evaluator(sb, gc).score(gold, gold_task(db, gold))
     assert (got.status, got.value, got.parts["reason"]) == ("gold_unscorable", None, "gold_too_large")
 
 
@@ -341,5 +334,5 @@ def test_gold_with_a_lone_surrogate_is_a_gold_error(toy, sandbox, tmp_path, cach
     # the gold is a bad gold (SQLite cannot run it), excluded as gold_error
     gold = "SELECT name FROM t WHERE name = '\ud800'"
     with GoldCache(tmp_path / "gc" if cache_dir else None, executor=sandbox) as gc:
-        got = Evaluator(sandbox, gc).score_many([("SELECT name FROM t", _task(toy, gold))])[0]
+        got = Evaluator(sandbox, gc).score_many([("SELECT name FROM t", gold_task(toy, gold))])[0]
     assert (got.status, got.value, got.parts.get("reason")) == ("gold_unscorable", None, "gold_error")

@@ -12,14 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_name_age_db
+from conftest import make_name_age_db, score_statuses
 from sqlrl.reward.cut import cut_query
-from sqlrl.reward.evaluator import Evaluator
 from sqlrl.reward.match import execution_match
 from sqlrl.reward.shape import gold_shape
 from sqlrl.sql.sandbox import Sandbox
-from sqlrl.tasks.data import PrivateTask, PublicTask
-from sqlrl.tasks.goldcache import GoldCache
 
 SPIDER = Path(__file__).resolve().parents[3] / "shared" / "data" / "spider" / "database"
 needs_spider = pytest.mark.skipif(not (SPIDER / "bike_1").is_dir(), reason="no Spider data")
@@ -42,14 +39,8 @@ def sandbox():
         yield sb
 
 
-def _task(db: str, gold_sql: str) -> PrivateTask:
-    return PrivateTask(PublicTask("t/00000", Path(db).stem, "q?", "", "", db), gold_sql)
-
-
 def _score(sandbox, db: str, gold_sql: str, preds: list[str]) -> list:
-    with GoldCache(executor=sandbox) as gc:
-        ev = Evaluator(sandbox, gc, timeout_s=1.0)
-        return [(r.status, r.value) for r in ev.score_many([(p, _task(db, gold_sql)) for p in preds])]
+    return score_statuses(sandbox, db, gold_sql, preds, timeout_s=1.0)  # training's statement deadline
 
 
 # --------------------------------------------------------------------------- ORDER BY ties are exact

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import gold_task
 from sqlrl.reward import cut as cut_module
 from sqlrl.reward.cut import Cut, CutQuery, build_cut, cut_query, fetch_cuts
 from sqlrl.reward.evaluator import Evaluator
 from sqlrl.sql.sandbox import Sandbox
-from sqlrl.tasks.data import PrivateTask, PublicTask
 from sqlrl.tasks.goldcache import GoldCache
 
 SPIDER = Path(__file__).resolve().parents[3] / "shared" / "data" / "spider" / "database"
@@ -41,10 +41,6 @@ def sandbox():
         yield sb
 
 
-def _task(db: str, gold_sql: str) -> PrivateTask:
-    return PrivateTask(PublicTask("t/00000", Path(db).stem, "q?", "", "", db), gold_sql)
-
-
 def _score(sandbox, db: str, gold_sql: str, preds: list[str], in_workers: bool = True) -> list:
     class ParentSide:  # no execute_scored: the parent-side scoring path
         def __init__(self, sb):
@@ -55,7 +51,7 @@ def _score(sandbox, db: str, gold_sql: str, preds: list[str], in_workers: bool =
 
     with GoldCache(executor=sandbox) as gc:
         ev = Evaluator(sandbox if in_workers else ParentSide(sandbox), gc)
-        return [(r.status, r.value) for r in ev.score_many([(p, _task(db, gold_sql)) for p in preds])]
+        return [(r.status, r.value) for r in ev.score_many([(p, gold_task(db, gold_sql)) for p in preds])]
 
 
 MATCH, MISMATCH = ("match", 1.0), ("mismatch", 0.0)
@@ -153,7 +149,7 @@ def test_full_result_failure_is_infrastructure(toy, sandbox):
 
     with Failing(executor=sandbox) as gc:
         r = Evaluator(sandbox, gc).score(
-            "SELECT 'F', 50", _task(toy, "SELECT name, age FROM t ORDER BY age DESC LIMIT 1")
+            "SELECT 'F', 50", gold_task(toy, "SELECT name, age FROM t ORDER BY age DESC LIMIT 1")
         )
     assert (r.status, r.value) == ("infra_error", None)
     assert "full ordered result" in r.parts["error"]

@@ -8,17 +8,14 @@ rows the gold happened to return matched. The verdicts below are worked out by h
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from conftest import ParentOnlySandbox, make_name_age_db
+from conftest import ParentOnlySandbox, gold_task, make_name_age_db
 from sqlrl.reward.cut import Cut, CutQuery, cut_query
 from sqlrl.reward.evaluator import Evaluator
 from sqlrl.reward.match import execution_match
 from sqlrl.reward.shape import GoldShape
 from sqlrl.sql.sandbox import Sandbox
-from sqlrl.tasks.data import PrivateTask, PublicTask
 from sqlrl.tasks.goldcache import GoldCache
 
 # rowid order: A 30 | B 30 | C 40 | D 25 | E 40 | F 50
@@ -76,15 +73,11 @@ def toy(tmp_path_factory) -> str:
     return make_name_age_db(tmp_path_factory.mktemp("lim") / "toy" / "toy.sqlite", ROWS)
 
 
-def _task(db: str, gold: str) -> PrivateTask:
-    return PrivateTask(PublicTask("t/0", Path(db).stem, "q?", "", "", db), gold)
-
-
 @pytest.mark.parametrize("path", ["workers", "parent"])
 def test_limit_without_order_by(toy, path):
     with Sandbox(workers=1) as sb, GoldCache(executor=sb) as gc:
         ev = Evaluator(sb if path == "workers" else ParentOnlySandbox(sb), gc)
-        got = ev.score_many([(pred, _task(toy, gold)) for gold, pred, _, _ in CASES])
+        got = ev.score_many([(pred, gold_task(toy, gold)) for gold, pred, _, _ in CASES])
     wrong = [(g, p, r.status) for (g, p, v, _), r in zip(CASES, got) if r.status != v]
     assert wrong == []
     assert [r.value for r in got] == [1.0 if v == M else 0.0 for _, _, v, _ in CASES]
@@ -100,8 +93,8 @@ def test_whole_result_over_the_caps_gives_no_cut(toy):
         gold = "SELECT name FROM t LIMIT 2"
         r1, r2 = ev.score_many(
             [
-                ("SELECT name FROM t WHERE age = 40", _task(toy, gold)),
-                ("SELECT 'B' UNION SELECT 'A'", _task(toy, gold)),
+                ("SELECT name FROM t WHERE age = 40", gold_task(toy, gold)),
+                ("SELECT 'B' UNION SELECT 'A'", gold_task(toy, gold)),
             ]
         )
     assert (r1.status, r1.parts["compare_mode"]) == ("mismatch", "multiset")
