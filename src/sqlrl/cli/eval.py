@@ -75,6 +75,39 @@ def add_budget_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def run_kind(folder: str | Path) -> str | None:
+    """What kind of sqlrl run `folder` holds, from the files it writes ("an experiment", "a training
+    run", "an evaluation", "a leakage audit"); None for a missing or empty folder, or an interrupted
+    evaluation's partial files."""
+    import json
+
+    folder = Path(folder)
+    if (folder / "experiment.json").is_file():
+        return "an experiment"
+    if (folder / "config.json").is_file() or (folder / "steps.jsonl").is_file():
+        return "a training run"
+    if (folder / "run.json").is_file():
+        try:
+            is_eval = "task_ids" in json.loads((folder / "run.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            is_eval = False
+        return "an evaluation" if is_eval else "a training run"
+    if (folder / "leakage.json").is_file():
+        return "a leakage audit"
+    return None
+
+
+def check_out_folder(out: str | Path, command: str, writes: str) -> None:
+    """Refuse an output folder holding another kind of run than `writes` (its files would be overwritten
+    or mixed in): ValueError with one line naming what is there and the fix."""
+    held = run_kind(out)
+    if held is not None and held != writes:
+        raise ValueError(
+            f"--out {out} holds {held}; `sqlrl {command}` would overwrite or mix files into it; "
+            "choose a new --out folder"
+        )
+
+
 def budgets_from_args(a) -> Budgets:
     return Budgets(
         turns=a.turns,
@@ -145,6 +178,11 @@ def cli_main(argv: list[str]) -> int:
         p.error(
             "--column-descriptions needs --schema-order file and --schema-sample-values 0; drop one of them"
         )
+    try:
+        check_out_folder(a.out, "eval", "an evaluation")
+    except ValueError as e:
+        print(f"sqlrl eval: {e}", file=sys.stderr)
+        return 2
     if not a.endpoint:
         check_model(a.model)  # before the run folder exists; ModelError -> one line, exit 2 (cli.main)
     if a.kind == "debug":
