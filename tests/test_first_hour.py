@@ -181,3 +181,35 @@ def test_a_list_setting_given_one_value_says_what_list_to_write():
         'run.loggers = ["tensorboard"] in the file or --set \'run.loggers=["tensorboard"]\''
     )
     assert C.load(QUICKSTART, ['run.loggers=["tensorboard"]']).run.loggers == ("tensorboard",)
+
+
+SMOKE = 'real_run: smoke run: experiment.json has "smoke": true, and smoke runs never become claims'
+
+
+@pytest.mark.parametrize(
+    ("verdict", "line"),
+    [
+        (
+            {"claim_allowed": False, "missing": [SMOKE]},
+            "verdict: no claim, as expected: this is a smoke run (experiment.smoke = true), which never "
+            "becomes a claim (the report says what each check needs)",
+        ),
+        (
+            {"claim_allowed": False, "missing": [SMOKE, "optimizer_steps: x", "weights_audit: y"]},
+            "verdict: no claim, as expected: this is a smoke run (experiment.smoke = true), which never "
+            "becomes a claim; 2 other check(s) failed too (the report says what each check needs)",
+        ),
+        (
+            {"claim_allowed": False, "missing": ["controls: no validity arm", "leakage_audit: z"]},
+            "verdict: no claim, missing: controls: no validity arm; 1 more (the report says what each check needs)",
+        ),
+        (
+            {"claim_allowed": True, "missing": []},
+            "verdict: claim allowed (every evidence check passed; the report has the numbers and caveats)",
+        ),
+    ],
+)
+def test_the_experiment_verdict_line_says_why_there_is_no_claim(verdict, line):
+    from sqlrl.cli.experiment import verdict_line
+
+    assert verdict_line(verdict) == line
