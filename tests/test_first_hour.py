@@ -3,8 +3,9 @@ of an earlier run overwritten.
 
 Covered: a misspelled command (the closest command named, no usage dump); Ctrl-C in `train` / `sft`
 (the exact command to resume, its --set overrides kept); `--resume` with other overrides than the run's
-(the --set arguments that restore the run's values, checked to work); `eval` and `audit leakage` into a
-folder holding another kind of run (refused before anything is written); a missing data folder named
+(the --set arguments that restore the run's values, checked to work); `eval`, `audit leakage`,
+`experiment` and `quickstart` into a folder holding another kind of run (refused before anything is
+written); the experiment's verdict line; a missing data folder named
 as a run-file key too; a list setting given a single value (the list to write).
 Not covered: a real Ctrl-C in a running model (tests/test_cli.py checks the hint path with a stand-in).
 """
@@ -138,8 +139,31 @@ def test_eval_and_leakage_audit_refuse_a_folder_of_another_run_untouched(
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 
 
+def _eval_folder(path: Path) -> Path:
+    path.mkdir(parents=True)
+    (path / "run.json").write_text(json.dumps({"task_ids": ["a"], "model": {"name": "m"}}))
+    (path / "results.jsonl").write_text("{}\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "held"), [(_train_folder, "a training run"), (_eval_folder, "an evaluation")]
+)
+@pytest.mark.parametrize("command", [["quickstart"], ["experiment", QUICKSTART]])
+def test_an_experiment_refuses_a_folder_of_another_run_untouched(make, held, command, tmp_path, capsys):
+    folder = make(tmp_path / "run")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert cli.main([*command, "--out", str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"sqlrl: --out {folder} holds {held}; `sqlrl {command[0]}` would overwrite or mix files into it; "
+        "choose a new --out folder"
+    )
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
 def test_run_kind_tells_an_evaluation_and_a_leakage_audit_from_other_runs(tmp_path):
-    from sqlrl.cli.eval import check_out_folder, run_kind
+    from sqlrl.artifacts import check_out_folder, run_kind
 
     ev = tmp_path / "ev"
     ev.mkdir()

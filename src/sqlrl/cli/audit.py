@@ -78,7 +78,8 @@ def cli_main(argv: list[str]) -> int:
 
 
 def leakage_main(argv: list[str]) -> int:
-    from sqlrl.cli.eval import add_budget_args, add_runtime_args, budgets_from_args, check_out_folder
+    from sqlrl.artifacts import check_out_folder
+    from sqlrl.cli.eval import add_budget_args, add_runtime_args, budgets_from_args
     from sqlrl.evaluation.runner import load_policy
     from sqlrl.generation.models import check_model
     from sqlrl.tasks.data import resolve_data_root, select_tasks

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sqlrl.agent.loop import Budgets
 from sqlrl.artifacts import (
+    check_out_folder,
     git_commit,
     lock_run_folder,
     machine_info,
@@ -73,39 +74,6 @@ def add_budget_args(p: argparse.ArgumentParser) -> None:
         help="one checker turn after the answer: its result is shown and a FINAL reply may replace it "
         "(agent.checker; one of --max-sql-executions; text-to-SQL only)",
     )
-
-
-def run_kind(folder: str | Path) -> str | None:
-    """What kind of sqlrl run `folder` holds, from the files it writes ("an experiment", "a training
-    run", "an evaluation", "a leakage audit"); None for a missing or empty folder, or an interrupted
-    evaluation's partial files."""
-    import json
-
-    folder = Path(folder)
-    if (folder / "experiment.json").is_file():
-        return "an experiment"
-    if (folder / "config.json").is_file() or (folder / "steps.jsonl").is_file():
-        return "a training run"
-    if (folder / "run.json").is_file():
-        try:
-            is_eval = "task_ids" in json.loads((folder / "run.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            is_eval = False
-        return "an evaluation" if is_eval else "a training run"
-    if (folder / "leakage.json").is_file():
-        return "a leakage audit"
-    return None
-
-
-def check_out_folder(out: str | Path, command: str, writes: str) -> None:
-    """Refuse an output folder holding another kind of run than `writes` (its files would be overwritten
-    or mixed in): ValueError with one line naming what is there and the fix."""
-    held = run_kind(out)
-    if held is not None and held != writes:
-        raise ValueError(
-            f"--out {out} holds {held}; `sqlrl {command}` would overwrite or mix files into it; "
-            "choose a new --out folder"
-        )
 
 
 def budgets_from_args(a) -> Budgets:

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from sqlrl.artifacts import read_json
+from sqlrl.artifacts import check_out_folder, read_json
 from sqlrl.config import ConfigError
 from sqlrl.experiment.matrix import (
     QUICKSTART,
@@ -62,6 +62,7 @@ def _run(
     t0 = time.perf_counter()
     deadline = time.monotonic() + time_budget if time_budget else None
     try:
+        check_out_folder(out, command[1], "an experiment")
         cfg, exp = load_experiment(config, overrides)
         res = run_experiment(cfg, exp, out, command=command, report=report, deadline=deadline)
     except Unfinished as e:
