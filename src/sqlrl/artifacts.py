@@ -4,6 +4,7 @@ Guarantees: `write_json_atomic` never leaves a half-written file under the final
 temporary file in the same folder, fsync, then `os.replace`). `sha256_file` streams, so large files
 do not need to fit in memory. `lock_run_folder` gives one process at a time a run folder (an OS
 lock on `RUN_LOCK_FILE` inside it, released by the OS when the holder dies, even by `kill -9`).
+`run_kind` tells a folder's kind of run by its files; `check_out_folder` refuses another kind.
 Nothing here imports torch.
 """
 
@@ -298,3 +299,34 @@ def holds_run_lock(param: str) -> Callable:
         return run
 
     return wrap
+
+
+def run_kind(folder: str | Path) -> str | None:
+    """What kind of sqlrl run `folder` holds, from the files it writes ("an experiment", "a training
+    run", "an evaluation", "a leakage audit"); None for a missing or empty folder, or an interrupted
+    evaluation's partial files."""
+    folder = Path(folder)
+    if (folder / "experiment.json").is_file():
+        return "an experiment"
+    if (folder / "config.json").is_file() or (folder / "steps.jsonl").is_file():
+        return "a training run"
+    if (folder / "run.json").is_file():
+        try:
+            is_eval = "task_ids" in json.loads((folder / "run.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            is_eval = False
+        return "an evaluation" if is_eval else "a training run"
+    if (folder / "leakage.json").is_file():
+        return "a leakage audit"
+    return None
+
+
+def check_out_folder(out: str | Path, command: str, writes: str) -> None:
+    """Refuse an output folder holding another kind of run than `writes` (its files would be overwritten
+    or mixed in): ValueError with one line naming what is there and the fix."""
+    held = run_kind(out)
+    if held is not None and held != writes:
+        raise ValueError(
+            f"--out {out} holds {held}; `sqlrl {command}` would overwrite or mix files into it; "
+            "choose a new --out folder"
+        )

@@ -328,7 +328,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         raise ConfigError(f"{where} = {value!r} has the wrong type; expected {tp}")
     if origin is tuple:
         if not isinstance(value, list | tuple):
-            raise ConfigError(f"{where} must be a list, got {type(value).__name__} {value!r}")
+            key, example = where.rpartition(": ")[2], json.dumps([value])
+            raise ConfigError(
+                f"{where} must be a list, got {type(value).__name__} {value!r}; write a TOML list, "
+                f"e.g. {key} = {example} in the file or --set '{key}={example}'"
+            )
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
         if len(value) != len(args):

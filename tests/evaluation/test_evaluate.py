@@ -82,6 +82,27 @@ def test_leakage_audit_passes_for_an_honest_agent(shop_tasks, sandbox, tmp_path)
         assert res["golds_mutated"] == 3 and res["first_difference"] is None and res["static_check"]["passed"]
 
 
+def test_leakage_audit_counts_both_runs_on_a_progress_handle_without_its_own_bars(
+    shop_tasks, sandbox, tmp_path, capsys
+):
+    """The experiment's progress line counts the audit's tasks (real then mutated golds: 2 x 3); no tqdm
+    bar of its own is drawn over that line."""
+    counted = []
+
+    class Handle:
+        def update(self, n=1):
+            counted.append(n)
+
+        def close(self):
+            pass
+
+    res = leakage_audit(
+        shop_tasks, ScriptedPolicy(answer), sandbox, Budgets(), work_dir=tmp_path, progress=Handle()
+    )
+    assert res["passed"] and sum(counted) == 2 * len(shop_tasks) == 6
+    assert "eval" not in capsys.readouterr().err
+
+
 def test_leakage_audit_catches_a_leaky_agent(shop_tasks, sandbox, tmp_path, monkeypatch):
     """Wire the gold into the prompt (a bug we must catch): the audit fails and names task and field."""
     import sqlrl.agent.text2sql as agent_mod

@@ -5,7 +5,15 @@ from __future__ import annotations
 import io
 import logging
 
-from sqlrl.evaluation.progress import Part, Progress, clock_text, finish_line, open_part
+from sqlrl.evaluation.progress import (
+    Part,
+    Progress,
+    clock_text,
+    finish_line,
+    open_part,
+    pause_line,
+    resume_line,
+)
 
 
 class Clock:
@@ -96,3 +104,54 @@ def test_open_part_without_a_plan():
     opener = lambda total, initial: seen.append((total, initial)) or "handle"  # noqa: E731
     assert open_part(opener, title="t", label="l", kind="step", total=3, initial=1) == "handle"
     assert seen == [(3, 1)]
+
+
+def screen(text: str) -> list[str]:
+    """What a terminal shows after `text`: a carriage return goes back to the start of the row, a newline
+    down to a new row; characters overwrite."""
+    rows, col = [[]], 0
+    for ch in text:
+        if ch == "\r":
+            col = 0
+        elif ch == "\n":
+            rows.append([])
+            col = 0
+        else:
+            row = rows[-1]
+            row.extend(" " * (col + 1 - len(row)))
+            row[col] = ch
+            col += 1
+    return ["".join(r).rstrip() for r in rows if "".join(r).strip()]
+
+
+def say(term, message: str) -> None:
+    """A log record as the CLI's console handler writes it: above the progress line."""
+    line = pause_line()
+    term.write(message + "\n")
+    resume_line(line)
+
+
+def test_on_a_terminal_messages_go_above_the_line_and_a_finished_part_stays_as_it_ended():
+    clock, term = Clock(), Terminal()
+    pr = Progress(
+        "q",
+        [Part("arm 1 of 2 base: evaluate", "task", 2), Part("arm 2 of 2 grpo: train", "step", 3)],
+        stream=term,
+        clock=clock,
+    )
+    h = pr.open(0)
+    clock.t += 10
+    h.update(2)
+    h.close()
+    say(term, "[experiment] grpo: training")  # the next part's header: the finished line is not redrawn
+    t = pr.open(1)
+    clock.t += 30
+    t.update(1)
+    say(term, "a warning")  # inside a part: the line is drawn again below the message
+    finish_line()
+    assert screen(term.getvalue()) == [
+        "[q] arm 1 of 2 base: evaluate task 2 of 2 | 0:10 elapsed | ETA ?",  # steps not timed yet
+        "[experiment] grpo: training",
+        "a warning",
+        "[q] arm 2 of 2 grpo: train step 1 of 3 | 0:40 elapsed | ETA 1:00",
+    ]

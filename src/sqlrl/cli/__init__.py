@@ -81,6 +81,43 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def unknown_command(name: str) -> str:
+    """One line for a command that does not exist: the closest command, if any, and where the list is."""
+    import difflib
+
+    close = difflib.get_close_matches(name, COMMANDS, n=1, cutoff=0.6)
+    hint = f"did you mean `sqlrl {close[0]}`? " if close else ""
+    return f"sqlrl: unknown command {name!r}; {hint}`sqlrl --help` lists the commands"
+
+
+def resume_hint(name: str, rest: list[str]) -> str | None:
+    """What to type after Ctrl-C: for `train` and `sft` the interrupted command itself with `--resume
+    RUN_DIR` (its `--set` overrides kept: a resume needs the same config), else `RESUME_HINTS`."""
+    import shlex
+
+    generic = RESUME_HINTS.get(name)
+    if name not in ("train", "sft") or not rest or rest[0].startswith("-"):
+        return generic
+    args, out, i = [], None, 0
+    while i < len(rest):
+        arg = rest[i]
+        flag, eq, value = arg.partition("=")
+        if flag in ("--out", "--resume"):
+            if not eq:
+                if i + 1 >= len(rest):
+                    return generic
+                value, i = rest[i + 1], i + 1
+            out = value if flag == "--resume" or out is None else out
+        else:
+            args.append(arg)
+        i += 1
+    if out is None:
+        from pathlib import Path
+
+        out = f"runs/{Path(rest[0]).stem}" + ("-sft" if name == "sft" else "")
+    return "resume with `" + shlex.join(["sqlrl", name, *args, "--resume", out]) + "`"
+
+
 class _ConsoleHandler(logging.Handler):
     """The CLI's output for the library's `logging` records: INFO to stdout, WARNING and above to
     stderr, the message alone (as `print` wrote it). Streams are looked up at emit time, so pytest's
@@ -119,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"sqlrl: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        print(unknown_command(name), file=sys.stderr)
         return 2
     target = COMMANDS[name][0]
     module_name, _, func_name = target.partition(":")
@@ -137,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         from sqlrl.evaluation.progress import finish_line
 
         finish_line()  # the last progress state stays on the screen
-        hint = RESUME_HINTS.get(name)
+        hint = resume_hint(name, rest)
         print(f"sqlrl {name}: interrupted" + (f"; {hint}" if hint else ""), file=sys.stderr)
         return 130
 

@@ -78,6 +78,7 @@ def cli_main(argv: list[str]) -> int:
 
 
 def leakage_main(argv: list[str]) -> int:
+    from sqlrl.artifacts import check_out_folder
     from sqlrl.cli.eval import add_budget_args, add_runtime_args, budgets_from_args
     from sqlrl.evaluation.runner import load_policy
     from sqlrl.generation.models import check_model
@@ -101,6 +102,11 @@ def leakage_main(argv: list[str]) -> int:
     try:
         tasks = select_tasks(open_data(resolve_data_root(a.data)).load(a.split), a.limit, a.seed)
     except (ValueError, FileNotFoundError) as e:
+        print(f"sqlrl audit leakage: {e}", file=sys.stderr)
+        return 2
+    try:
+        check_out_folder(a.out, "audit leakage", "a leakage audit")
+    except ValueError as e:
         print(f"sqlrl audit leakage: {e}", file=sys.stderr)
         return 2
     check_model(a.model)  # before the output folder exists; ModelError -> one line, exit 2 (cli.main)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sqlrl.agent.loop import Budgets
 from sqlrl.artifacts import (
+    check_out_folder,
     git_commit,
     lock_run_folder,
     machine_info,
@@ -145,6 +146,11 @@ def cli_main(argv: list[str]) -> int:
         p.error(
             "--column-descriptions needs --schema-order file and --schema-sample-values 0; drop one of them"
         )
+    try:
+        check_out_folder(a.out, "eval", "an evaluation")
+    except ValueError as e:
+        print(f"sqlrl eval: {e}", file=sys.stderr)
+        return 2
     if not a.endpoint:
         check_model(a.model)  # before the run folder exists; ModelError -> one line, exit 2 (cli.main)
     if a.kind == "debug":

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from sqlrl.artifacts import read_json
+from sqlrl.artifacts import check_out_folder, read_json
 from sqlrl.config import ConfigError
 from sqlrl.experiment.matrix import (
     QUICKSTART,
@@ -62,6 +62,7 @@ def _run(
     t0 = time.perf_counter()
     deadline = time.monotonic() + time_budget if time_budget else None
     try:
+        check_out_folder(out, command[1], "an experiment")
         cfg, exp = load_experiment(config, overrides)
         res = run_experiment(cfg, exp, out, command=command, report=report, deadline=deadline)
     except Unfinished as e:
@@ -74,11 +75,27 @@ def _run(
     print(f"experiment finished in {took / 60:.1f} min -> {out}")
     rep = res.get("report") or {}
     if rep:
-        print(f"report: {rep.get('html', '')}")
+        print(f"report: {rep.get('html', '')} (the same as text: {rep.get('markdown', '')})")
         verdict = read_json(Path(out) / "verdict.json") if (Path(out) / "verdict.json").exists() else {}
-        claim = verdict.get("claim_allowed")
-        print("verdict: " + ("claim allowed" if claim else "no claim (see the report for what is missing)"))
+        print(verdict_line(verdict))
     return 0
+
+
+def verdict_line(verdict: dict) -> str:
+    """The last line of an experiment: the gate's verdict and, without a claim, why (verdict.json)."""
+    if verdict.get("claim_allowed"):
+        return "verdict: claim allowed (every evidence check passed; the report has the numbers and caveats)"
+    missing = list(verdict.get("missing") or [])
+    smoke = [m for m in missing if m.startswith("real_run: smoke run")]
+    others = len(missing) - len(smoke)
+    if smoke:
+        why = "as expected: this is a smoke run (experiment.smoke = true), which never becomes a claim"
+        more = f"; {others} other check(s) failed too" if others else ""
+    elif missing:
+        why, more = f"missing: {missing[0]}", (f"; {others - 1} more" if others > 1 else "")
+    else:
+        why, more = "the evidence gate did not pass", ""
+    return f"verdict: no claim, {why}{more} (the report says what each check needs)"
 
 
 def _parse_seeds(text: str) -> list[int]:

@@ -5,7 +5,8 @@ On a terminal the line is redrawn in place (carriage return, on stderr); anywher
 is a plain log record (logger `sqlrl.progress`, INFO) when a part starts or ends and at most every
 `every_s` seconds in between. The ETA is the work left times the seconds one unit of each kind (a
 training step, an evaluated task) took so far in this process; while a kind left to do has not been
-timed yet, the ETA is a lower bound (">= 3:10") or "?" when nothing has been timed.
+timed yet, the ETA is a lower bound (">= 3:10") or "?" when nothing has been timed. Other output goes
+above the line (`pause_line`); a finished part's last line stays on the screen, never drawn again below.
 """
 
 from __future__ import annotations
@@ -181,10 +182,15 @@ class _OwnedHandle:
 
 
 def pause_line() -> Progress | None:
-    """Erase the terminal progress line, if one is drawn; returns it for `resume_line`."""
+    """Make room for other output on the terminal: a line whose part is finished is ended (its last state
+    stays above the output; the next part draws a new line) and None returned; else the line is erased
+    and returned for `resume_line` to draw again below the output."""
     if not _ACTIVE:
         return None
     pr = _ACTIVE[-1]
+    if pr.current is not None and pr.parts[pr.current].done >= pr.parts[pr.current].total:
+        pr.finish()
+        return None
     pr.clear()
     return pr
 

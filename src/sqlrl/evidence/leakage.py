@@ -87,16 +87,22 @@ def static_check(trajectories: list, golds: list[str], min_len: int = 20) -> dic
 
 
 @holds_run_lock("work_dir")
-def leakage_audit(tasks: list, policy, sandbox, budgets, *, work_dir: str | Path) -> dict:
+def leakage_audit(tasks: list, policy, sandbox, budgets, *, work_dir: str | Path, progress=True) -> dict:
+    """`progress`: True for a tqdm bar per run, False, or a handle counting the tasks of both runs (the
+    experiment's progress line: 2 x len(tasks))."""
     from sqlrl.agent.envs import make_env
     from sqlrl.evaluation.runner import evaluate_tasks
 
     work_dir = Path(work_dir)
     with make_env(sandbox=sandbox, gold_dir=work_dir / ".gold_real") as env:
-        real = evaluate_tasks(tasks, policy, sandbox, env.gold_cache, budgets, rollout_all=True)
+        real = evaluate_tasks(
+            tasks, policy, sandbox, env.gold_cache, budgets, rollout_all=True, progress=progress
+        )
     mutated_tasks = mutate_golds(tasks)
     with make_env(sandbox=sandbox, gold_dir=work_dir / ".gold_mutated") as env:
-        mutated = evaluate_tasks(mutated_tasks, policy, sandbox, env.gold_cache, budgets, rollout_all=True)
+        mutated = evaluate_tasks(
+            mutated_tasks, policy, sandbox, env.gold_cache, budgets, rollout_all=True, progress=progress
+        )
     diff = compare_runs(real.trajectories, mutated.trajectories)
     golds = [t.gold_sql for t in tasks] + [t.gold_sql for t in mutated_tasks]
     static = static_check(real.trajectories + mutated.trajectories, golds)

@@ -316,11 +316,18 @@ def _cell_key(turns: int, context: int | None) -> str:
 
 
 def _leakage_for_cell(
-    cfg: Config, exp: ExperimentConfig, out: Path, turns: int, context: int | None, eval_tasks: list
+    cfg: Config,
+    exp: ExperimentConfig,
+    out: Path,
+    turns: int,
+    context: int | None,
+    eval_tasks: list,
+    progress=True,
 ) -> None:
     """The leakage audit of one cell with the base model, into leakage<suffix>.json (once; `_t3_c2048`).
     With a grpo_checker arm it runs with agent.checker on: the turns before the answer are those of every
-    other arm, and the checker turn (which executes the prediction) is audited too."""
+    other arm, and the checker turn (which executes the prediction) is audited too. `progress`: as
+    `leakage_audit` (the experiment passes its line's handle)."""
     from sqlrl.agent.envs import make_env
     from sqlrl.agent.loop import Budgets
     from sqlrl.evaluation.runner import load_policy
@@ -347,6 +354,7 @@ def _leakage_for_cell(
             env.sandbox,
             budgets,
             work_dir=out / f".leakage{suffix}",
+            progress=progress,
         )
     write_json_atomic(leak_path, res)
     del policy
@@ -424,8 +432,10 @@ def _run_matrix(
             progress.line.skip(leak)
         else:
             handle = progress.line.open(leak)
-            _leakage_for_cell(cfg, exp, out, turns, context, eval_tasks)
-            handle.update(progress.line.parts[leak].total)
+            _leakage_for_cell(cfg, exp, out, turns, context, eval_tasks, progress=handle)
+            part = progress.line.parts[leak]
+            if part.done < part.total:  # tasks the audit did not roll out: the part is still finished
+                handle.update(part.total - part.done)
 
 
 def run_experiment(

@@ -11,6 +11,7 @@ What is covered:
   to the requested load dtype): a bf16 load for generation and a float32 load for training report the
   same identity, which equals the cache manifest's ``weights_hash``.
 - The tokenizer pads on the left; a missing pad token is set to the eos token.
+- A model on local disk loads without transformers' "Loading weights" bar (`no_loading_bar`).
 - ``check_model`` resolves a name before anything is written or downloaded: an unknown built-in name,
   a missing path, a hub id the hub does not know, or one it cannot be asked about (unreachable within
   ``HUB_CHECK_SECONDS``, or offline mode) and not in the Hugging Face cache raise a one-line
@@ -22,6 +23,7 @@ What is not:
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
@@ -234,6 +236,22 @@ def _hub_error(name: str, e: Exception) -> ModelError:
     )
 
 
+@contextlib.contextmanager
+def no_loading_bar(quiet: bool = True):
+    """transformers' "Loading weights" bar off while `quiet` (a model on local disk: nothing downloads,
+    and the bar would break a command's progress line), restored after; a hub id keeps its bars."""
+    from transformers.utils import logging as hf_logging
+
+    if not quiet or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
+
+
 def load_model(
     name: str = DEFAULT_MODEL,
     *,
@@ -257,7 +275,8 @@ def load_model(
     if res.kind == "hub" and (res.offline or _offline()):
         kwargs["local_files_only"] = True  # no hub retries; HF_HUB_OFFLINE may be read only at import
     try:
-        model = AutoModelForCausalLM.from_pretrained(res.path, **kwargs)
+        with no_loading_bar(res.kind != "hub"):
+            model = AutoModelForCausalLM.from_pretrained(res.path, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(
             res.path, **({"local_files_only": True} if "local_files_only" in kwargs else {})
         )

@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from sqlrl.tasks.data import DataError, SpiderData, _Example, check_example, embedded_root
+from sqlrl.tasks.data import DATA_ARG, DataError, SpiderData, _Example, check_example, embedded_root
 
 __all__ = [
     "BIRD_DIFFICULTIES",
@@ -170,7 +170,7 @@ class BirdData(SpiderData):
         if not self._splits:
             raise DataError(
                 f"{self.root} holds no BIRD split file (e.g. dev/dev.json beside dev/dev_databases/); "
-                "point --data at the BIRD folder as downloaded"
+                f"point {DATA_ARG} at the BIRD folder as downloaded"
             )
         super()._init_caches()
 

@@ -302,6 +302,10 @@ def check_example(path: Path, i: int, ex: dict, gold_key: str, who: str) -> None
         raise DataError(f"{path}, example {i}: invalid db_id {db_id!r}")
 
 
+# where a data folder is given, named in errors: `eval` and `audit` take --data, run files data.path
+DATA_ARG = "--data (data.path in a TOML run file)"
+
+
 class SpiderData:
     """A folder in the official Spider layout, or ``"embedded"`` for the demo subset shipped in the package
     (a folder named embedded: ``./embedded``). Cheap to construct; files are read on first use."""
@@ -310,14 +314,14 @@ class SpiderData:
         self.root = (embedded_root() if root == "embedded" else Path(root).expanduser()).resolve()
         if not self.root.exists():
             raise DataError(
-                f"data folder {self.root} does not exist; pass --data pointing at a folder in the Spider "
+                f"data folder {self.root} does not exist; point {DATA_ARG} at a folder in the Spider "
                 "layout (<split>.json, tables.json, database/<db_id>/<db_id>.sqlite)"
             )
         if not self.root.is_dir():
             raise DataError(f"data path {self.root} is not a folder; pass the folder that holds tables.json")
         if not (self.root / "tables.json").is_file():
             raise DataError(
-                f"{self.root} has no tables.json, so it is not a Spider-layout folder; point --data at the "
+                f"{self.root} has no tables.json, so it is not a Spider-layout folder; point {DATA_ARG} at the "
                 "folder that holds tables.json, <split>.json and database/"
             )
         self._init_caches()

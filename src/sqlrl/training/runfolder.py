@@ -93,6 +93,22 @@ def config_changes(saved: dict, mine: dict) -> tuple[list[str], list[str]]:
     return blocking, memory
 
 
+def resume_overrides(saved: dict, names: list[str]) -> str:
+    """`--set` arguments giving the "section.key" `names` their values in `saved` (a resolved config),
+    values as TOML (JSON's strings, numbers, booleans and lists are TOML's), shell-quoted; a section name
+    alone, or a key the saved config lacks or holds as null, is left out."""
+    import json
+    import shlex
+
+    sets = []
+    for name in names:
+        s, _, k = name.partition(".")
+        v = saved.get(s, {}).get(k) if k else None
+        if v is not None:
+            sets.append(shlex.join(["--set", f"{name}={json.dumps(v)}"]))
+    return " ".join(sets) or "see its config.json"
+
+
 def check_run_folder(out: Path, mine: dict, resume: bool, command: str) -> list[str]:
     """Check a run folder before training: with `resume`, its config.json must equal `mine` (the
     resolved config as JSON) except for `MEMORY_ONLY_KEYS`, whose changes are returned (as
@@ -101,11 +117,13 @@ def check_run_folder(out: Path, mine: dict, resume: bool, command: str) -> list[
     if resume:
         if not (out / "config.json").is_file():
             raise ConfigError(f"--resume {out}: no config.json there; is this a sqlrl {command} run folder?")
-        diff, memory = config_changes(read_json(out / "config.json"), mine)
+        saved = read_json(out / "config.json")
+        diff, memory = config_changes(saved, mine)
         if diff:
             raise ConfigError(
                 f"--resume {out}: the config differs from the run's config.json in {diff}; "
-                "resume with the same config file (or start a new run folder)"
+                "resume with the same config file and --set overrides (the run's values: "
+                f"{resume_overrides(saved, diff)}), or start a new run folder"
             )
         return memory
     if out.exists() and any(p.name != RUN_LOCK_FILE for p in out.iterdir()):
