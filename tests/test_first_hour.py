@@ -6,7 +6,8 @@ Covered: a misspelled command (the closest command named, no usage dump); Ctrl-C
 (the --set arguments that restore the run's values, checked to work); `eval`, `audit leakage`,
 `experiment` and `quickstart` into a folder holding another kind of run (refused before anything is
 written); the experiment's verdict line; a missing data folder named
-as a run-file key too; a list setting given a single value (the list to write).
+as a run-file key too; a list setting given a single value (the list to write); the leakage audit's
+last line when no trajectory differs; a misspelled built-in model in `model fetch`.
 Not covered: a real Ctrl-C in a running model (tests/test_cli.py checks the hint path with a stand-in).
 """
 
@@ -237,3 +238,28 @@ def test_the_experiment_verdict_line_says_why_there_is_no_claim(verdict, line):
     from sqlrl.cli.experiment import verdict_line
 
     assert verdict_line(verdict) == line
+
+
+def test_the_leakage_audits_last_line_says_when_nothing_differs(tmp_path):
+    from sqlrl.cli.audit import leakage_line
+
+    res = {"passed": True, "tasks": 4, "first_difference": None, "static_check": {"n_hits": 0}}
+    out = tmp_path / "leakage.json"
+    assert leakage_line(res, out) == (
+        f"leakage audit PASSED: 4 tasks, no trajectory differs, static hits: 0 -> {out}"
+    )
+    res = {**res, "passed": False, "first_difference": {"index": 2, "field": "final_sql"}}
+    assert leakage_line(res, out).startswith(
+        'leakage audit FAILED: 4 tasks, first difference: {"index": 2, "field": "final_sql"}, static hits: 0'
+    )
+
+
+def test_a_misspelled_builtin_model_in_fetch_reads_as_one_sentence(tmp_path):
+    from sqlrl.generation.models import ModelError
+    from sqlrl.generation.sources import fetch_model
+
+    with pytest.raises(ModelError) as ei:
+        fetch_model("qwen2.5-coder-0.5b-instrct", cache_dir=tmp_path)
+    msg = str(ei.value)
+    assert "nor a .gguf file (did you mean 'qwen2.5-coder-0.5b-instruct'?); hub ids and local folders" in msg
+    assert "?;" not in msg and "\n" not in msg

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -116,9 +117,19 @@ def leakage_main(argv: list[str]) -> int:
         with make_env(workers=2, timeout_s=budgets.sql_timeout_s) as env:
             result = leakage_audit(tasks, policy, env.sandbox, budgets, work_dir=a.out)
         write_json_atomic(Path(a.out) / "leakage.json", result)
-    verdict = "PASSED" if result["passed"] else "FAILED"
-    print(
-        f"leakage audit {verdict}: {result['tasks']} tasks, first difference: {result['first_difference']}, "
-        f"static hits: {result['static_check']['n_hits']} -> {Path(a.out) / 'leakage.json'}"
-    )
+    print(leakage_line(result, Path(a.out) / "leakage.json"))
     return 0 if result["passed"] else 1
+
+
+def leakage_line(result: dict, path: Path) -> str:
+    """The audit's last line: verdict, tasks, the first trajectory that differs (or that none does),
+    static hits, where the result is."""
+    verdict = "PASSED" if result["passed"] else "FAILED"
+    first = result["first_difference"]
+    diff = (
+        "no trajectory differs"
+        if first is None
+        else f"first difference: {json.dumps(first, default=str)[:200]}"
+    )
+    hits = result["static_check"]["n_hits"]
+    return f"leakage audit {verdict}: {result['tasks']} tasks, {diff}, static hits: {hits} -> {path}"

@@ -498,7 +498,7 @@ def fetch_model(
         close = difflib.get_close_matches(name.lower(), list(BUILTIN_MODELS), n=1, cutoff=0.4)
         raise ModelError(
             f"{name!r} is not a built-in model ({', '.join(BUILTIN_MODELS)}) nor a .gguf file"
-            + (f"; did you mean {close[0]!r}?" if close else "")
+            + (f" (did you mean {close[0]!r}?)" if close else "")
             + "; hub ids and local folders need no fetch: pass them as --model or model.name"
         )
     spec = BUILTIN_MODELS[name]
