@@ -350,7 +350,7 @@ def test_resume_refuses_a_different_config(tmp_path):
             evaluator_factory=Alternating,
             progress=False,
         )
-    with pytest.raises(C.ConfigError, match="not empty"):
+    with pytest.raises(C.ConfigError, match=r"not empty; .* --resume .* \(Python API: .*resume=True\)"):
         train(
             tiny_cfg(steps=1), run, policy_factory=tiny_factory, evaluator_factory=Alternating, progress=False
         )

@@ -127,7 +127,10 @@ def check_run_folder(out: Path, mine: dict, resume: bool, command: str) -> list[
             )
         return memory
     if out.exists() and any(p.name != RUN_LOCK_FILE for p in out.iterdir()):
-        raise ConfigError(f"run folder {out} is not empty; choose a new --out or pass --resume {out}")
+        raise ConfigError(
+            f"run folder {out} is not empty; choose a new --out or pass --resume {out} "
+            "(Python API: another out folder, or resume=True)"
+        )
     return []
 
 
