@@ -102,12 +102,8 @@ def leakage_main(argv: list[str]) -> int:
 
     try:
         tasks = select_tasks(open_data(resolve_data_root(a.data)).load(a.split), a.limit, a.seed)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"sqlrl audit leakage: {e}", file=sys.stderr)
-        return 2
-    try:
         check_out_folder(a.out, "audit leakage", "a leakage audit")
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:
         print(f"sqlrl audit leakage: {e}", file=sys.stderr)
         return 2
     check_model(a.model)  # before the output folder exists; ModelError -> one line, exit 2 (cli.main)
