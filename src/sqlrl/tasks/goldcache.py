@@ -39,6 +39,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +77,14 @@ _CLOCK = re.compile(
 )
 
 
+@lru_cache(maxsize=65536)
 def unstable_gold(sql: str) -> str | None:
     """Why a gold's result is not a fixed answer (it calls random() or reads the clock), or None. Such a
     gold is `unstable`, unscorable: its cached result would be compared with a prediction run at
     another time. A string literal holding such text counts too (a needless exclusion, never a wrong
-    score); no Spider train gold matches."""
+    score); no Spider train gold matches. Remembered per text: every `get_many` asks, every step. Not
+    `reward.reproducible.is_deterministic_sql`, which also flags date functions of stored values
+    (`strftime('%Y', col)`: a safe cache miss there, a wrongly excluded task here)."""
     if _RANDOM.search(sql):
         return "the gold calls random(): its result changes from run to run"
     if _CLOCK.search(sql):
