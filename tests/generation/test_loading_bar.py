@@ -6,6 +6,9 @@ Not covered: hub ids (they keep their download bars; no network in tests).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -14,24 +17,14 @@ transformers = pytest.importorskip("transformers")
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from sqlrl.generation.models import load_model, no_loading_bar  # noqa: E402
-from sqlrl.generation.scripted import make_chat_tokenizer  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_models import tiny_model  # noqa: E402
 
 
 def tiny_folder(path):
-    tok = make_chat_tokenizer()
-    cfg = transformers.Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(path)
+    model, tok = tiny_model()
+    model.save_pretrained(path)
     tok.save_pretrained(path)
     return str(path)
 
