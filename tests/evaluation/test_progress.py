@@ -75,6 +75,25 @@ def test_eta_is_a_lower_bound_until_every_kind_left_is_timed(caplog):
     ]
 
 
+def test_sft_steps_are_timed_apart_from_grpo_steps():
+    clock = Clock()
+    parts = [
+        Part("arm 1 of 2 sft: train", "step", 4, pace="sft step"),
+        Part("arm 2 of 2 grpo: train", "step", 3),
+        Part("arm 2 of 2 grpo: evaluate", "task", 2),
+    ]
+    pr = Progress("x", parts, stream=io.StringIO(), clock=clock)
+    h = pr.open(0)
+    for _ in range(4):  # 1 s an SFT step
+        clock.t += 1
+        h.update(1)
+    h.close()
+    g = pr.open(1)
+    clock.t += 10  # 10 s a GRPO step: 2 steps left = 20 s; tasks not timed yet; SFT's 1 s a step not used
+    g.update(1)
+    assert pr.line() == "[x] arm 2 of 2 grpo: train step 1 of 3 | 0:14 elapsed | ETA >= 0:20"
+
+
 def test_a_resumed_part_counts_its_earlier_units_as_done_and_skipped_parts_as_finished():
     clock = Clock()
     pr = Progress("x", plan(), stream=io.StringIO(), clock=clock)

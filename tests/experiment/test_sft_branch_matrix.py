@@ -7,7 +7,9 @@ refuses a missing branch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -123,8 +125,33 @@ def _tiny_branch_matrix(model_dir):
     return cfg, sft
 
 
+def test_the_progress_plan_times_sft_steps_apart_and_holds_the_branch_evaluation(tmp_path):
+    from sqlrl.experiment.matrix import ArmProgress
+
+    cfg, sft = _tiny_branch_matrix(str(tmp_path))
+    exp = ExperimentConfig(name="b", arms=("base", "sft", "grpo_sft"), leakage_tasks=1, smoke=True, sft=sft)
+    parts = [(p.label, p.kind, p.total, p.rate_key) for p in ArmProgress(cfg, exp, 2, "b").line.parts]
+    assert parts == [
+        ("arm 1 of 3 base: evaluate", "task", 2, "task"),
+        ("arm 2 of 3 sft: train", "step", 3, "sft step"),
+        ("arm 2 of 3 sft: evaluate", "task", 2, "task"),
+        ("arm 2 of 3 sft: evaluate its step-2 branch", "task", 2, "task"),
+        ("arm 3 of 3 grpo_sft: train", "step", 1, "step"),
+        ("arm 3 of 3 grpo_sft: evaluate", "task", 2, "task"),
+        ("leakage audit (turns 1):", "task", 2, "task"),
+    ]
+    # grpo_sft with an SFT stage of its own: that stage's steps come first, timed as SFT steps
+    own = dataclasses.replace(sft, init_from="stage", steps=3, init_steps=2)
+    exp = ExperimentConfig(name="b", arms=("base", "grpo_sft"), leakage_tasks=1, smoke=True, sft=own)
+    parts = [(p.label, p.total, p.rate_key) for p in ArmProgress(cfg, exp, 2, "b").line.parts]
+    assert parts[1:3] == [
+        ("arm 2 of 2 grpo_sft: SFT stage", 2, "sft step"),
+        ("arm 2 of 2 grpo_sft: train", 1, "step"),
+    ]
+
+
 @pytest.mark.slow
-def test_grpo_sft_trains_from_the_controls_branch_and_resumes(tiny_model_dir, tmp_path):  # noqa: F811
+def test_grpo_sft_trains_from_the_controls_branch_and_resumes(tiny_model_dir, tmp_path, caplog):  # noqa: F811
     from sqlrl.evidence.rltime import rl_training
     from sqlrl.evidence.rundir import Experiment
 
@@ -133,7 +160,20 @@ def test_grpo_sft_trains_from_the_controls_branch_and_resumes(tiny_model_dir, tm
         name="branch", arms=("base", "sft", "grpo_sft"), leakage_tasks=1, smoke=True, sft=sft
     )
     out = tmp_path / "exp"
-    run_experiment(cfg, exp, out, report=False)
+    progress_log = logging.getLogger("sqlrl.progress")  # the matrix's progress line, off a terminal
+    progress_log.setLevel(logging.INFO)
+    progress_log.addHandler(caplog.handler)
+    try:
+        run_experiment(cfg, exp, out, report=False)
+    finally:
+        progress_log.removeHandler(caplog.handler)
+    # the sft arm's steps and its branch's evaluation are parts of the matrix's one progress line
+    lines = [m for m in caplog.messages if m.startswith("[branch] ")]
+    assert any(m.startswith("[branch] arm 2 of 3 sft: train step 3 of 3 |") for m in lines)
+    assert any(
+        m.startswith("[branch] arm 2 of 3 sft: evaluate its step-2 branch task 2 of 2 |") for m in lines
+    )
+    assert lines[-1].startswith("[branch] leakage audit (turns 1): task 2 of 2 |")
     branch = out / "arms/sft/train/branch_step_000002"
     ident = json.loads((branch / "identity.json").read_text())
     info = json.loads((branch / "branch.json").read_text())

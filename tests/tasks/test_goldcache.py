@@ -20,6 +20,7 @@ from sqlrl.tasks.goldcache import (
     GoldCacheError,
     GoldResult,
     audit_golds,
+    no_bars,
     unstable_gold,
 )
 
@@ -121,6 +122,19 @@ def test_audit_counts_reasons_and_hits_cache(db):
     # a different sql text is a different key; duplicates in one batch execute once
     cache.get_many([(db, GOLDS[0] + " "), (db, GOLDS[0] + " ")])
     assert len(ex.calls) == 5
+
+
+def test_an_audit_of_100_golds_draws_its_bar_except_inside_no_bars(db, capsys):
+    tasks = [task(db, i, f"SELECT id FROM t WHERE id <> {i}") for i in range(100)]
+    audit_golds(tasks, GoldCache(None, executor=SqliteExecutor()))
+    assert "gold audit: 100%" in capsys.readouterr().err
+    with no_bars():  # an experiment's progress line: no bar, unless asked for
+        audit_golds(tasks, GoldCache(None, executor=SqliteExecutor()))
+        assert capsys.readouterr().err == ""
+        audit_golds(tasks, GoldCache(None, executor=SqliteExecutor()), progress=True)
+        assert "gold audit: 100%" in capsys.readouterr().err
+    audit_golds(tasks[:99], GoldCache(None, executor=SqliteExecutor()))
+    assert capsys.readouterr().err == ""  # under 100 golds to execute: no bar
 
 
 def test_audit_rejects_public_tasks(db):

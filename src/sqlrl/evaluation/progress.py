@@ -3,9 +3,9 @@ step or task s of S, the time elapsed and an ETA over the whole plan.
 
 On a terminal the line is redrawn in place (carriage return, on stderr); anywhere else (CI logs, files) it
 is a plain log record (logger `sqlrl.progress`, INFO) when a part starts or ends and at most every
-`every_s` seconds in between. The ETA is the work left times the seconds one unit of each kind (a
-training step, an evaluated task) took so far in this process; while a kind left to do has not been
-timed yet, the ETA is a lower bound (">= 3:10") or "?" when nothing has been timed. Other output goes
+`every_s` seconds in between. The ETA is the work left times the seconds one unit of each pace (a
+GRPO step, an SFT step, an evaluated task) took so far in this process; while a pace left to do has not
+been timed yet, the ETA is a lower bound (">= 3:10") or "?" when nothing has been timed. Other output goes
 above the line (`pause_line`); a finished part's last line stays on the screen, never drawn again below.
 """
 
@@ -29,6 +29,11 @@ class Part:
     total: int
     done: int = 0
     closed: bool = False
+    pace: str = ""  # the key its units are timed under (e.g. "sft step"); `kind` when empty
+
+    @property
+    def rate_key(self) -> str:
+        return self.pace or self.kind
 
 
 def clock_text(seconds: float) -> str:
@@ -82,8 +87,8 @@ class Progress:
             todo = max(0, p.total - p.done) if not p.closed else 0
             if not todo:
                 continue
-            if self.units.get(p.kind):
-                left += todo * self.seconds[p.kind] / self.units[p.kind]
+            if self.units.get(p.rate_key):
+                left += todo * self.seconds[p.rate_key] / self.units[p.rate_key]
             else:
                 unknown = True
         if not unknown:
@@ -141,7 +146,7 @@ class PartHandle:
     def update(self, n: int = 1) -> None:
         pr, p = self.progress, self.progress.parts[self.index]
         now = pr.clock()
-        pr.measured(p.kind, now - self.t_last, n)
+        pr.measured(p.rate_key, now - self.t_last, n)
         self.t_last = now
         p.done = min(p.total, p.done + n)
         pr._emit(force=p.done >= p.total)

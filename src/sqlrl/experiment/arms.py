@@ -127,15 +127,36 @@ def check_branches(out: Path, cells, arms: tuple[str, ...], sft: SFTConfig) -> N
             raise ConfigError(_no_branch(out, name, branch, sft))
 
 
+def _opener(plan, what: str, default: bool):
+    """The progress handle opener of part `what` of the matrix's plan (`matrix.ArmProgress`), else
+    `default` (a line of its own, or none)."""
+    return plan.opener(what) if plan is not None else default
+
+
+def _skip(plan, what: str) -> None:
+    if plan is not None:
+        plan.skip(what)
+
+
 def sft_stage(
-    cfg: Config, sft: SFTConfig, stage_dir: Path, turns: int, name: str, command, deadline, context=None
+    cfg: Config,
+    sft: SFTConfig,
+    stage_dir: Path,
+    turns: int,
+    name: str,
+    command,
+    deadline,
+    context=None,
+    plan=None,
 ) -> None:
-    """Run, resume or keep grpo_sft's own SFT stage (`sft.init_steps` steps) in `stage_dir`."""
+    """Run, resume or keep grpo_sft's own SFT stage (`sft.init_steps` steps) in `stage_dir` (`plan`: the
+    matrix's `ArmProgress`, whose "sft_stage" part it reports to)."""
     from sqlrl.generation.device import free_memory
     from sqlrl.training.sft import train_sft
 
     run_json = stage_dir / "run.json"
     if run_json.exists() and read_json(run_json).get("status") == "finished":
+        _skip(plan, "sft_stage")
         log.info(f"[experiment] {name}: its SFT stage finished before, kept")
         return
     check_time(deadline, 60, f"the SFT stage of arm {name}")
@@ -150,6 +171,7 @@ def sft_stage(
         command=command,
         deadline=deadline,
         curve_turns=turns,
+        progress=_opener(plan, "sft_stage", True),
     )
     free_memory()
     if not res["finished"]:
@@ -293,9 +315,11 @@ def train_arm(
     sft: SFTConfig,
     progress,
     context: int | None = None,
+    plan=None,
 ) -> tuple[dict, int]:
     """Train one arm into `arms/<name>/train`: GRPO, SFT (`sft`, single-turn) or GRPO from SFT weights
-    (`grpo_sft`); returns (the trainer's result, the arm's steps)."""
+    (`grpo_sft`); returns (the trainer's result, the arm's steps). `progress`: the training's (True,
+    False, or an opener); `plan`: the matrix's `ArmProgress`, for grpo_sft's own SFT stage."""
     from sqlrl.training.sft import train_sft
     from sqlrl.training.trainer import train
 
@@ -311,13 +335,14 @@ def train_arm(
             deadline=deadline,
             curve_turns=turns,  # trained single-turn, its curve at the turns the arm is evaluated with
             branch_step=branch_step(sft),  # grpo_sft's start with init_from = "control"
+            progress=progress,
         )
         return res, sft.steps
     init = start = None
     if kind == "grpo_sft":
         init, start = init_dir(out, turns, sft, context), init_weights(out, turns, sft, context)
         if own_stage(sft):
-            sft_stage(cfg, sft, init, turns, name, command, deadline, context)
+            sft_stage(cfg, sft, init, turns, name, command, deadline, context, plan=plan)
         elif branch_step(sft) is not None and not (start / "identity.json").is_file():
             raise ConfigError(_no_branch(out, name, start, sft))
         elif not (start / "identity.json").is_file():
@@ -381,14 +406,12 @@ def run_arm(
         run_json = train_dir / "run.json"
         finished = run_json.exists() and read_json(run_json).get("status") == "finished"
         if finished:
-            if progress is not None:
-                progress.skip("train")
+            _skip(progress, "train")
             log.info(f"[experiment] {name}: training finished before, kept")
         else:
             check_time(deadline, 60, f"training arm {name}")
             resume = (train_dir / "config.json").exists()
             log.info(f"[experiment] {name}: {'resuming training' if resume else 'training'} -> {train_dir}")
-            opener = progress.opener("train") if progress is not None else True
             res, total = train_arm(
                 cfg,
                 out,
@@ -399,8 +422,9 @@ def run_arm(
                 command=command,
                 deadline=deadline,
                 sft=sft,
-                progress=opener,
+                progress=_opener(progress, "train", True),
                 context=context,
+                plan=progress,
             )
             free_memory()
             if not res["finished"]:
@@ -410,16 +434,19 @@ def run_arm(
         # the folder, or the base for a No-update arm that stored only its weights' hashes (audited)
         model_for_eval = final_weights(train_dir / "final")
     if (arm_dir / "eval" / "summary.json").exists():
-        if progress is not None:
-            progress.skip("eval")
+        _skip(progress, "eval")
         log.info(f"[experiment] {name}: evaluation finished before, kept")
     else:
         check_time(deadline, 45, f"evaluating arm {name}")
         log.info(f"[experiment] {name}: evaluating on {n_eval_tasks} tasks -> {arm_dir / 'eval'}")
-        opener = progress.opener("eval") if progress is not None else True
+        opener = _opener(progress, "eval", True)
         evaluate(cfg, model_for_eval, arm_dir / "eval", budgets, root=root, command=command, progress=opener)
     if kind == "sft" and branch_step(sft) is not None:
-        entry.update(eval_branch(cfg, out, name, budgets, sft, root=root, command=command, deadline=deadline))
+        entry.update(
+            eval_branch(
+                cfg, out, name, budgets, sft, root=root, command=command, deadline=deadline, plan=progress
+            )
+        )
     return entry
 
 
@@ -456,13 +483,13 @@ def evaluate(cfg: Config, model: str, eval_dir: Path, budgets, *, root: Path, co
 
 
 def eval_branch(
-    cfg: Config, out: Path, name: str, budgets, sft: SFTConfig, *, root: Path, command, deadline
+    cfg: Config, out: Path, name: str, budgets, sft: SFTConfig, *, root: Path, command, deadline, plan=None
 ) -> dict:
     """Evaluate the sft arm `name`'s branch weights (after step `sft.init_steps`, grpo_sft's start) like
     the arm itself into `arms/<name>/branch_eval`, once: kept when its summary.json exists, skipped with
     one log line when the branch holds no weights here (a folder carried without them). Not training:
     no part of any train_seconds. Returns the experiment.json keys {branch_eval_run, branch_step} when
-    that evaluation exists, else {}."""
+    that evaluation exists, else {}. `plan`: the matrix's `ArmProgress` ("branch_eval" part)."""
     from sqlrl.training.export import final_weights
     from sqlrl.training.sft_branch import branch_dir
 
@@ -470,6 +497,7 @@ def eval_branch(
     eval_dir = out / "arms" / name / "branch_eval"
     keys = {"branch_eval_run": f"arms/{name}/branch_eval", "branch_step": step}
     if (eval_dir / "summary.json").exists():
+        _skip(plan, "branch_eval")
         log.info(f"[experiment] {name}: evaluation of its step-{step} branch finished before, kept")
         return keys
     branch = branch_dir(out / "arms" / name / "train", step)
@@ -478,8 +506,10 @@ def eval_branch(
             f"[experiment] {name}: {branch} holds no weights here (absent, or carried without them): "
             "its evaluation is skipped"
         )
+        _skip(plan, "branch_eval")
         return {}
     check_time(deadline, 45, f"evaluating the step-{step} branch of arm {name}")
     log.info(f"[experiment] {name}: evaluating its step-{step} branch (grpo_sft's start) -> {eval_dir}")
-    evaluate(cfg, final_weights(branch), eval_dir, budgets, root=root, command=command, progress=False)
+    opener = _opener(plan, "branch_eval", False)
+    evaluate(cfg, final_weights(branch), eval_dir, budgets, root=root, command=command, progress=opener)
     return keys

@@ -39,7 +39,15 @@ from pathlib import Path
 from sqlrl.artifacts import git_commit, holds_run_lock, machine_info, read_json, write_json_atomic
 from sqlrl.config import Config, ConfigError, from_dict
 from sqlrl.config_tables import SFTConfig, sft_from_dict
-from sqlrl.experiment.arms import arm_config, arm_name, cell_suffix, check_branches, run_arm
+from sqlrl.experiment.arms import (
+    arm_config,
+    arm_name,
+    branch_step,
+    cell_suffix,
+    check_branches,
+    own_stage,
+    run_arm,
+)
 from sqlrl.experiment.disk import GB, check_free_disk, disk_needed  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
@@ -278,7 +286,8 @@ def finished_matrix(out: Path, exp: ExperimentConfig) -> bool:
 
 class ArmProgress:
     """The experiment's progress plan: per cell (turn budget, context) and arm, its training steps (not for
-    base) and evaluated tasks, then the cell's leakage audit; one line (`evaluation.progress.Progress`)."""
+    base; grpo_sft's own SFT stage first), timed apart from GRPO steps (`pace`), and evaluated tasks, then
+    the cell's leakage audit; one line (`evaluation.progress.Progress`)."""
 
     def __init__(self, cfg: Config, exp: ExperimentConfig, n_eval: int, title: str):
         from sqlrl.evaluation.progress import Part, Progress
@@ -286,15 +295,24 @@ class ArmProgress:
         self.index: dict[tuple[str, str], int] = {}
         parts: list[Part] = []
         arms = [(t, c, k) for t, c in exp.cells() for k in exp.arms]
+        sft = exp.sft or SFTConfig()  # run_arm's default too
         for i, (turns, context, kind) in enumerate(arms, 1):
             name = arm_name(kind, turns, context)
             head = f"arm {i} of {len(arms)} {name}:"
-            if kind != "base":
+            if kind == "grpo_sft" and own_stage(sft):
+                self.index[(name, "sft_stage")] = len(parts)
+                parts.append(Part(f"{head} SFT stage", "step", sft.init_steps, pace="sft step"))
+            if kind == "sft":
                 self.index[(name, "train")] = len(parts)
-                steps = exp.sft.steps if kind == "sft" and exp.sft is not None else cfg.grpo.steps
-                parts.append(Part(f"{head} train", "step", steps))
+                parts.append(Part(f"{head} train", "step", sft.steps, pace="sft step"))
+            elif kind != "base":
+                self.index[(name, "train")] = len(parts)
+                parts.append(Part(f"{head} train", "step", cfg.grpo.steps))
             self.index[(name, "eval")] = len(parts)
             parts.append(Part(f"{head} evaluate", "task", n_eval))
+            if kind == "sft" and branch_step(sft) is not None:
+                self.index[(name, "branch_eval")] = len(parts)
+                parts.append(Part(f"{head} evaluate its step-{branch_step(sft)} branch", "task", n_eval))
         for turns, context in exp.cells():
             self.index[(_cell_key(turns, context), "leakage")] = len(parts)
             what = f"turns {turns}" + ("" if context is None else f", context {context}")
@@ -468,6 +486,7 @@ def _run_locked(
 ) -> dict:
     from sqlrl.tasks.bird import open_data
     from sqlrl.tasks.data import resolve_data_root, select_tasks
+    from sqlrl.tasks.goldcache import no_bars
 
     out = Path(out_dir)
     check_free_disk(cfg, exp, out)
@@ -488,17 +507,18 @@ def _run_locked(
     )
     progress = ArmProgress(cfg, exp, len(eval_tasks), title=exp.name)
     try:
-        _run_matrix(
-            cfg,
-            exp,
-            out,
-            state,
-            progress,
-            root=root,
-            eval_tasks=eval_tasks,
-            command=command,
-            deadline=deadline,
-        )
+        with no_bars():  # the matrix's line is the progress: no gold audit draws a bar inside it
+            _run_matrix(
+                cfg,
+                exp,
+                out,
+                state,
+                progress,
+                root=root,
+                eval_tasks=eval_tasks,
+                command=command,
+                deadline=deadline,
+            )
     finally:
         progress.line.finish()
     _combine_leakage(out, exp.cells())

@@ -5,20 +5,34 @@
 `GoldAudit`: per task None (scorable) or the reason it is excluded: `database_damaged` (the file failed
 the check; its golds are not run), else the gold's `GoldResult.unscorable_reason` (`gold_error`,
 `gold_timeout`, `gold_empty`, `gold_too_many_rows`, `gold_too_large`, `gold_unstable`). Re-exported by
-`sqlrl.tasks.goldcache`.
+`sqlrl.tasks.goldcache`. `no_bars()`: no audit draws its tqdm bar meanwhile (an experiment's one progress
+line).
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlrl.tasks.data import PrivateTask
 from sqlrl.tasks.dbcheck import DAMAGED_REASON, database_problem
 
-__all__ = ["GoldAudit", "audit_golds"]
+__all__ = ["GoldAudit", "audit_golds", "no_bars"]
+
+_NO_BARS: list[bool] = []  # non-empty inside `no_bars()`
+
+
+@contextmanager
+def no_bars():
+    """Within: `audit_golds` draws no tqdm bar unless a caller asks for one (`progress=True`)."""
+    _NO_BARS.append(True)
+    try:
+        yield
+    finally:
+        _NO_BARS.pop()
 
 
 @dataclass
@@ -51,8 +65,11 @@ def audit_golds(tasks: list[PrivateTask], cache: Any, *, progress: bool | None =
     Each database is first checked (`sqlrl.tasks.dbcheck.database_problem`, once per process); the
     tasks of a damaged one are excluded as `database_damaged` without running their golds, and the
     audit's `damaged` names each such file with its problem.
-    Shows a tqdm bar on stderr when at least 100 golds need executing (override with `progress`).
+    Shows a tqdm bar on stderr when at least 100 golds need executing, not inside `no_bars()` (override
+    with `progress`).
     """
+    if progress is None and _NO_BARS:
+        progress = False
     for t in tasks:
         if not isinstance(t, PrivateTask):
             raise TypeError(f"audit_golds needs PrivateTask (it needs the gold), got {type(t).__name__}")

@@ -46,7 +46,7 @@ from typing import Any
 from sqlrl.sql.engine import seconds
 from sqlrl.sql.result import MAX_RESULT_BYTES, MAX_ROWS
 from sqlrl.tasks.data import file_sha256
-from sqlrl.tasks.goldaudit import GoldAudit, audit_golds
+from sqlrl.tasks.goldaudit import GoldAudit, audit_golds, no_bars
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ __all__ = [
     "GoldCacheError",
     "GoldResult",
     "audit_golds",
+    "no_bars",
     "decode_value",
     "encode_value",
 ]

@@ -219,15 +219,6 @@ def stop_for_time(
     return True
 
 
-def progress_bar(progress: bool, total: int, initial: int, desc: str):
-    """A tqdm bar over the run's steps, or None without `progress`."""
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, unit="step")
-
-
 def final_dtype(cfg) -> str:
     """The dtype of a run's final weights: `run.final_dtype`, `auto` = the generation dtype."""
     from sqlrl.generation.device import device_and_dtypes

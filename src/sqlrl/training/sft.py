@@ -42,6 +42,7 @@ from sqlrl.artifacts import (
 )
 from sqlrl.config import Config, ConfigError
 from sqlrl.config_tables import SFTConfig
+from sqlrl.evaluation.progress import open_part
 from sqlrl.training.runfolder import (
     Checkpointer,
     check_run_folder,
@@ -49,7 +50,6 @@ from sqlrl.training.runfolder import (
     export_final,
     final_record,
     previous_run,
-    progress_bar,
     restore_latest,
 )
 from sqlrl.training.sampling import TaskSampler
@@ -352,7 +352,7 @@ def train_sft(
     *,
     resume: bool = False,
     policy_factory=None,
-    progress: bool = True,
+    progress=True,
     command: list[str] | None = None,
     stop_after: int | None = None,
     deadline: float | None = None,
@@ -367,7 +367,8 @@ def train_sft(
     turns (None = agent.turns); its time is run.json's `curve_seconds`, not in `train_seconds`. With
     `branch_step` = N the weights after step N are exported to RUN/branch_step_<N> (`sft_branch.py`; its
     time is run.json's `branch_seconds`, not in `train_seconds`). Returns {steps, finished, final,
-    final_identity, base_identity, weights_changed}."""
+    final_identity, base_identity, weights_changed}. `progress`: True for a progress line of its own,
+    False, or an experiment's opener (`evaluation.progress.open_part`)."""
     import torch
 
     from sqlrl.agent.loop import Budgets
@@ -456,7 +457,9 @@ def train_sft(
         every,
         Branch(out, branch_step, cfg, sft, tokenizer, base_identity),
     )
-    bar = progress_bar(progress, sft.steps, start_step, "sft")
+    bar = open_part(
+        progress, title="sqlrl sft", label="train", kind="step", total=sft.steps, initial=start_step
+    )
     record.clock.start(lambda: curve.seconds - setup_s + loop.branch.seconds)
     loop.branch.start(record.clock)
     with curve:
