@@ -161,7 +161,7 @@ def test_grpo_sft_trains_from_the_controls_branch_and_resumes(tiny_model_dir, tm
     )
     out = tmp_path / "exp"
     progress_log = logging.getLogger("sqlrl.progress")  # the matrix's progress line, off a terminal
-    progress_log.setLevel(logging.INFO)
+    caplog.set_level(logging.INFO, logger="sqlrl.progress")
     progress_log.addHandler(caplog.handler)
     try:
         run_experiment(cfg, exp, out, report=False)
@@ -173,7 +173,7 @@ def test_grpo_sft_trains_from_the_controls_branch_and_resumes(tiny_model_dir, tm
     assert any(
         m.startswith("[branch] arm 2 of 3 sft: evaluate its step-2 branch task 2 of 2 |") for m in lines
     )
-    assert lines[-1].startswith("[branch] leakage audit (turns 1): task 2 of 2 |")
+    assert lines[-1].startswith("[branch] leakage audit (turns 1): task 2 of 2 |") and lines[-1].endswith("ETA 0:00")
     branch = out / "arms/sft/train/branch_step_000002"
     ident = json.loads((branch / "identity.json").read_text())
     info = json.loads((branch / "branch.json").read_text())

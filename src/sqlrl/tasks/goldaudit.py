@@ -27,7 +27,8 @@ _NO_BARS: list[bool] = []  # non-empty inside `no_bars()`
 
 @contextmanager
 def no_bars():
-    """Within: `audit_golds` draws no tqdm bar unless a caller asks for one (`progress=True`)."""
+    """Within: `audit_golds` draws no tqdm bar unless a caller asks for one (`progress=True`); for the
+    whole process, every thread included."""
     _NO_BARS.append(True)
     try:
         yield

@@ -462,10 +462,12 @@ def train_sft(
     )
     record.clock.start(lambda: curve.seconds - setup_s + loop.branch.seconds)
     loop.branch.start(record.clock)
-    with curve:
-        last = run_steps(loop, out, start_step, bar, deadline, stop_after)
-    if bar is not None:
-        bar.close()
+    try:
+        with curve:
+            last = run_steps(loop, out, start_step, bar, deadline, stop_after)
+    finally:  # an error's message starts on a row of its own
+        if bar is not None:
+            bar.close()
     total_s = record.clock()
     finished = last >= sft.steps
     result: dict = {"steps": last, "finished": finished, "base_identity": base_identity}
