@@ -7,8 +7,9 @@ swapped. Each session runs only its own arms and is packed as `scripts/gpu.sh pa
 of an earlier session kept as it was (run.json, eval summary and results, experiment.json entry), the
 weight audit run in the no_update/grpo session and kept after it. After the last: experiment.json,
 verdict.json and the report cover all six arms, and every gate check except real_run (a smoke run)
-passes. Also: the config accepts each session's arm list (`load_experiment` with the `--set` that
-`gpu.sh go` builds from GO_ARMS).
+passes. The same for seed 1's order: sft and grpo_sft; base; no_update, grpo and validity. Also: the
+config accepts each session's arm list (`load_experiment` with the `--set` that `gpu.sh go` builds from
+GO_ARMS).
 
 On the tiny random Qwen2 of test_experiment.py and the embedded Spider slice, GRPO rewards scripted
 (test_reversed_split's `Alternating`) so that grpo's weights move and the audit can pass.
@@ -60,7 +61,7 @@ PASSING = (
 def test_the_config_accepts_each_sessions_arm_list():
     """`gpu.sh go` passes GO_ARMS as `--set experiment.arms=[...]`; every planned session's list loads."""
     assert load_experiment(CONFIG)[1].arms == FINAL
-    for arms in (FIRST, AUDITED, BRANCHED):
+    for arms in (FIRST, AUDITED, BRANCHED, ("base",), AUDITED + ("validity",)):
         listed = ",".join(f'"{a}"' for a in arms)
         assert load_experiment(CONFIG, [f"experiment.arms=[{listed}]"])[1].arms == arms
 
@@ -115,9 +116,31 @@ def test_a_matrix_split_over_three_sessions_finishes_with_every_arm(
     assert (out / "weights_audit.json").exists() is (middle == AUDITED)
     audit = (out / "weights_audit.json").read_text() if middle == AUDITED else None
     _session(cfg, exp, out, last, FIRST + middle)
-
-    wa = json.loads((out / "weights_audit.json").read_text())
     assert audit is None or (out / "weights_audit.json").read_text() == audit  # kept, its finals are gone
+    _all_six_arms_checked(out, exp)
+
+
+@pytest.mark.slow
+def test_seed_1s_order_branch_then_base_then_the_audited_arms_with_validity(
+    tiny_model_dir,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    """Seed 1 of the final config ran sft + grpo_sft first, then base, on an H200; its last session runs
+    no_update, grpo and validity together."""
+    cfg, exp = _matrix(tiny_model_dir, monkeypatch)
+    exp, out = dataclasses.replace(exp, name="three", arms=FINAL), tmp_path / "exp"
+    _session(cfg, exp, out, BRANCHED, ())
+    _session(cfg, exp, out, ("base",), BRANCHED)
+    assert not (out / "weights_audit.json").exists()
+    _session(cfg, exp, out, AUDITED + ("validity",), BRANCHED + ("base",))
+    _all_six_arms_checked(out, exp)
+
+
+def _all_six_arms_checked(out: Path, exp) -> None:
+    """After the last session: the weight audit passes, experiment.json, verdict.json and the report hold
+    all six arms, and every gate check but real_run passes."""
+    wa = json.loads((out / "weights_audit.json").read_text())
     assert wa["passed"] is True, wa["errors"]
     assert all(
         wa["verdicts"][v] is True for v in ("trained_changed", "no_update_identical", "reloaded_identity")
