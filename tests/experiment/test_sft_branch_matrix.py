@@ -173,7 +173,9 @@ def test_grpo_sft_trains_from_the_controls_branch_and_resumes(tiny_model_dir, tm
     assert any(
         m.startswith("[branch] arm 2 of 3 sft: evaluate its step-2 branch task 2 of 2 |") for m in lines
     )
-    assert lines[-1].startswith("[branch] leakage audit (turns 1): task 2 of 2 |") and lines[-1].endswith("ETA 0:00")
+    assert lines[-1].startswith("[branch] leakage audit (turns 1): task 2 of 2 |") and lines[-1].endswith(
+        "ETA 0:00"
+    )
     branch = out / "arms/sft/train/branch_step_000002"
     ident = json.loads((branch / "identity.json").read_text())
     info = json.loads((branch / "branch.json").read_text())

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
+import re
 import sqlite3
 import subprocess
 import sys
@@ -124,15 +126,22 @@ def test_audit_counts_reasons_and_hits_cache(db):
     assert len(ex.calls) == 5
 
 
-def test_an_audit_of_100_golds_draws_its_bar_except_inside_no_bars(db, capsys):
+def test_an_audit_of_100_golds_draws_its_bar_except_inside_no_bars(db, capsys, caplog):
     tasks = [task(db, i, f"SELECT id FROM t WHERE id <> {i}") for i in range(100)]
+    caplog.set_level(logging.INFO, logger="sqlrl.tasks.goldcache")
     audit_golds(tasks, GoldCache(None, executor=SqliteExecutor()))
-    assert "gold audit: 100%" in capsys.readouterr().err
-    with no_bars():  # an experiment's progress line: no bar, unless asked for
-        audit_golds(tasks, GoldCache(None, executor=SqliteExecutor()))
+    assert "gold audit: 100%" in capsys.readouterr().err and caplog.messages == []
+    with no_bars():  # an experiment's progress line: no bar but a line before and after, unless asked for
+        cache = GoldCache(None, executor=SqliteExecutor())
+        audit_golds(tasks, cache)
         assert capsys.readouterr().err == ""
+        assert caplog.messages[0] == "gold audit: executing 100 golds"
+        assert re.fullmatch(r"gold audit: 100 golds executed in \d+\.\d s", caplog.messages[1])
+        audit_golds(tasks, cache)  # all cached: nothing executed, nothing said
+        audit_golds(tasks[:99], GoldCache(None, executor=SqliteExecutor()))  # under 100 to execute
+        assert len(caplog.messages) == 2 and capsys.readouterr().err == ""
         audit_golds(tasks, GoldCache(None, executor=SqliteExecutor()), progress=True)
-        assert "gold audit: 100%" in capsys.readouterr().err
+        assert "gold audit: 100%" in capsys.readouterr().err and len(caplog.messages) == 2
     audit_golds(tasks[:99], GoldCache(None, executor=SqliteExecutor()))
     assert capsys.readouterr().err == ""  # under 100 golds to execute: no bar
 

@@ -27,8 +27,8 @@ _NO_BARS: list[bool] = []  # non-empty inside `no_bars()`
 
 @contextmanager
 def no_bars():
-    """Within: `audit_golds` draws no tqdm bar unless a caller asks for one (`progress=True`); for the
-    whole process, every thread included."""
+    """Within: `audit_golds` draws no tqdm bar unless a caller asks for one (`progress=True`), and logs a
+    line before and after executing 100 golds or more; for the whole process, every thread included."""
     _NO_BARS.append(True)
     try:
         yield
@@ -66,11 +66,10 @@ def audit_golds(tasks: list[PrivateTask], cache: Any, *, progress: bool | None =
     Each database is first checked (`sqlrl.tasks.dbcheck.database_problem`, once per process); the
     tasks of a damaged one are excluded as `database_damaged` without running their golds, and the
     audit's `damaged` names each such file with its problem.
-    Shows a tqdm bar on stderr when at least 100 golds need executing, not inside `no_bars()` (override
-    with `progress`).
+    Shows a tqdm bar on stderr when at least 100 golds need executing; inside `no_bars()` a log line
+    before and after instead (override with `progress`).
     """
-    if progress is None and _NO_BARS:
-        progress = False
+    quiet = progress is None and bool(_NO_BARS)  # a line before and after a long audit instead of a bar
     for t in tasks:
         if not isinstance(t, PrivateTask):
             raise TypeError(f"audit_golds needs PrivateTask (it needs the gold), got {type(t).__name__}")
@@ -82,7 +81,10 @@ def audit_golds(tasks: list[PrivateTask], cache: Any, *, progress: bool | None =
             problems[t.public.db_path] = database_problem(t.public.db_path)
     usable = [t for t in tasks if problems[t.public.db_path] is None]
     results = cache.get_many(
-        [(t.public.db_path, t.gold_sql) for t in usable], progress=progress, desc="gold audit"
+        [(t.public.db_path, t.gold_sql) for t in usable],
+        progress=False if quiet else progress,
+        desc="gold audit",
+        log_long=quiet,
     )
     by_id = {t.task_id: r for t, r in zip(usable, results)}
     per_task: dict[str, str | None] = {}

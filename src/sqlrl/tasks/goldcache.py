@@ -476,12 +476,14 @@ class GoldCache:
         progress: bool | None = None,
         desc: str = "gold",
         resolved: dict | None = None,
+        log_long: bool = False,
     ) -> list[GoldResult]:
         """`get` for many (db_path, sql) pairs; misses run in parallel when the sandbox is our own.
         Each database path is resolved (one `os.stat`, see `_resolve`) once per call; `resolved`, a
         dict the caller passes to several calls (e.g. `Evaluator.score_many`'s look-ups of golds and
         of their variants), makes that once for all of them: a file replaced between those calls is
-        then noticed only from the next dict on."""
+        then noticed only from the next dict on. `log_long`: with no bar, one log line before and one after
+        executing at least PROGRESS_MIN_TASKS golds (a long audit under another progress line)."""
         with self._lock:
             keys = []
             paths: list[str] = []
@@ -512,7 +514,13 @@ class GoldCache:
             self.misses += len(todo)
             if progress is None:
                 progress = len(todo) >= PROGRESS_MIN_TASKS
+            long_run = log_long and not progress and len(todo) >= PROGRESS_MIN_TASKS
+            if long_run:
+                log.info(f"{desc}: executing {len(todo)} golds")
+            t0 = time.perf_counter()
             self._run(todo, results, progress, desc)
+            if long_run:
+                log.info(f"{desc}: {len(todo)} golds executed in {time.perf_counter() - t0:.1f} s")
             return [results[k] for k in keys]
 
     def _run(
