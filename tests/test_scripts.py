@@ -148,6 +148,44 @@ def test_same_sql_compares_eval_and_training_records(tmp_path):
     assert same == 1 and diffs == ["only in B: (1, 0, 't1', 1)"]
 
 
+def test_error_kinds_counts_statuses_and_execution_errors_per_arm(tmp_path):
+    """Two hand-made arms, one plain and one gzipped: base 4 tasks (1 match, 2 exec errors: a missing
+    column and a syntax error, 1 unscorable gold), grpo 2 tasks (a match and a missing table)."""
+    import gzip
+
+    def traj(status, message=None):
+        parts = {} if message is None else {"message": message}
+        return json.dumps({"reward": {"status": status, "parts": parts}}) + "\n"
+
+    exp = tmp_path / "exp"
+    base, grpo = exp / "arms/base/eval", exp / "arms/grpo/eval"
+    base.mkdir(parents=True)
+    grpo.mkdir(parents=True)
+    (base / "trajectories.jsonl").write_text(
+        traj("match")
+        + traj("exec_error", "no such column: T1.x")
+        + traj("exec_error", 'near "FROM": syntax error')
+        + traj("gold_unscorable")
+    )
+    with gzip.open(grpo / "trajectories.jsonl.gz", "wt") as f:
+        f.write(traj("match") + traj("exec_error", "no such table: y"))
+    out = tmp_path / "k.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "error_kinds.py"), str(exp), "--json", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text()) == {
+        "base": {
+            "scored": 3,
+            "statuses": {"exec_error": 2, "match": 1, "gold_unscorable": 1},
+            "exec_errors": {"no such column": 1, "syntax error": 1},
+        },
+        "grpo": {"scored": 2, "statuses": {"match": 1, "exec_error": 1}, "exec_errors": {"no such table": 1}},
+    }
+    assert "base: 3 scored: exec_error 2 (66.7%), match 1 (33.3%)" in r.stdout
+    empty = subprocess.run([*cmd[:2], str(tmp_path / "none")], capture_output=True, text=True)
+    assert empty.returncode == 2 and "no arms/*/eval" in empty.stderr
+
+
 def test_score_share_reads_a_runs_steps(tmp_path):
     """Hand-made steps: 3 steps of 10 + 10 + 20 s with 1 + 3 + 0.5 s scoring (step 2 written twice by a
     resumed run: its last record counts): share 4.5 / 40 = 11.25 %, slowest step 2 at 3 s (one step over
