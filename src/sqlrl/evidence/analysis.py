@@ -118,7 +118,7 @@ def _group(status: str, correct: int) -> str:
 
 
 def repair_decomposition(p: dict) -> dict:
-    """Split the paired change into format/validity repair vs answer change (see module docstring)."""
+    """Split the paired change into execution repair (non-executable -> match) vs answer change (see module docstring)."""
     groups = ("match", "mismatch", NONEXEC)
     trans = {ga: dict.fromkeys(groups, 0) for ga in groups}
     for sa, sb, ca, cb in zip(p["status_a"], p["status_b"], p["a"], p["b"]):

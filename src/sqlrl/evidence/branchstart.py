@@ -3,7 +3,7 @@
 The matrix evaluates that branch like every arm (`arms/<sft>/branch_eval`; experiment.json
 `branch_eval_run` and `branch_step` on the sft arm). `branch_start_rows` pairs each grpo_sft arm's
 results with the branch evaluation of the sft arm of its cell whose train run it started from, by task id
-(`analysis.paired_outcomes` / `paired_statistics`: Δ, bootstrap CI, exact McNemar, the format-repair /
+(`analysis.paired_outcomes` / `paired_statistics`: Δ, bootstrap CI, exact McNemar, the execution-repair /
 answer-change split); `branch_start_markdown` / `branch_start_html` render the report's section
 (`branch_start_cells`: a row's cells, also used by `sqlrl seeds`).
 

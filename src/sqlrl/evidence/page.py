@@ -357,7 +357,7 @@ def _repair_section(analysis: dict) -> list[str]:
                 ]
             )
         out.append(
-            '<section id="repair"><h2>Where the change comes from: format/validity repair vs answers</h2>'
+            '<section id="repair"><h2>Where the change comes from: execution repair vs answers</h2>'
             '<p class="note" style="margin-top:0">Over the paired tasks, each scored outcome is one of <b>match</b>, '
             "<b>mismatch</b> (executed, wrong answer) or <b>non-executable</b> (no_sql, exec_error, timeout). "
             "Δ vs base = <b>repair part</b> + <b>answer part</b>, where repair part = (non-executable→match − "

@@ -5,7 +5,7 @@ What is covered:
 - pairing by task_id over records scored in both runs (`analysis.paired_outcomes`); tasks excluded in
   either run and tasks in one run only are counted, not compared;
 - diff = accuracy(B) - accuracy(A) with a paired percentile bootstrap CI, the exact McNemar test, the
-  discordant counts, and the repair decomposition (format/validity repair vs answer change);
+  discordant counts, and the repair decomposition (execution repair vs answer change);
 - what differs between the runs' run.json: model, task set (fingerprint), budgets (schema view, turns,
   tokens), sampling, engine. Listed so a reader sees what the comparison varies; a side without a
   readable run.json is named and nothing is compared.
@@ -192,7 +192,7 @@ def format_comparison(c: Comparison) -> str:
         f"{c.unpaired} in one run only): A {pct(c.mean_a)}, B {pct(c.mean_b)}",
         f"B - A: {pp(c.diff)} ({round(100 * c.ci)}% CI {pp(c.ci_low)} to {pp(c.ci_high)}), "
         f"exact McNemar p = {c.p_value:.2g}; B right and A wrong: {c.b_only}, A right and B wrong: {c.a_only}",
-        f"of which format/validity repair {pp(r['repair_part'])} (non-executable -> match {r['repair_gains']}, "
+        f"of which execution repair {pp(r['repair_part'])} (non-executable -> match {r['repair_gains']}, "
         f"match -> non-executable {r['breakages']}), answer change {pp(r['answer_part'])} "
         f"(mismatch -> match {r['answer_gains']}, match -> mismatch {r['answer_losses']})",
     ]

@@ -130,7 +130,7 @@ def render_markdown(analysis: dict, links: dict[str, dict[str, str]]) -> str:
     if rep:
         out += [
             "",
-            "## Format/validity repair vs answer change (each arm vs base)",
+            "## Execution repair vs answer change (each arm vs base)",
             "",
             "Δ = repair part + answer part. Repair part = (non-executable→match − match→non-executable)/n; "
             "answer part = (mismatch→match − match→mismatch)/n. Non-executable = no_sql, exec_error, timeout.",
