@@ -87,10 +87,27 @@ unslim() {
   git diff --cached --quiet -- results && [ -n "$(git ls-files results | head -1)" ] \
     && echo "unslim: results/ tracked again" || { echo "unslim: results/ is not as committed: git status results"; return 1; }
 }
+# Here, after a session: collect PACK DEST puts a `go` call's exp.tgz (one folder, e.g. exp1s1) into the
+# results folder DEST as committed: its files over DEST's (COMMANDS.md, logs and analyses there are kept),
+# trajectories / rollouts / sql logs gzipped, empty folders dropped.
+collect() {
+  local pack=${1:?collect PACK DEST} dest=${2:?collect PACK DEST} tmp top
+  [ -f "$pack" ] || { echo "collect: no file $pack" >&2; return 2; }
+  tmp=$(mktemp -d) && tar xzf "$pack" -C "$tmp" 2>/dev/null \
+    || { rm -rf "$tmp"; echo "collect: $pack is not a .tgz that tar can unpack" >&2; return 2; }
+  top=$(ls -A "$tmp")
+  [ -n "$top" ] && [ "$(printf '%s\n' "$top" | wc -l)" = 1 ] && [ -d "$tmp/$top" ] \
+    || { rm -rf "$tmp"; echo "collect: $pack must hold one folder, it holds: ${top:-nothing}" >&2; return 2; }
+  mkdir -p "$dest" && cp -r "$tmp/$top/." "$dest/" && rm -rf "$tmp"
+  find "$dest" -type f \( -name trajectories.jsonl -o -name rollouts.jsonl -o -name sql.jsonl \) -exec gzip -9nf {} +
+  find "$dest" -mindepth 1 -type d -empty -delete
+  echo "collect: $top of $pack -> $dest ($(du -sh "$dest" | cut -f1))"
+}
 case "${1:-}" in
   preflight) preflight; exit $? ;;
   slim) slim; exit $? ;;
   unslim) unslim; exit $? ;;
+  collect) shift; collect "$@"; exit $? ;;
 esac
 # veRL + vLLM + Ray (the wheels of scripts/verl-gpu.lock) travel like the model: parts of .stage/verl, made
 # here by `scripts/verl-env.sh --gpu-fetch /work/verl-wheels` then `scripts/verl-env.sh --gpu-pack
@@ -499,5 +516,5 @@ PY
     tar czf "$dest/exp.tgz" -C "$S" --exclude='*.safetensors' --exclude='*.pt' --exclude='.goldcache' \
       --exclude='.gold_real' --exclude='.gold_mutated' --exclude='tokenizer.json' $dirs
     ls -la "$dest" ;;
-  *) echo "usage: gpu.sh preflight|verl preflight|verl stage NN ...|verl install|stage NN|tree|setup|bench|oomcheck|updmem --out FILE|engine BENCH.json|experiment SECONDS|evalrun RUN DEST|curriculum SECONDS|go DEST [SECONDS]|verlgo DEST [SECONDS]|scoretime DEST [SECONDS]|finished EXP [TURNS]|pack DIR [EXPDIRS]|slim|unslim" >&2; exit 2 ;;
+  *) echo "usage: gpu.sh preflight|verl preflight|verl stage NN ...|verl install|stage NN|tree|setup|bench|oomcheck|updmem --out FILE|engine BENCH.json|experiment SECONDS|evalrun RUN DEST|curriculum SECONDS|go DEST [SECONDS]|verlgo DEST [SECONDS]|scoretime DEST [SECONDS]|finished EXP [TURNS]|pack DIR [EXPDIRS]|slim|unslim|collect PACK DEST" >&2; exit 2 ;;
 esac

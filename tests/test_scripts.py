@@ -186,6 +186,54 @@ def test_error_kinds_counts_statuses_and_execution_errors_per_arm(tmp_path):
     assert empty.returncode == 2 and "no arms/*/eval" in empty.stderr
 
 
+def test_gpu_sh_collect_puts_a_pack_into_a_results_folder(tmp_path):
+    """A pack of exp1s1 (a training log, an eval with trajectories, an empty .leakage folder) over a results
+    folder holding COMMANDS.md and an older gzipped trajectory file: the pack's files land, the three logs
+    are gzipped (the old .gz replaced), results.jsonl stays plain, COMMANDS.md is kept, no empty folder."""
+    import gzip
+    import tarfile
+
+    src = tmp_path / "src" / "exp1s1"
+    (src / "arms/grpo/train").mkdir(parents=True)
+    (src / "arms/grpo/eval").mkdir(parents=True)
+    (src / ".leakage").mkdir()
+    (src / "arms/grpo/train/sql.jsonl").write_text('{"sql": 1}\n')
+    (src / "arms/grpo/eval/trajectories.jsonl").write_text('{"t": "new"}\n')
+    (src / "arms/grpo/eval/results.jsonl").write_text('{"r": 1}\n')
+    (src / "report.md").write_text("# report\n")
+    pack = tmp_path / "exp.tgz"
+    with tarfile.open(pack, "w:gz") as tar:
+        tar.add(src, arcname="exp1s1")
+    dest = tmp_path / "results" / "seed1"
+    (dest / "arms/grpo/eval").mkdir(parents=True)
+    (dest / "COMMANDS.md").write_text("calls\n")
+    with gzip.open(dest / "arms/grpo/eval/trajectories.jsonl.gz", "wt") as f:
+        f.write('{"t": "old"}\n')
+
+    def collect(*args):
+        return subprocess.run(
+            ["bash", "scripts/gpu.sh", "collect", *args], cwd=ROOT, capture_output=True, text=True
+        )
+
+    r = collect(str(pack), str(dest))
+    assert r.returncode == 0, r.stderr
+    files = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+    assert files == [
+        "COMMANDS.md",
+        "arms/grpo/eval/results.jsonl",
+        "arms/grpo/eval/trajectories.jsonl.gz",
+        "arms/grpo/train/sql.jsonl.gz",
+        "report.md",
+    ]
+    assert gzip.open(dest / "arms/grpo/eval/trajectories.jsonl.gz", "rt").read() == '{"t": "new"}\n'
+    assert (dest / "COMMANDS.md").read_text() == "calls\n" and not (dest / ".leakage").exists()
+    missing = collect(str(tmp_path / "none.tgz"), str(dest))
+    assert missing.returncode == 2 and missing.stderr == f"collect: no file {tmp_path / 'none.tgz'}\n"
+    (tmp_path / "bad.tgz").write_text("not a tar")
+    bad = collect(str(tmp_path / "bad.tgz"), str(dest))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a .tgz" in bad.stderr
+
+
 def test_score_share_reads_a_runs_steps(tmp_path):
     """Hand-made steps: 3 steps of 10 + 10 + 20 s with 1 + 3 + 0.5 s scoring (step 2 written twice by a
     resumed run: its last record counts): share 4.5 / 40 = 11.25 %, slowest step 2 at 3 s (one step over
