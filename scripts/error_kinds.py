@@ -6,7 +6,9 @@ Reads every `arms/<arm>/eval/trajectories.jsonl` (or `.jsonl.gz`) of the folder 
 reward statuses of the scored tasks (`match`, `mismatch`, `exec_error`, `no_sql`, `timeout`, ...;
 `gold_unscorable` apart) and the execution errors by the kind of their SQLite message: the message up to
 its first ": " (`no such column`, `no such table`, `ambiguous column name`), a syntax error (`near "X"`)
-as `syntax error`, the rest as written up to 40 characters. Exit 2 when the folder holds no evaluation.
+as `syntax error`, the rest as written up to 40 characters (`sqlrl.evaluation.errorkinds`). It reads
+the trajectories, so it works on folders evaluated before results.jsonl held each error. Exit 2 when
+the folder holds no evaluation.
 """
 
 from __future__ import annotations
@@ -14,18 +16,11 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import re
 import sys
 from collections import Counter
 from pathlib import Path
 
-
-def error_kind(message: str) -> str:
-    """The kind of an execution error message (see the module docstring)."""
-    if re.match(r'near ".*": syntax error|incomplete input|unrecognized token', message):
-        return "syntax error"
-    head = message.split(": ", 1)[0]
-    return head[:40]
+from sqlrl.evaluation.errorkinds import error_kind
 
 
 def _trajectories(eval_dir: Path) -> list[dict]:

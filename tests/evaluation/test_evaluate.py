@@ -59,6 +59,10 @@ def test_eval_scores_after_the_trajectory_and_summarizes(shop_tasks, sandbox, tm
     assert s["execution_match"] == pytest.approx(1 / 3) and s["executable_rate"] == pytest.approx(2 / 3)
     assert s["excluded"] == {"gold_empty": 1}
     assert s["status_counts"] == {"match": 1, "mismatch": 1, "exec_error": 1, "gold_unscorable": 1}
+    # why the prediction did not execute: SQLite's message on its row, its kind in the summary
+    assert by["shop/00002"]["error"] == "no such column: amont"
+    assert all("error" not in by[t] for t in ("shop/00000", "shop/00001", "shop/00099"))
+    assert s["exec_error_kinds"] == {"no such column": 1}
     assert s["per_db"]["shop"] == {"n": 3, "correct": 1, "accuracy": pytest.approx(1 / 3)}
     # every gold is easy (one aggregate or one WHERE): 3 scored, 1 right, the unscorable one excluded
     assert s["by_hardness"]["easy"] == {"n": 3, "correct": 1, "accuracy": pytest.approx(1 / 3), "excluded": 1}

@@ -256,3 +256,20 @@ def test_sft_arm_curve_and_grpo_sft_stage_curve(tmp_path) -> None:
     md = Path(paths["markdown"]).read_text(encoding="utf-8")
     assert "| sft | 8 | 25.0% | 75.0% | - | 8/10 | 2.0 |" in md
     assert "| grpo_sft SFT stage | 6 | 37.5% | 75.0% | - | 8/10 | 2.0 |" in md
+
+
+def test_what_does_not_execute_per_arm(exp) -> None:
+    """base: 2 of its 9 scored tasks did not execute (a missing column, an error without its message, as
+    written before results.jsonl held it), grpo: none; the section names both arms and the kinds."""
+    e, _ = exp
+    rows = _rows(BASE)
+    rows[2].update(status="exec_error", error="no such column: T1.x")
+    rows[3].update(status="exec_error", correct=False, reward=0.0)
+    write_jsonl(e / "arms/base/eval/results.jsonl", rows)
+    paths = write_report(e, n_boot=200)
+    md = Path(paths["markdown"]).read_text()
+    part = md[md.index("## What does not execute") :]
+    assert "| base | 9 | 2 (22.2%) | 0 | 0 | no such column 1, not recorded 1 |" in part
+    assert "| grpo | 9 | 0 (0.0%) | 0 | 0 | - |" in part
+    html = Path(paths["html"]).read_text()
+    assert "no such column 1, not recorded 1" in _section(html, "nonexec")

@@ -11,7 +11,8 @@ of the gold, `sqlrl.tasks.hardness`; `bird_execution_match`: BIRD's set-of-rows 
 `sqlrl.reward.bird`; `by_difficulty`: both metrics per BIRD difficulty, on BIRD splits only;
 `turn_use`: turns used, repeated first queries, replies after an error, accuracy by turns used,
 `sqlrl.evaluation.turnuse`; `checker`, with agent.checker: how the checker turn changed the answers,
-`sqlrl.evaluation.checker`).
+`sqlrl.evaluation.checker`; `exec_error_kinds` and results.jsonl's `error`: why predictions do not
+execute, `sqlrl.evaluation.errorkinds`).
 Guaranteed: every task of the split appears in `results.jsonl` exactly once, scored or excluded with
 its reason. Not guaranteed: identical numbers across machines in bf16 (see `sqlrl.agent.loop`).
 """
@@ -31,6 +32,7 @@ from sqlrl.agent.envs import make_env
 from sqlrl.agent.loop import Budgets, Sampling, Trajectory
 from sqlrl.artifacts import git_commit, holds_run_lock, machine_info, write_json_atomic, write_jsonl
 from sqlrl.evaluation.checker import checker_row, checker_summary, score_first_answers
+from sqlrl.evaluation.errorkinds import exec_error_kinds
 from sqlrl.evaluation.turnuse import turn_use
 from sqlrl.generation.device import pick_device
 from sqlrl.tasks.bird import accuracy_by_difficulty
@@ -148,6 +150,7 @@ def evaluate_tasks(
                 "turns": len(tr.turns),
                 "stop_reason": tr.stop_reason,
                 "exec_ms": rw.get("exec_ms"),
+                **({"error": str(msg)[:300]} if (msg := _failure_message(rw)) else {}),
                 **({"difficulty": t.difficulty} if t.difficulty else {}),
                 **({} if check is None else {"checker": check}),
             }
@@ -166,6 +169,11 @@ def evaluate_tasks(
     if done:
         summary["resumed_tasks"] = sum(t.public.task_id in done for t in rolled)
     return EvalOutput(trajectories, results, summary)
+
+
+def _failure_message(rw: dict) -> str | None:
+    """The sandbox's message of a prediction that did not execute (results.jsonl's `error`), else None."""
+    return (rw.get("parts") or {}).get("message") if rw.get("status") in EXECUTABLE_FAIL else None
 
 
 def summarize(results: list[dict], trajectories: list[Trajectory], kind: str = "execution") -> dict:
@@ -200,6 +208,7 @@ def summarize(results: list[dict], trajectories: list[Trajectory], kind: str = "
         "executable_rate": (sum(r["status"] not in EXECUTABLE_FAIL for r in scored) / n) if n else None,
         "excluded": dict(excluded),
         "status_counts": dict(status_counts),
+        "exec_error_kinds": exec_error_kinds(scored),
         "per_db": dict(sorted(per_db.items())),
         "mean_turns": (sum(len(tr.turns) for tr in trajectories) / len(trajectories))
         if trajectories

@@ -27,6 +27,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from sqlrl.evaluation.errorkinds import exec_error_kinds
 from sqlrl.evaluation.turnuse import turn_use
 from sqlrl.evidence.breakdown import breakdown
 from sqlrl.evidence.difficulty import difficulty_breakdown
@@ -187,6 +188,7 @@ def _arm_info(exp: Experiment, name: str, *, n_boot: int, seed: int, ci: float) 
         for r in ordered:
             status_counts[str(r.get("status"))] = status_counts.get(str(r.get("status")), 0) + 1
         info.update(n_total=len(ordered), n=len(scored), excluded=excluded, status_counts=status_counts)
+        info["exec_error_kinds"] = exec_error_kinds(scored)
         if scored:
             acc = stats.accuracy_ci(
                 [int(bool(r["correct"])) for r in scored], n_boot=n_boot, seed=seed, ci=ci

@@ -50,6 +50,7 @@ from sqlrl.evidence.fmt import (
     pp,
     short,
 )
+from sqlrl.evidence.nonexec import nonexec_html
 from sqlrl.evidence.rundir import Experiment
 from sqlrl.evidence.sections import curve_html, hardness_html, self_consistency_html
 
@@ -557,6 +558,7 @@ def render_html(analysis: dict, links: dict[str, dict[str, str]]) -> str:
     out += _paired_section(analysis)
     out += branch_start_html(analysis)
     out += _repair_section(analysis)
+    out += nonexec_html(analysis)
     out += _turn_use_section(analysis)
     out += hardness_html(analysis)
     out += difficulty_html(analysis)

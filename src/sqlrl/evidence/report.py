@@ -51,6 +51,7 @@ from sqlrl.evidence.fmt import (
     pp,
     short,
 )
+from sqlrl.evidence.nonexec import nonexec_markdown
 from sqlrl.evidence.page import render_html
 from sqlrl.evidence.rltime import rl_training, train_seconds
 from sqlrl.evidence.rundir import Experiment
@@ -144,6 +145,7 @@ def render_markdown(analysis: dict, links: dict[str, dict[str, str]]) -> str:
                 f"| {md_cell(r['b'])} | {pp(d['delta'])} | {pp(d['repair_part'])} | {pp(d['answer_part'])} | "
                 f"{d['became_executable']} | {d['became_nonexecutable']} |"
             )
+    out += nonexec_markdown(analysis)
     tu = turn_use_rows(analysis)
     out += breakdown_markdown(analysis)
     out += difficulty_markdown(analysis)
