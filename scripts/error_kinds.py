@@ -2,13 +2,11 @@
 
     python scripts/error_kinds.py EXPERIMENT_DIR [--json OUT]
 
-Reads every `arms/<arm>/eval/trajectories.jsonl` (or `.jsonl.gz`) of the folder and counts, per arm, the
-reward statuses of the scored tasks (`match`, `mismatch`, `exec_error`, `no_sql`, `timeout`, ...;
-`gold_unscorable` apart) and the execution errors by the kind of their SQLite message: the message up to
-its first ": " (`no such column`, `no such table`, `ambiguous column name`), a syntax error (`near "X"`)
-as `syntax error`, the rest as written up to 40 characters (`sqlrl.evaluation.errorkinds`). It reads
-the trajectories, so it works on folders evaluated before results.jsonl held each error. Exit 2 when
-the folder holds no evaluation.
+Reads every `arms/<arm>/eval/results.jsonl` of the folder and counts, per arm, the statuses of the
+scored tasks (`match`, `mismatch`, `exec_error`, `no_sql`, `timeout`; the `n` of summary.json), the
+excluded ones by status apart, and the execution errors by kind, as the report's "What does not
+execute" counts them (`sqlrl.evaluation.errorkinds`: a row's `error`, else its trajectory's message
+from trajectories.jsonl or .jsonl.gz, for an older folder). Exit 2 when the folder holds no evaluation.
 """
 
 from __future__ import annotations
@@ -20,33 +18,32 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from sqlrl.evaluation.errorkinds import error_kind
+from sqlrl.evaluation.errorkinds import exec_error_kinds, trajectory_messages
 
 
-def _trajectories(eval_dir: Path) -> list[dict]:
-    plain, packed = eval_dir / "trajectories.jsonl", eval_dir / "trajectories.jsonl.gz"
-    opener = (lambda: plain.open()) if plain.is_file() else (lambda: gzip.open(packed, "rt"))
-    with opener() as f:
+def _jsonl(plain: Path) -> list[dict]:
+    packed = plain.with_name(plain.name + ".gz")
+    if not plain.is_file() and not packed.is_file():
+        return []
+    with plain.open() if plain.is_file() else gzip.open(packed, "rt") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
 def summarize(exp_dir: Path) -> dict:
-    """{arm: {"scored", "statuses", "exec_errors"}} for every evaluated arm of `exp_dir`."""
+    """{arm: {"scored", "statuses", "excluded", "exec_errors"}} for every evaluated arm of `exp_dir`."""
     out = {}
     for eval_dir in sorted(exp_dir.glob("arms/*/eval")):
-        if not any((eval_dir / f).is_file() for f in ("trajectories.jsonl", "trajectories.jsonl.gz")):
+        rows = _jsonl(eval_dir / "results.jsonl")
+        if not rows:
             continue
-        statuses, errors = Counter(), Counter()
-        for t in _trajectories(eval_dir):
-            status = t["reward"]["status"]
-            statuses[status] += 1
-            if status == "exec_error":
-                errors[error_kind(t["reward"]["parts"].get("message") or "")] += 1
-        scored = sum(n for s, n in statuses.items() if s != "gold_unscorable")
+        scored = [r for r in rows if r.get("reward") is not None]
+        missing = any(r.get("status") == "exec_error" and not r.get("error") for r in scored)
+        messages = trajectory_messages(_jsonl(eval_dir / "trajectories.jsonl")) if missing else None
         out[eval_dir.parent.name] = {
-            "scored": scored,
-            "statuses": dict(statuses.most_common()),
-            "exec_errors": dict(errors.most_common()),
+            "scored": len(scored),
+            "statuses": dict(Counter(r["status"] for r in scored).most_common()),
+            "excluded": dict(Counter(r["status"] for r in rows if r.get("reward") is None).most_common()),
+            "exec_errors": exec_error_kinds(scored, messages),
         }
     return out
 
@@ -58,13 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     arms = summarize(args.experiment)
     if not arms:
-        print(f"error_kinds: no arms/*/eval with trajectories under {args.experiment}", file=sys.stderr)
+        print(f"error_kinds: no arms/*/eval/results.jsonl under {args.experiment}", file=sys.stderr)
         return 2
     for arm, s in arms.items():
         n = s["scored"]
-        shares = ", ".join(
-            f"{k} {v} ({v / n:.1%})" for k, v in s["statuses"].items() if k != "gold_unscorable"
-        )
+        shares = ", ".join(f"{k} {v} ({v / n:.1%})" for k, v in s["statuses"].items())
         print(f"{arm}: {n} scored: {shares}")
         if s["exec_errors"]:
             print("  exec_error: " + ", ".join(f"{k} {v}" for k, v in s["exec_errors"].items()))

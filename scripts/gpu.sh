@@ -88,8 +88,9 @@ unslim() {
     && echo "unslim: results/ tracked again" || { echo "unslim: results/ is not as committed: git status results"; return 1; }
 }
 # Here, after a session: collect PACK DEST puts a `go` call's exp.tgz (one folder, e.g. exp1s1) into the
-# results folder DEST as committed: its files over DEST's (COMMANDS.md, logs and analyses there are kept),
-# trajectories / rollouts / sql logs gzipped, empty folders dropped.
+# results folder DEST as committed: the pack's files replace DEST's of the same name (a later session's
+# report.md, experiment.json, arms), files only DEST has (COMMANDS.md, logs, analyses) stay,
+# trajectories / rollouts / sql logs are gzipped, empty folders dropped.
 collect() {
   local pack=${1:?collect PACK DEST} dest=${2:?collect PACK DEST} tmp top
   [ -f "$pack" ] || { echo "collect: no file $pack" >&2; return 2; }
@@ -98,7 +99,9 @@ collect() {
   top=$(ls -A "$tmp")
   [ -n "$top" ] && [ "$(printf '%s\n' "$top" | wc -l)" = 1 ] && [ -d "$tmp/$top" ] \
     || { rm -rf "$tmp"; echo "collect: $pack must hold one folder, it holds: ${top:-nothing}" >&2; return 2; }
-  mkdir -p "$dest" && cp -r "$tmp/$top/." "$dest/" && rm -rf "$tmp"
+  local err; err=$({ mkdir -p -- "$dest" && cp -r -- "$tmp/$top/." "$dest/"; } 2>&1) \
+    || { rm -rf "$tmp"; echo "collect: copying into $dest failed: ${err%%$'\n'*}" >&2; return 1; }
+  rm -rf "$tmp"
   find "$dest" -type f \( -name trajectories.jsonl -o -name rollouts.jsonl -o -name sql.jsonl \) -exec gzip -9nf {} +
   find "$dest" -mindepth 1 -type d -empty -delete
   echo "collect: $top of $pack -> $dest ($(du -sh "$dest" | cut -f1))"

@@ -149,26 +149,47 @@ def test_same_sql_compares_eval_and_training_records(tmp_path):
 
 
 def test_error_kinds_counts_statuses_and_execution_errors_per_arm(tmp_path):
-    """Two hand-made arms, one plain and one gzipped: base 4 tasks (1 match, 2 exec errors: a missing
-    column and a syntax error, 1 unscorable gold), grpo 2 tasks (a match and a missing table)."""
+    """Two hand-made arms. base: 3 scored (a match; an exec error whose row has its message; one whose
+    row has none, as an older folder's, its message from the gzipped trajectories), 1 unscorable gold;
+    grpo: a match, an infrastructure failure (excluded, not scored), a sandbox refusal."""
     import gzip
 
-    def traj(status, message=None):
-        parts = {} if message is None else {"message": message}
-        return json.dumps({"reward": {"status": status, "parts": parts}}) + "\n"
+    def row(tid, status, reward, error=None):
+        return json.dumps(
+            {"task_id": tid, "status": status, "reward": reward, **({"error": error} if error else {})}
+        )
 
     exp = tmp_path / "exp"
     base, grpo = exp / "arms/base/eval", exp / "arms/grpo/eval"
     base.mkdir(parents=True)
     grpo.mkdir(parents=True)
-    (base / "trajectories.jsonl").write_text(
-        traj("match")
-        + traj("exec_error", "no such column: T1.x")
-        + traj("exec_error", 'near "FROM": syntax error')
-        + traj("gold_unscorable")
+    (base / "results.jsonl").write_text(
+        "\n".join(
+            [
+                row("t0", "match", 1.0),
+                row("t1", "exec_error", 0.0, "no such column: T1.x"),
+                row("t2", "exec_error", 0.0),
+                row("t3", "gold_unscorable", None),
+            ]
+        )
+        + "\n"
     )
-    with gzip.open(grpo / "trajectories.jsonl.gz", "wt") as f:
-        f.write(traj("match") + traj("exec_error", "no such table: y"))
+    reward = {
+        "status": "exec_error",
+        "parts": {"sandbox_status": "syntax_error", "message": 'near "FROM": syntax error'},
+    }
+    with gzip.open(base / "trajectories.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"task_id": "t2", "reward": reward}) + "\n")
+    (grpo / "results.jsonl").write_text(
+        "\n".join(
+            [
+                row("t0", "match", 1.0),
+                row("t1", "infra_error", None),
+                row("t2", "exec_error", 0.0, "too_many_rows: more than 100000 rows"),
+            ]
+        )
+        + "\n"
+    )
     out = tmp_path / "k.json"
     cmd = [sys.executable, str(ROOT / "scripts" / "error_kinds.py"), str(exp), "--json", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -176,14 +197,20 @@ def test_error_kinds_counts_statuses_and_execution_errors_per_arm(tmp_path):
     assert json.loads(out.read_text()) == {
         "base": {
             "scored": 3,
-            "statuses": {"exec_error": 2, "match": 1, "gold_unscorable": 1},
+            "statuses": {"exec_error": 2, "match": 1},
+            "excluded": {"gold_unscorable": 1},
             "exec_errors": {"no such column": 1, "syntax error": 1},
         },
-        "grpo": {"scored": 2, "statuses": {"match": 1, "exec_error": 1}, "exec_errors": {"no such table": 1}},
+        "grpo": {
+            "scored": 2,
+            "statuses": {"match": 1, "exec_error": 1},
+            "excluded": {"infra_error": 1},
+            "exec_errors": {"too_many_rows": 1},
+        },
     }
     assert "base: 3 scored: exec_error 2 (66.7%), match 1 (33.3%)" in r.stdout
     empty = subprocess.run([*cmd[:2], str(tmp_path / "none")], capture_output=True, text=True)
-    assert empty.returncode == 2 and "no arms/*/eval" in empty.stderr
+    assert empty.returncode == 2 and "no arms/*/eval/results.jsonl" in empty.stderr
 
 
 def test_gpu_sh_collect_puts_a_pack_into_a_results_folder(tmp_path):
@@ -229,6 +256,12 @@ def test_gpu_sh_collect_puts_a_pack_into_a_results_folder(tmp_path):
     assert (dest / "COMMANDS.md").read_text() == "calls\n" and not (dest / ".leakage").exists()
     missing = collect(str(tmp_path / "none.tgz"), str(dest))
     assert missing.returncode == 2 and missing.stderr == f"collect: no file {tmp_path / 'none.tgz'}\n"
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # DEST under a file: mkdir fails, nothing reported as collected
+    failed = collect(str(pack), str(blocked / "dest"))
+    assert failed.returncode == 1 and not failed.stdout
+    assert failed.stderr.startswith(f"collect: copying into {blocked / 'dest'} failed: mkdir: ")
+    assert failed.stderr.count("\n") == 1
     (tmp_path / "bad.tgz").write_text("not a tar")
     bad = collect(str(tmp_path / "bad.tgz"), str(dest))
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a .tgz" in bad.stderr

@@ -6,7 +6,13 @@ import sqlite3
 
 import pytest
 
-from sqlrl.evaluation.errorkinds import NOT_RECORDED, error_kind, exec_error_kinds
+from sqlrl.evaluation.errorkinds import (
+    NOT_RECORDED,
+    error_kind,
+    exec_error_kinds,
+    failure_message,
+    trajectory_messages,
+)
 
 
 @pytest.mark.parametrize(
@@ -36,17 +42,45 @@ def test_messages_of_other_sqlite_versions_and_unknown_ones():
     assert error_kind("x" * 50 + ": detail") == "x" * 40
 
 
+def test_failure_message_only_for_non_executable_sql_prefixed_by_a_sandbox_refusal():
+    def reward(status, sandbox_status=None, message="m"):
+        return {"status": status, "parts": {"sandbox_status": sandbox_status, "message": message}}
+
+    assert failure_message(reward("exec_error", "runtime_error", "no such column: a")) == "no such column: a"
+    assert failure_message(reward("exec_error", "syntax_error", "incomplete input")) == "incomplete input"
+    assert failure_message(reward("timeout", "timeout", "interrupted")) == "interrupted"
+    assert (
+        failure_message(reward("exec_error", "too_many_rows", "more than 10 rows"))
+        == "too_many_rows: more than 10 rows"
+    )
+    assert failure_message(reward("mismatch", "ok", "rows differ")) is None  # it executed
+    assert failure_message(reward("infra_error", "worker_crash")) is None  # not the prediction's failure
+    assert failure_message(reward("no_sql", None, None)) is None and failure_message(None) is None
+
+
 def test_exec_error_kinds_counts_exec_errors_only_most_frequent_first():
     rows = [
-        {"status": "exec_error", "error": "no such table: x"},
-        {"status": "exec_error", "error": "no such column: a"},
-        {"status": "exec_error", "error": "no such column: b"},
-        {"status": "exec_error"},  # evaluated before results.jsonl held the message
-        {"status": "timeout", "error": "interrupted"},
-        {"status": "match"},
+        {"task_id": "a", "status": "exec_error", "error": "no such table: x"},
+        {"task_id": "b", "status": "exec_error", "error": "no such column: a"},
+        {"task_id": "c", "status": "exec_error", "error": "no such column: b"},
+        {"task_id": "d", "status": "exec_error"},  # an older folder's row: message from its trajectory
+        {"task_id": "e", "status": "exec_error"},  # nowhere
+        {"task_id": "f", "status": "timeout", "error": "interrupted"},
+        {"task_id": "g", "status": "match"},
     ]
     assert list(exec_error_kinds(rows).items()) == [
         ("no such column", 2),
+        (NOT_RECORDED, 2),
+        ("no such table", 1),
+    ]
+    trajectories = [
+        {"task_id": "d", "reward": {"status": "exec_error", "parts": {"message": "no such column: z"}}},
+        {"task_id": "g", "reward": {"status": "match", "parts": {}}},
+    ]
+    messages = trajectory_messages(trajectories)
+    assert messages == {"d": "no such column: z"}
+    assert list(exec_error_kinds(rows, messages).items()) == [
+        ("no such column", 3),
         ("no such table", 1),
         (NOT_RECORDED, 1),
     ]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sqlrl.artifacts import read_json, write_json_atomic, write_jsonl
+from sqlrl.artifacts import read_json, read_jsonl, write_json_atomic, write_jsonl
 from sqlrl.evidence.analysis import analyze
 from sqlrl.evidence.report import write_report
 
@@ -259,17 +259,24 @@ def test_sft_arm_curve_and_grpo_sft_stage_curve(tmp_path) -> None:
 
 
 def test_what_does_not_execute_per_arm(exp) -> None:
-    """base: 2 of its 9 scored tasks did not execute (a missing column, an error without its message, as
-    written before results.jsonl held it), grpo: none; the section names both arms and the kinds."""
+    """base: 3 of its 9 scored tasks did not execute (a missing column named on its row; an older folder's
+    row without its message, found in its trajectory; one with neither), grpo: none; the section names
+    both arms and the kinds."""
     e, _ = exp
     rows = _rows(BASE)
     rows[2].update(status="exec_error", error="no such column: T1.x")
     rows[3].update(status="exec_error", correct=False, reward=0.0)
+    rows[4].update(status="exec_error", correct=False, reward=0.0)
     write_jsonl(e / "arms/base/eval/results.jsonl", rows)
+    trajectories = list(read_jsonl(e / "arms/base/eval/trajectories.jsonl"))
+    for t in trajectories:
+        if t["task_id"] == "dev/00003":
+            t["reward"] = {"status": "exec_error", "parts": {"message": "no such table: y"}}
+    write_jsonl(e / "arms/base/eval/trajectories.jsonl", trajectories)
     paths = write_report(e, n_boot=200)
     md = Path(paths["markdown"]).read_text()
     part = md[md.index("## What does not execute") :]
-    assert "| base | 9 | 2 (22.2%) | 0 | 0 | no such column 1, not recorded 1 |" in part
+    assert "| base | 9 | 3 (33.3%) | 0 | 0 | no such column 1, no such table 1, not recorded 1 |" in part
     assert "| grpo | 9 | 0 (0.0%) | 0 | 0 | - |" in part
     html = Path(paths["html"]).read_text()
-    assert "no such column 1, not recorded 1" in _section(html, "nonexec")
+    assert "no such column 1, no such table 1, not recorded 1" in _section(html, "nonexec")

@@ -1,12 +1,15 @@
-"""Why a prediction does not execute: the kind of its SQLite error (results.jsonl, summary.json, report).
+"""Why a prediction does not execute: the kind of its error (results.jsonl, summary.json, report).
 
+- `failure_message(reward)`: results.jsonl's `error` for a reward (a dict) whose prediction did not
+  execute (no_sql, exec_error, timeout): the sandbox's message, prefixed by its status when the sandbox
+  refused the SQL rather than SQLite failing it (`too_many_rows: more than ...`); else None.
 - `error_kind(message)`: the message up to its first ": " (`no such column`, `no such table`,
-  `ambiguous column name`, ...), at most 40 characters; a syntax error (`near "X": syntax error`,
-  `incomplete input`, `unrecognized token`) is `syntax error`, and a few messages lose their variable
-  part (`misuse of aggregate function count()` is `misuse of aggregate`).
-- `exec_error_kinds(rows)`: {kind: count} over results.jsonl rows with status `exec_error`, most frequent
-  first; a row without its `error` field (evaluated before results.jsonl held it) counts as
-  `not recorded`.
+  `ambiguous column name`, `too_many_rows`, ...), at most 40 characters; a syntax error
+  (`near "X": syntax error`, `incomplete input`, `unrecognized token`) is `syntax error`, and a few
+  messages lose their variable part (`misuse of aggregate function count()` is `misuse of aggregate`).
+- `exec_error_kinds(rows, messages)`: {kind: count} over results.jsonl rows with status `exec_error`, most
+  frequent first; a row without `error` takes `messages[task_id]` (`trajectory_messages`, for an older
+  evaluation folder), else counts as `not recorded`.
 """
 
 from __future__ import annotations
@@ -15,11 +18,21 @@ import re
 from collections import Counter
 
 NOT_RECORDED = "not recorded"
+NON_EXECUTABLE = ("no_sql", "exec_error", "timeout")
+_SQLITE = (None, "runtime_error", "syntax_error", "timeout")  # sandbox statuses whose message is SQLite's
 _SYNTAX = re.compile(r'near ".*": syntax error|incomplete input|unrecognized token')
-
-
 # messages whose variable part follows without ": " (it differs across SQLite versions)
 _PREFIXES = ("misuse of aggregate", "misuse of window function", "wrong number of arguments to function")
+
+
+def failure_message(reward: dict | None) -> str | None:
+    if not reward or reward.get("status") not in NON_EXECUTABLE:
+        return None
+    parts = reward.get("parts") or {}
+    message, status = parts.get("message"), parts.get("sandbox_status")
+    if not message:
+        return None
+    return str(message) if status in _SQLITE else f"{status}: {message}"
 
 
 def error_kind(message: str) -> str:
@@ -31,10 +44,18 @@ def error_kind(message: str) -> str:
     return message.split(": ", 1)[0][:40]
 
 
-def exec_error_kinds(rows: list[dict]) -> dict[str, int]:
-    kinds = Counter(
-        error_kind(r["error"]) if r.get("error") else NOT_RECORDED
-        for r in rows
-        if r.get("status") == "exec_error"
-    )
+def trajectory_messages(trajectories: list[dict]) -> dict[str, str]:
+    """{task_id: failure_message} from trajectories.jsonl rows whose prediction did not execute."""
+    found = ((t.get("task_id"), failure_message(t.get("reward"))) for t in trajectories)
+    return {tid: msg for tid, msg in found if tid is not None and msg}
+
+
+def exec_error_kinds(rows: list[dict], messages: dict[str, str] | None = None) -> dict[str, int]:
+    messages = messages or {}
+
+    def kind(row: dict) -> str:
+        message = row.get("error") or messages.get(str(row.get("task_id")))
+        return error_kind(message) if message else NOT_RECORDED
+
+    kinds = Counter(kind(r) for r in rows if r.get("status") == "exec_error")
     return dict(kinds.most_common())

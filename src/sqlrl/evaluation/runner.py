@@ -32,7 +32,7 @@ from sqlrl.agent.envs import make_env
 from sqlrl.agent.loop import Budgets, Sampling, Trajectory
 from sqlrl.artifacts import git_commit, holds_run_lock, machine_info, write_json_atomic, write_jsonl
 from sqlrl.evaluation.checker import checker_row, checker_summary, score_first_answers
-from sqlrl.evaluation.errorkinds import exec_error_kinds
+from sqlrl.evaluation.errorkinds import exec_error_kinds, failure_message
 from sqlrl.evaluation.turnuse import turn_use
 from sqlrl.generation.device import pick_device
 from sqlrl.tasks.bird import accuracy_by_difficulty
@@ -150,7 +150,7 @@ def evaluate_tasks(
                 "turns": len(tr.turns),
                 "stop_reason": tr.stop_reason,
                 "exec_ms": rw.get("exec_ms"),
-                **({"error": str(msg)[:300]} if (msg := _failure_message(rw)) else {}),
+                **({"error": msg[:300]} if (msg := failure_message(rw)) else {}),
                 **({"difficulty": t.difficulty} if t.difficulty else {}),
                 **({} if check is None else {"checker": check}),
             }
@@ -169,11 +169,6 @@ def evaluate_tasks(
     if done:
         summary["resumed_tasks"] = sum(t.public.task_id in done for t in rolled)
     return EvalOutput(trajectories, results, summary)
-
-
-def _failure_message(rw: dict) -> str | None:
-    """The sandbox's message of a prediction that did not execute (results.jsonl's `error`), else None."""
-    return (rw.get("parts") or {}).get("message") if rw.get("status") in EXECUTABLE_FAIL else None
 
 
 def summarize(results: list[dict], trajectories: list[Trajectory], kind: str = "execution") -> dict:

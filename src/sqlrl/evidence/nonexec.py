@@ -2,8 +2,8 @@
 execution errors by kind (`evaluation.errorkinds`), as Markdown (`nonexec_markdown`) and HTML
 (`nonexec_html`).
 
-What is covered: the counts are the analysis's (`status_counts`, `exec_error_kinds` over results.jsonl);
-an evaluation from before results.jsonl held each error's message shows its errors as `not recorded`.
+What is covered: the counts are the analysis's (`status_counts`, `exec_error_kinds` over results.jsonl,
+each error's message from its row, else from its trajectory; `not recorded` when neither has it).
 What is not: no_sql and timeout are counted, not broken down; nothing is re-executed.
 """
 
