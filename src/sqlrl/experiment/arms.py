@@ -406,9 +406,8 @@ def run_arm(
         run_json = train_dir / "run.json"
         finished = run_json.exists() and read_json(run_json).get("status") == "finished"
         if finished:
-            if kind == "grpo_sft" and own_stage(sft):
-                _skip(progress, "sft_stage")  # done before its GRPO steps
-            _skip(progress, "train")
+            if progress is not None:
+                progress.skip_training()
             log.info(f"[experiment] {name}: training finished before, kept")
         else:
             check_time(deadline, 60, f"training arm {name}")

@@ -323,6 +323,12 @@ class ArmProgress:
     def skip(self, what: str, arm: str | None = None) -> None:
         self.line.skip(self.index[(arm or self.arm, what)])
 
+    def skip_training(self, arm: str | None = None) -> None:
+        """A trained arm kept from before: its training parts (grpo_sft's own SFT stage too) are done."""
+        for what in ("sft_stage", "train"):
+            if (arm or self.arm, what) in self.index:
+                self.skip(what, arm)
+
     def opener(self, what: str, arm: str | None = None):
         i = self.index[(arm or self.arm, what)]
         return lambda total, initial: self.line.open(i, total, initial)
