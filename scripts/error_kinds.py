@@ -18,7 +18,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from sqlrl.evaluation.errorkinds import exec_error_kinds, trajectory_messages
+from sqlrl.evaluation.errorkinds import exec_error_kinds
 
 
 def _jsonl(plain: Path) -> list[dict]:
@@ -37,13 +37,12 @@ def summarize(exp_dir: Path) -> dict:
         if not rows:
             continue
         scored = [r for r in rows if r.get("reward") is not None]
-        missing = any(r.get("status") == "exec_error" and not r.get("error") for r in scored)
-        messages = trajectory_messages(_jsonl(eval_dir / "trajectories.jsonl")) if missing else None
+        trajectories = eval_dir / "trajectories.jsonl"
         out[eval_dir.parent.name] = {
             "scored": len(scored),
             "statuses": dict(Counter(r["status"] for r in scored).most_common()),
             "excluded": dict(Counter(r["status"] for r in rows if r.get("reward") is None).most_common()),
-            "exec_errors": exec_error_kinds(scored, messages),
+            "exec_errors": exec_error_kinds(scored, lambda p=trajectories: _jsonl(p)),
         }
     return out
 

@@ -58,6 +58,14 @@ def test_failure_message_only_for_non_executable_sql_prefixed_by_a_sandbox_refus
     assert failure_message(reward("no_sql", None, None)) is None and failure_message(None) is None
 
 
+def test_trajectories_are_read_only_when_a_row_lacks_its_message():
+    def unread():
+        raise AssertionError("trajectories read although every row has its message")
+
+    rows = [{"task_id": "a", "status": "exec_error", "error": "no such table: x"}, {"status": "match"}]
+    assert exec_error_kinds(rows, unread) == {"no such table": 1}
+
+
 def test_exec_error_kinds_counts_exec_errors_only_most_frequent_first():
     rows = [
         {"task_id": "a", "status": "exec_error", "error": "no such table: x"},
@@ -77,9 +85,8 @@ def test_exec_error_kinds_counts_exec_errors_only_most_frequent_first():
         {"task_id": "d", "reward": {"status": "exec_error", "parts": {"message": "no such column: z"}}},
         {"task_id": "g", "reward": {"status": "match", "parts": {}}},
     ]
-    messages = trajectory_messages(trajectories)
-    assert messages == {"d": "no such column: z"}
-    assert list(exec_error_kinds(rows, messages).items()) == [
+    assert trajectory_messages(trajectories) == {"d": "no such column: z"}
+    assert list(exec_error_kinds(rows, lambda: trajectories).items()) == [
         ("no such column", 3),
         ("no such table", 1),
         (NOT_RECORDED, 1),

@@ -7,18 +7,20 @@
   `ambiguous column name`, `too_many_rows`, ...), at most 40 characters; a syntax error
   (`near "X": syntax error`, `incomplete input`, `unrecognized token`) is `syntax error`, and a few
   messages lose their variable part (`misuse of aggregate function count()` is `misuse of aggregate`).
-- `exec_error_kinds(rows, messages)`: {kind: count} over results.jsonl rows with status `exec_error`, most
-  frequent first; a row without `error` takes `messages[task_id]` (`trajectory_messages`, for an older
-  evaluation folder), else counts as `not recorded`.
+- `exec_error_kinds(rows, trajectories)`: {kind: count} over results.jsonl rows with status `exec_error`,
+  most frequent first; when a row has no `error` (an older evaluation folder), the messages of
+  `trajectories()` (called then only: trajectories.jsonl rows) stand in, and a row with neither counts
+  as `not recorded`.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 
 NOT_RECORDED = "not recorded"
-NON_EXECUTABLE = ("no_sql", "exec_error", "timeout")
+NON_EXECUTABLE = ("no_sql", "exec_error", "timeout")  # the statuses of a final SQL that did not execute
 _SQLITE = (None, "runtime_error", "syntax_error", "timeout")  # sandbox statuses whose message is SQLite's
 _SYNTAX = re.compile(r'near ".*": syntax error|incomplete input|unrecognized token')
 # messages whose variable part follows without ": " (it differs across SQLite versions)
@@ -50,12 +52,16 @@ def trajectory_messages(trajectories: list[dict]) -> dict[str, str]:
     return {tid: msg for tid, msg in found if tid is not None and msg}
 
 
-def exec_error_kinds(rows: list[dict], messages: dict[str, str] | None = None) -> dict[str, int]:
-    messages = messages or {}
+def exec_error_kinds(
+    rows: list[dict], trajectories: Callable[[], list[dict]] | None = None
+) -> dict[str, int]:
+    errors = [r for r in rows if r.get("status") == "exec_error"]
+    unrecorded = trajectories is not None and any(not r.get("error") for r in errors)
+    messages = trajectory_messages(trajectories()) if unrecorded else {}
 
     def kind(row: dict) -> str:
         message = row.get("error") or messages.get(str(row.get("task_id")))
         return error_kind(message) if message else NOT_RECORDED
 
-    kinds = Counter(kind(r) for r in rows if r.get("status") == "exec_error")
+    kinds = Counter(kind(r) for r in errors)
     return dict(kinds.most_common())

@@ -32,7 +32,7 @@ from sqlrl.agent.envs import make_env
 from sqlrl.agent.loop import Budgets, Sampling, Trajectory
 from sqlrl.artifacts import git_commit, holds_run_lock, machine_info, write_json_atomic, write_jsonl
 from sqlrl.evaluation.checker import checker_row, checker_summary, score_first_answers
-from sqlrl.evaluation.errorkinds import exec_error_kinds, failure_message
+from sqlrl.evaluation.errorkinds import NON_EXECUTABLE, exec_error_kinds, failure_message
 from sqlrl.evaluation.turnuse import turn_use
 from sqlrl.generation.device import pick_device
 from sqlrl.tasks.bird import accuracy_by_difficulty
@@ -40,8 +40,6 @@ from sqlrl.tasks.data import resolve_data_root, select_tasks
 from sqlrl.tasks.hardness import accuracy_by_hardness
 
 log = logging.getLogger(__name__)
-
-EXECUTABLE_FAIL = {"no_sql", "exec_error", "timeout"}
 
 
 @dataclass
@@ -200,7 +198,7 @@ def summarize(results: list[dict], trajectories: list[Trajectory], kind: str = "
         "mean_reward": (sum(r["reward"] for r in scored) / n) if n else None,
         "test_suite_match": (sum(ts) / len(ts)) if ts else None,
         "bird_execution_match": (sum(bd) / len(bd)) if bd and kind == "execution" else None,
-        "executable_rate": (sum(r["status"] not in EXECUTABLE_FAIL for r in scored) / n) if n else None,
+        "executable_rate": (sum(r["status"] not in NON_EXECUTABLE for r in scored) / n) if n else None,
         "excluded": dict(excluded),
         "status_counts": dict(status_counts),
         "exec_error_kinds": exec_error_kinds(scored),

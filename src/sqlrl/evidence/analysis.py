@@ -27,7 +27,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from sqlrl.evaluation.errorkinds import exec_error_kinds, trajectory_messages
+from sqlrl.evaluation.errorkinds import exec_error_kinds
 from sqlrl.evaluation.turnuse import turn_use
 from sqlrl.evidence.breakdown import breakdown
 from sqlrl.evidence.difficulty import difficulty_breakdown
@@ -189,11 +189,7 @@ def _arm_info(exp: Experiment, name: str, *, n_boot: int, seed: int, ci: float) 
         for r in ordered:
             status_counts[str(r.get("status"))] = status_counts.get(str(r.get("status")), 0) + 1
         info.update(n_total=len(ordered), n=len(scored), excluded=excluded, status_counts=status_counts)
-        unrecorded = any(r.get("status") == "exec_error" and not r.get("error") for r in scored)
-        messages = (
-            trajectory_messages(exp.trajectories(name) or []) if unrecorded else None
-        )  # an older folder
-        info["exec_error_kinds"] = exec_error_kinds(scored, messages)
+        info["exec_error_kinds"] = exec_error_kinds(scored, lambda: exp.trajectories(name) or [])
         if scored:
             acc = stats.accuracy_ci(
                 [int(bool(r["correct"])) for r in scored], n_boot=n_boot, seed=seed, ci=ci

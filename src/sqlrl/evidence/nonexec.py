@@ -9,6 +9,7 @@ What is not: no_sql and timeout are counted, not broken down; nothing is re-exec
 
 from __future__ import annotations
 
+from sqlrl.evaluation.errorkinds import NON_EXECUTABLE
 from sqlrl.evidence.fmt import esc, html_table, md_cell
 
 NONEXEC_NOTE = (
@@ -33,7 +34,7 @@ def nonexec_rows(analysis: dict) -> list[list[str]]:
         n, counts = arm.get("n"), arm.get("status_counts") or {}
         if not n:
             continue
-        bad = sum(counts.get(s, 0) for s in ("no_sql", "exec_error", "timeout"))
+        bad = sum(counts.get(s, 0) for s in NON_EXECUTABLE)
         rows.append(
             [
                 arm["name"],

@@ -281,7 +281,7 @@ def step_metrics(
     metrics describe the step's first round; `trained_*`, `ds_*` and `gen_tokens` all rounds."""
     import torch
 
-    from sqlrl.evaluation.runner import EXECUTABLE_FAIL
+    from sqlrl.evaluation.errorkinds import NON_EXECUTABLE
 
     t0, t_upd = times
     trajs, valid, accs, first_groups = s.trajs, s.valid, s.accs, s.first_groups
@@ -291,7 +291,7 @@ def step_metrics(
         "reward_mean": sum(rv) / len(rv) if rv else None,
         "reward_std": float(torch.tensor(rv).std(unbiased=False)) if len(rv) > 1 else 0.0,
         "accuracy": sum(accs) / len(accs) if accs else None,
-        "executable_rate": (sum(tr.reward["status"] not in EXECUTABLE_FAIL for tr in valid) / len(valid))
+        "executable_rate": (sum(tr.reward["status"] not in NON_EXECUTABLE for tr in valid) / len(valid))
         if valid
         else None,
         # the first round's reward statuses, excluded ones included (e.g. how many timed out)
