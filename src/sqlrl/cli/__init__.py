@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reward": ("sqlrl.cli.reward", "score a predicted SQL against a gold SQL on a database"),
     "data": ("sqlrl.cli.data", "inspect a Spider-layout folder: audit golds, show the split"),
     "model": ("sqlrl.cli.model", "fetch, convert and cache a model; show its identity"),
-    "eval": ("sqlrl.cli.eval", "run the agent greedily over a split and score it"),
+    "eval": ("sqlrl.cli.eval", "run the agent greedily over a split and score it (self-consistency beside it on request)"),
     "audit": (
         "sqlrl.cli.audit",
         "audits: `audit weights` (tensor-level) and `audit leakage` (gold mutation)",
@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("sqlrl.cli.train", "GRPO training from a TOML config (with --resume)"),
     "sft": (
         "sqlrl.cli.sft",
-        "supervised warm start on training references of debugging tasks (with --resume)",
+        "supervised fine-tuning on text-to-SQL golds or debugging-task solutions (with --resume)",
     ),
     "curriculum": (
         "sqlrl.cli.curriculum",
@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "experiment": (
         "sqlrl.cli.experiment",
-        "run the equal-budget arm matrix (Base, GRPO, No-update, validity-only)",
+        "run the equal-budget arm matrix (Base, GRPO, No-update, validity-only, SFT, ...), resumable",
     ),
     "report": ("sqlrl.cli.report", "apply the evidence gate to an experiment folder and write the report"),
     "compare": (
