@@ -1,12 +1,15 @@
 """Why an experiment's arms fail: each arm's evaluation statuses and its execution errors by kind.
 
-    python scripts/error_kinds.py EXPERIMENT_DIR [--json OUT]
+    python scripts/error_kinds.py EXPERIMENT_DIR [--data SPIDER_DIR] [--json OUT]
 
 Reads every `arms/<arm>/eval/results.jsonl` of the folder and counts, per arm, the statuses of the
 scored tasks (`match`, `mismatch`, `exec_error`, `no_sql`, `timeout`; the `n` of summary.json), the
 excluded ones by status apart, and the execution errors by kind, as the report's "What does not
 execute" counts them (`sqlrl.evaluation.errorkinds`: a row's `error`, else its trajectory's message
-from trajectories.jsonl or .jsonl.gz, for an older folder). Exit 2 when the folder holds no evaluation.
+from trajectories.jsonl or .jsonl.gz, for an older folder). With `--data` (the evaluation's data folder)
+also where each `no such column` error's column is in its database (`missing_column_place`: in a table
+the query names, only in tables it does not name, in no table). Exit 2 when the folder holds no
+evaluation.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from sqlrl.evaluation.errorkinds import exec_error_kinds
+from sqlrl.evaluation.errorkinds import exec_error_kinds, missing_column_place, trajectory_messages
 
 
 def _jsonl(plain: Path) -> list[dict]:
@@ -29,8 +32,27 @@ def _jsonl(plain: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def summarize(exp_dir: Path) -> dict:
-    """{arm: {"scored", "statuses", "excluded", "exec_errors"}} for every evaluated arm of `exp_dir`."""
+def missing_columns(rows: list[dict], trajectories, data) -> dict[str, int]:
+    """{place: count} over the `no such column` errors of `rows` (`data`: a SpiderData)."""
+    from sqlrl.tasks.schemainfo import schema_info
+
+    errors = [r for r in rows if r.get("status") == "exec_error"]
+    messages = trajectory_messages(trajectories()) if any(not r.get("error") for r in errors) else {}
+    places: Counter = Counter()
+    for r in errors:
+        message = r.get("error") or messages.get(str(r.get("task_id"))) or ""
+        if not message.startswith("no such column"):
+            continue
+        units = schema_info(data.db_path(r["db_id"])).units
+        places[
+            missing_column_place(message, r.get("final_sql") or "", {u.name: u.columns for u in units})
+        ] += 1
+    return dict(places.most_common())
+
+
+def summarize(exp_dir: Path, data=None) -> dict:
+    """{arm: {"scored", "statuses", "excluded", "exec_errors"[, "missing_columns"]}} for every evaluated
+    arm of `exp_dir` (`missing_columns` with `data`, a SpiderData)."""
     out = {}
     for eval_dir in sorted(exp_dir.glob("arms/*/eval")):
         rows = _jsonl(eval_dir / "results.jsonl")
@@ -44,15 +66,29 @@ def summarize(exp_dir: Path) -> dict:
             "excluded": dict(Counter(r["status"] for r in rows if r.get("reward") is None).most_common()),
             "exec_errors": exec_error_kinds(scored, lambda p=trajectories: _jsonl(p)),
         }
+        if data is not None:
+            out[eval_dir.parent.name]["missing_columns"] = missing_columns(
+                scored, lambda p=trajectories: _jsonl(p), data
+            )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("experiment", type=Path)
+    ap.add_argument("--data", type=Path, help="the evaluation's data folder: where missing columns are")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON")
     args = ap.parse_args(argv)
-    arms = summarize(args.experiment)
+    data = None
+    if args.data is not None:
+        from sqlrl.tasks.data import DataError, SpiderData
+
+        try:
+            data = SpiderData(args.data)
+        except DataError as e:
+            print(f"error_kinds: {e}", file=sys.stderr)
+            return 2
+    arms = summarize(args.experiment, data)
     if not arms:
         print(f"error_kinds: no arms/*/eval/results.jsonl under {args.experiment}", file=sys.stderr)
         return 2
@@ -62,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{arm}: {n} scored: {shares}")
         if s["exec_errors"]:
             print("  exec_error: " + ", ".join(f"{k} {v}" for k, v in s["exec_errors"].items()))
+        if s.get("missing_columns"):
+            print("  no such column: " + ", ".join(f"{k} {v}" for k, v in s["missing_columns"].items()))
     if args.json:
         args.json.write_text(json.dumps(arms, indent=1) + "\n")
     return 0

@@ -506,3 +506,36 @@ def test_gpu_sh_setup_names_missing_parts_on_a_fresh_machine(tmp_path):
     assert r.returncode == 1
     assert "1 of 3 parts staged" in r.stderr and "gpu.sh stage NN" in r.stderr, r.stderr
     assert not (tmp_path / "scratch" / "qwen.gguf").exists()
+
+
+def test_error_kinds_with_data_says_where_missing_columns_are(tmp_path):
+    """--data: each `no such column` error's column located in the real embedded activity_1 database
+    (Activity(actid, activity_name), Student(StuID, ..., Age, ...), ...)."""
+    exp = tmp_path / "exp"
+    ev = exp / "arms/grpo/eval"
+    ev.mkdir(parents=True)
+
+    def row(tid, sql, error):
+        r = {"task_id": tid, "db_id": "activity_1", "status": "exec_error", "reward": 0.0}
+        return json.dumps({**r, "final_sql": sql, "error": error})
+
+    rows = [
+        row("t0", "SELECT T1.Age FROM Activity AS T1 JOIN Student AS T2", "no such column: T1.Age"),
+        row("t1", "SELECT activity_name FROM Student", "no such column: activity_name"),
+        row("t2", "SELECT T1.age2 FROM Student AS T1", "no such column: T1.age2"),
+        row("t3", "SELECT x FROM nope", "no such table: nope"),
+    ]
+    (ev / "results.jsonl").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "k.json"
+    data = ROOT / "src/sqlrl/embedded/spider_demo"
+    cmd = [sys.executable, str(ROOT / "scripts" / "error_kinds.py"), str(exp), "--data", str(data)]
+    r = subprocess.run([*cmd, "--json", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["grpo"]["missing_columns"] == {
+        "in a table the query names": 1,
+        "only in tables the query does not name": 1,
+        "in no table": 1,
+    }
+    assert "no such column: in a table the query names 1" in r.stdout
+    bad = subprocess.run([*cmd[:3], "--data", str(tmp_path / "none")], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("error_kinds: ") and "Traceback" not in bad.stderr

@@ -7,10 +7,14 @@ import sqlite3
 import pytest
 
 from sqlrl.evaluation.errorkinds import (
+    IN_NAMED,
+    IN_NONE,
+    IN_OTHER,
     NOT_RECORDED,
     error_kind,
     exec_error_kinds,
     failure_message,
+    missing_column_place,
     trajectory_messages,
 )
 
@@ -91,3 +95,39 @@ def test_exec_error_kinds_counts_exec_errors_only_most_frequent_first():
         ("no such table", 1),
         (NOT_RECORDED, 1),
     ]
+
+
+_SCHEMA = {"actor": ("Actor_ID", "Name", "Musical_ID", "Duration"), "musical": ("Musical_ID", "Name", "Year")}
+
+
+@pytest.mark.parametrize(
+    "sql,place",
+    [
+        # qualified by the other table's alias: the column is in a table the query names
+        ("SELECT T2.Duration FROM actor AS T1 JOIN musical AS T2 ON T1.Musical_ID = T2.Musical_ID", IN_NAMED),
+        # unqualified, from a table the query never joins
+        ("SELECT Name FROM actor ORDER BY Year", IN_OTHER),
+        # a name no table has (case differs from the schema's: still found or not found the same way)
+        ("SELECT T1.Musician_ID FROM musical AS T1", IN_NONE),
+        ("SELECT duration FROM musical", IN_OTHER),
+        # a quoted table name counts as named; the column's case differs
+        ('SELECT m.duration FROM "Actor" AS a JOIN musical AS m ON 1', IN_NAMED),
+    ],
+)
+def test_where_a_missing_column_is_from_real_sqlite_messages(sql, place):
+    con = sqlite3.connect(":memory:")
+    for table, cols in _SCHEMA.items():
+        con.execute(f"CREATE TABLE {table} ({', '.join(cols)})")
+    with pytest.raises(sqlite3.Error) as e:
+        con.execute(sql)
+    assert missing_column_place(str(e.value), sql, _SCHEMA) == place, str(e.value)
+
+
+def test_missing_column_place_is_none_for_other_messages():
+    assert missing_column_place("no such table: x", "SELECT * FROM x", _SCHEMA) is None
+    assert missing_column_place("", "", _SCHEMA) is None
+    # a table named only inside a string literal counts as named (stated in the docstring)
+    assert (
+        missing_column_place("no such column: Year", "SELECT Year FROM actor WHERE Name = 'musical'", _SCHEMA)
+        == IN_NAMED
+    )

@@ -18,7 +18,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reward": ("sqlrl.cli.reward", "score a predicted SQL against a gold SQL on a database"),
     "data": ("sqlrl.cli.data", "inspect a Spider-layout folder: audit golds, show the split"),
     "model": ("sqlrl.cli.model", "fetch, convert and cache a model; show its identity"),
-    "eval": ("sqlrl.cli.eval", "run the agent greedily over a split and score it (self-consistency beside it on request)"),
+    "eval": (
+        "sqlrl.cli.eval",
+        "run the agent greedily over a split and score it (self-consistency beside it on request)",
+    ),
     "audit": (
         "sqlrl.cli.audit",
         "audits: `audit weights` (tensor-level) and `audit leakage` (gold mutation)",

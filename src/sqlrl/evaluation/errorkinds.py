@@ -11,6 +11,12 @@
   most frequent first; when a row has no `error` (an older evaluation folder), the messages of
   `trajectories()` (called then only: trajectories.jsonl rows) stand in, and a row with neither counts
   as `not recorded`.
+- `missing_column_place(message, sql, columns)`: for `no such column: [Q.]C`, where C is in the database
+  (`columns`: {table: column names}, case-insensitive): `IN_NAMED` (a table the SQL names: a wrong alias
+  or scope), `IN_OTHER` (only tables it does not name: a missing join) or `IN_NONE` (no table: an
+  invented name); None for any other message. A table counts as named when its name is a word of the
+  SQL (runs of letters, digits and `_`, or a quoted name), so a name that only occurs in a string
+  literal counts too.
 """
 
 from __future__ import annotations
@@ -44,6 +50,25 @@ def error_kind(message: str) -> str:
         if message.startswith(prefix):
             return prefix
     return message.split(": ", 1)[0][:40]
+
+
+IN_NAMED = "in a table the query names"
+IN_OTHER = "only in tables the query does not name"
+IN_NONE = "in no table"
+_NO_COLUMN = re.compile(r"no such column: (.+)$", re.S)
+_WORDS = re.compile(r'"([^"]+)"|`([^`]+)`|\[([^\]]+)\]|([A-Za-z0-9_]+)')
+
+
+def missing_column_place(message: str, sql: str, columns: dict[str, tuple[str, ...]]) -> str | None:
+    m = _NO_COLUMN.match(message or "")
+    if not m:
+        return None
+    column = m.group(1).strip().rsplit(".", 1)[-1].strip('"`[]').lower()
+    holders = {t.lower() for t, cols in columns.items() if column in {c.lower() for c in cols}}
+    if not holders:
+        return IN_NONE
+    named = {next(g for g in w if g).lower() for w in _WORDS.findall(sql or "")}
+    return IN_NAMED if holders & named else IN_OTHER
 
 
 def trajectory_messages(trajectories: list[dict]) -> dict[str, str]:
