@@ -59,6 +59,9 @@ def test_complete_experiment_allows_claim(exp: Path) -> None:
         "same_tasks",
         "same_fingerprint",
         "leakage_audit",
+        "identities",
+        "training",
+        "exclusions",
     ]
     d = v.to_dict()
     assert d["claim_allowed"] is True and d["verdict"] == "claim"

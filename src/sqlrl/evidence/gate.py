@@ -7,10 +7,12 @@ CI match on them): `real_run` (not flagged smoke/synthetic/partial, finished, ev
 `core_arms` (base and GRPO arms with eval runs; every GRPO arm, kind grpo or grpo_checker, has a base in
 its cell: turns and context length), `controls` (No-update and validity-only arms, train + eval, in the
 cell of every GRPO arm), `optimizer_steps` (every GRPO arm has steps with finite grad norms, not all
-zero; skipped non-finite steps are disclosed), `weights_audit` (passed, each verdict true),
-`trajectories` (present, counts and task ids match the rolled-out results), `equal_budgets` (identical
-budgets within each cell but a kind's treatment, `rundir.TREATMENT_BUDGETS`, which it must hold, and as
-recorded by each eval run), `same_tasks`, `same_fingerprint`, `leakage_audit` (passed).
+zero; skipped non-finite steps are disclosed), `weights_audit`, `trajectories` (present, counts and task
+ids match the rolled-out results), `equal_budgets` (identical budgets within each cell but a kind's
+treatment, `rundir.TREATMENT_BUDGETS`, which it must hold, and as recorded by each eval run),
+`same_tasks`, `same_fingerprint`, `leakage_audit`, `identities`, `training`, `exclusions` (the last
+four and `weights_audit` in `evidence/provenance.py`: audits passed; what was evaluated is what was
+trained and audited; training complete, the treatment its kind names; the same unscorable golds).
 
 "RL adds value over supervised fine-tuning" is a separate claim (`check_sft_control`, outside
 `claim_allowed`): the whole gate plus an `sft` arm (train + eval, sound steps) in the cell of every RL
@@ -20,8 +22,7 @@ one it says "no SFT control: whether RL beats SFT is not answered".
 
 Covered: every defect of a readable experiment folder becomes a failed check with a named problem; a
 folder that is not an experiment folder raises `rundir.ExperimentError` (CLI exit 2); no torch import.
-Not covered: hashes are not recomputed and audits not re-run (their files are trusted); structure and
-consistency are checked, not statistical significance.
+Not covered: hashes are compared, not recomputed; structure and consistency, not significance.
 """
 
 from __future__ import annotations
@@ -32,17 +33,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlrl.evidence.provenance import (
+    exclusion_problems,
+    identity_problems,
+    leakage_problems,
+    training_problems,
+    weights_audit_problems,
+)
 from sqlrl.evidence.rltime import branch_problem, device_problem, rl_training, time_problem, train_seconds
 from sqlrl.evidence.rltime import rel_path as _rel
 from sqlrl.evidence.rundir import GRPO_KINDS, RUN_FLAGS, TREATMENT_BUDGETS, Arm, Experiment
 
 CONTROL_KINDS = ("no_update", "validity")
 SFT_MISSING = "no SFT control: whether RL beats SFT is not answered"
-AUDIT_VERDICTS = {
-    "trained_changed": "GRPO weights did not change (trained_changed=false)",
-    "no_update_identical": "No-update weights are not bit-identical to the base (no_update_identical=false)",
-    "reloaded_identity": "reloaded weights do not match the evaluated identity (reloaded_identity=false)",
-}
 
 
 @dataclass
@@ -280,32 +283,6 @@ def check_optimizer_steps(exp: Experiment) -> Check:
     return _check("optimizer_steps", problems, detail)
 
 
-def check_weights_audit(exp: Experiment) -> Check:
-    problems = []
-    audit = exp.audit("weights_audit.json")
-    if not isinstance(audit, dict):
-        exists = (exp.dir / "weights_audit.json").is_file()
-        problems.append(
-            "weights_audit.json " + ("unreadable" if exists else "missing: the weight audit was not run")
-        )
-        return _check("weights_audit", problems, "")
-    verdicts = audit.get("verdicts") if isinstance(audit.get("verdicts"), dict) else {}
-    for key, message in AUDIT_VERDICTS.items():
-        if key not in verdicts:
-            problems.append(f"weight audit verdict '{key}' not recorded")
-        elif verdicts[key] is None:
-            problems.append(f"weight audit verdict '{key}' was not determined (null)")
-        elif verdicts[key] is not True:
-            problems.append(message)
-    if audit.get("passed") is not True:
-        problems.append("weight audit did not pass (passed=false)")
-    return _check(
-        "weights_audit",
-        problems,
-        "GRPO changed, No-update bit-identical, reloaded identity matches evaluation",
-    )
-
-
 def check_trajectories(exp: Experiment) -> Check:
     problems = []
     for arm in exp.arms:
@@ -474,19 +451,29 @@ def check_same_fingerprint(exp: Experiment) -> Check:
     )
 
 
-def check_leakage(exp: Experiment) -> Check:
-    problems = []
-    leak = exp.audit("leakage.json")
-    if not isinstance(leak, dict):
-        exists = (exp.dir / "leakage.json").is_file()
-        problems.append(
-            "leakage.json " + ("unreadable" if exists else "missing: the leakage audit was not run")
-        )
-    elif leak.get("passed") is not True:
-        first = leak.get("first_difference")
-        extra = f" (first difference: {json.dumps(first, default=str)[:200]})" if first else ""
-        problems.append(f"leakage audit failed (passed=false){extra}")
-    return _check("leakage_audit", problems, "gold-mutation leakage audit passed")
+def _problems_check(name: str, problems_of, ok_detail: str):
+    def check(exp: Experiment) -> Check:
+        return _check(name, problems_of(exp), ok_detail)
+
+    check.__name__ = f"check_{name}"
+    return check
+
+
+check_weights_audit = _problems_check(
+    "weights_audit",
+    weights_audit_problems,
+    "GRPO changed, No-update bit-identical, reloaded identity matches evaluation",
+)
+check_leakage = _problems_check("leakage_audit", leakage_problems, "gold-mutation leakage audit passed")
+check_identities = _problems_check(
+    "identities", identity_problems, "every evaluation ran the weights its arm names"
+)
+check_training = _problems_check(
+    "training", training_problems, "every train run complete, each the treatment its kind names"
+)
+check_exclusions = _problems_check(
+    "exclusions", exclusion_problems, "same unscorable golds in every arm, infrastructure failures rare"
+)
 
 
 def check_sft_control(exp: Experiment) -> Check:
@@ -568,6 +555,9 @@ CHECKS = (
     check_same_tasks,
     check_same_fingerprint,
     check_leakage,
+    check_identities,
+    check_training,
+    check_exclusions,
 )
 
 
