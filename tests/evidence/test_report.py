@@ -389,3 +389,19 @@ def test_turn_use_rows_show_the_evaluation_figures_after_errors_and_by_turns() -
     assert len(rows[0]) == len(TURN_USE_HEADERS)
     assert rows[0][-2:] == ["2: FINAL 1, rewritten 2", "1: 50% of 2, 3: 100% of 2"]
     assert rows[1][-2:] == ["-", "-"]  # an evaluation written before summary.json had turn_use
+
+
+def test_a_passed_gate_states_each_grpo_comparison_with_its_reading(tmp_path: Path) -> None:
+    """A claim is what the comparisons say: here GRPO's evaluation is Base's (copied), so every line reads
+    "no difference at p < 0.01" (Δ +0.0 pp, McNemar p 1.000), never that GRPO helped."""
+    exp = make_experiment(tmp_path / "exp", synthetic=False)
+    for name in ("results.jsonl", "trajectories.jsonl"):
+        shutil.copyfile(exp / "arms/base/eval" / name, exp / "arms/grpo/eval" / name)
+    write_report(exp, n_boot=200)
+    md = (exp / "report.md").read_text()
+    assert "**Verdict: CLAIM ALLOWED.**" in md
+    assert "- grpo vs base: +0.0 pp (+0.0 to +0.0), McNemar p 1.000: no difference at p < 0.01" in md
+    assert "- grpo vs no_update: " in md and "- grpo vs validity: " in md
+    assert "GRPO better" not in md
+    html = (exp / "report.html").read_text()
+    assert "<li>grpo vs base: +0.0 pp (+0.0 to +0.0), McNemar p 1.000: no difference at p &lt; 0.01</li>" in html

@@ -31,8 +31,9 @@ from sqlrl.evaluation.errorkinds import exec_error_kinds
 from sqlrl.evaluation.turnuse import turn_use
 from sqlrl.evidence.breakdown import breakdown
 from sqlrl.evidence.difficulty import difficulty_breakdown
+from sqlrl.evidence.fmt import fmt_p
 from sqlrl.evidence.gate import evidence_gate
-from sqlrl.evidence.rundir import Experiment
+from sqlrl.evidence.rundir import GRPO_KINDS, Experiment
 
 NONEXEC = "non-executable"
 
@@ -349,6 +350,31 @@ def find_comparison(analysis: dict, a: str, b: str) -> dict | None:
     return None
 
 
+def _reading(r: dict, better: str, worse: str) -> str:
+    if not r.get("available"):
+        return "not comparable: " + str(r.get("reason", ""))
+    if r["p_value"] is not None and r["p_value"] < 0.01 and r["ci_low"] > 0:
+        return f"{better} (p < 0.01)"
+    if r["p_value"] is not None and r["p_value"] < 0.01 and r["ci_high"] < 0:
+        return f"{worse} (p < 0.01)"
+    return "no difference at p < 0.01"
+
+
+def claim_lines(analysis: dict) -> list[str]:
+    """What a passed gate lets one state, one line per comparison of a GRPO arm (kinds grpo, grpo_checker)
+    with its base, No-update and validity-only arms: Δ, CI, McNemar p and the reading (better / worse /
+    no difference at p < 0.01). A passed gate with no difference is a claim that GRPO did not help."""
+    kinds = {a["name"]: a["kind"] for a in analysis["arms"]}
+    return [
+        f"{r['b']} vs {r['a']}: {r['diff'] * 100:+.1f} pp ({r['ci_low'] * 100:+.1f} to {r['ci_high'] * 100:+.1f}), "
+        f"McNemar p {fmt_p(r['p_value'])}: {_reading(r, 'GRPO better', 'GRPO worse')}"
+        if r.get("available")
+        else f"{r['b']} vs {r['a']}: {_reading(r, '', '')}"
+        for r in analysis["comparisons"]
+        if kinds.get(r["b"]) in GRPO_KINDS and kinds.get(r["a"]) in ("base", "no_update", "validity")
+    ]
+
+
 def sft_comparisons(analysis: dict) -> list[dict]:
     """The comparisons of each RL arm (kind grpo*) against the SFT-only control, each with `reading`:
     RL better / SFT better (McNemar p < 0.01 and the CI on that side of 0) or no difference at p < 0.01."""
@@ -357,15 +383,7 @@ def sft_comparisons(analysis: dict) -> list[dict]:
     for r in analysis["comparisons"]:
         if kinds.get(r["a"]) != "sft" or not str(kinds.get(r["b"], "")).startswith("grpo"):
             continue
-        if not r.get("available"):
-            reading = "not comparable: " + str(r.get("reason", ""))
-        elif r["p_value"] is not None and r["p_value"] < 0.01 and r["ci_low"] > 0:
-            reading = "RL better than SFT (p < 0.01)"
-        elif r["p_value"] is not None and r["p_value"] < 0.01 and r["ci_high"] < 0:
-            reading = "SFT better than RL (p < 0.01)"
-        else:
-            reading = "no difference at p < 0.01"
-        rows.append({**r, "reading": reading})
+        rows.append({**r, "reading": _reading(r, "RL better than SFT", "SFT better than RL")})
     return rows
 
 

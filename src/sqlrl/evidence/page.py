@@ -22,6 +22,7 @@ from sqlrl.evidence.analysis import (
     TURN_USE_NOTE,
     base_comparisons,
     cell_flag,
+    claim_lines,
     find_comparison,
     has_context_axis,
     num,
@@ -185,7 +186,9 @@ def _verdict_section(analysis: dict) -> list[str]:
         out.append(
             '<section class="verdict ok" id="verdict"><span class="badge">CLAIM ALLOWED</span>'
             "<p>Every evidence check passed: the comparisons below may be stated as a learning result "
-            "(with their confidence intervals).</p>"
+            "(with their confidence intervals):</p><ul>"
+            + "".join(f"<li>{esc(line)}</li>" for line in claim_lines(analysis))
+            + "</ul>"
         )
     else:
         out.append(

@@ -32,6 +32,7 @@ from sqlrl.evidence.analysis import (
     analyze,
     base_comparisons,
     cell_flag,
+    claim_lines,
     find_comparison,
     has_context_axis,
     sft_comparisons,
@@ -96,7 +97,8 @@ def render_markdown(analysis: dict, links: dict[str, dict[str, str]]) -> str:
     e = analysis["experiment"]
     out = [f"# sqlrl report: {md_cell(e['name'])}", ""]
     if v.claim_allowed:
-        out += ["**Verdict: CLAIM ALLOWED.** Every evidence check passed.", ""]
+        out += ["**Verdict: CLAIM ALLOWED.** Every evidence check passed. What may be stated:", ""]
+        out += [f"- {md_cell(line)}" for line in claim_lines(analysis)] + [""]
     else:
         out += [
             "**Verdict: NO CLAIM.** The evidence gate did not pass; the numbers below are not a learning result.",
