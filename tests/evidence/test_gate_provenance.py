@@ -206,7 +206,10 @@ def test_results_that_leave_out_listed_tasks(exp: Path) -> None:
     [
         ({"tasks": 0}, "leakage audit ran on 0 tasks"),
         ({"static_check": {"passed": False}}, "leakage audit's static check did not pass"),
-        ({"per_turn_budget": {"t1": {"passed": False, "tasks": 60}}}, "leakage audit failed at turn budgets t1"),
+        (
+            {"per_turn_budget": {"t1": {"passed": False, "tasks": 60}}},
+            "leakage audit failed at turn budgets t1",
+        ),
     ],
 )
 def test_a_leakage_audit_that_says_passed_but_is_empty_or_partly_failed(exp: Path, edit, needle) -> None:

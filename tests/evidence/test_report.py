@@ -404,4 +404,6 @@ def test_a_passed_gate_states_each_grpo_comparison_with_its_reading(tmp_path: Pa
     assert "- grpo vs no_update: " in md and "- grpo vs validity: " in md
     assert "GRPO better" not in md
     html = (exp / "report.html").read_text()
-    assert "<li>grpo vs base: +0.0 pp (+0.0 to +0.0), McNemar p 1.000: no difference at p &lt; 0.01</li>" in html
+    assert (
+        "<li>grpo vs base: +0.0 pp (+0.0 to +0.0), McNemar p 1.000: no difference at p &lt; 0.01</li>" in html
+    )

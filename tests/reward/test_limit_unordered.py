@@ -141,7 +141,7 @@ def test_pool_matching_still_finds_near_rows():
     """Rows within the float tolerance of pool rows (not equal: the exact count fails) still match
     through one matching under the identity permutation (64 x 4,096 = 262,144 row visits)."""
     pool = _float_pool(7, 4096)
-    pred = [(r[0] * (1 + 1e-12), *r[1:]) for r in pool[1000:1064]]
+    pred = [(r[0] * (1 + 1e-13), *r[1:]) for r in pool[1000:1064]]
     shape = GoldShape(order_matters=False, has_limit=True, limit=64)
     m = execution_match(None, pool[:64], None, pred, shape, Cut((64,), ((0, tuple(pool)),)))
     assert (m.match, m.mode, m.permutation) == (True, "subset", tuple(range(7)))

@@ -3,7 +3,8 @@
 What is covered:
 - `CellCmp`: two cells are equal when Python `==` says so, or, with tolerance on, when one is a
   non-integral float, both are numbers and `math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL)`
-  (both 1e-9: float rounding noise, never a rounded answer); integers and integral floats always
+  (1e-12 relative, 1e-9 absolute near zero: float rounding noise, not an answer rounded to a decimal
+  for values under 5e10); integers and integral floats always
   compare exactly; rows cell by cell; multisets exactly, then (tolerance on, floats present) by
   groups of equal non-numeric cells, sorted, then by an exact bipartite matching for groups of at
   most 64 rows;
@@ -23,7 +24,7 @@ from typing import Any
 
 __all__ = ["ABS_TOL", "REL_TOL", "CellCmp", "counts", "is_num", "non_integral", "project"]
 
-REL_TOL = 1e-9  # float rounding noise (summation order), not a rounded answer
+REL_TOL = 1e-12  # float rounding noise (summation order), not a rounded answer
 ABS_TOL = 1e-9
 _MATCHING_MAX = 64
 _POOL_MAX = 4096

@@ -22,7 +22,9 @@ What is not:
   not all output columns in a compound SELECT, a top-level SELECT DISTINCT or beside a term naming
   an output column (`ORDER BY 2`, an alias); a LIMIT whose rows an ORDER BY below it picks (derived
   table, CTE, window); a non-literal OFFSET; SQL sqlglot cannot tokenize; a full result that fails
-  or is over the caps. A non-literal LIMIT adds none to the full query; ties are Python equality.
+  or is over the caps; a key whose rows are not one run of the window and one block of the full result
+  (ties are Python equality, so under a collation such as NOCASE 'Ann' and 'ann' do not tie and their
+  reordering is a mismatch). A non-literal LIMIT adds none to the full query.
 """
 
 from __future__ import annotations
@@ -223,10 +225,15 @@ def build_cut(gold_rows: list, full_rows: list, n_cols: int, query: CutQuery, ke
         else:
             runs.append(1)
     starts = [sum(runs[:i]) for i in range(len(runs))]
+    if len({keys[s] for s in starts}) < len(starts):
+        return None  # one key in two runs: SQL's ordering ties what Python's equality does not (a collation)
     pools = []
     for idx in sorted({0, len(runs) - 1}):
         key = keys[starts[idx]]
-        pool = tuple(r for r, k in zip(rows, all_keys) if k == key)
+        where = [i for i, k in enumerate(all_keys) if k == key]
+        if where[-1] - where[0] + 1 != len(where):
+            return None  # the key's rows are not one block of the full result: the same as above
+        pool = tuple(rows[i] for i in where)
         if len(pool) > runs[idx]:
             pools.append((idx, pool))
     pooled = dict(pools)

@@ -136,10 +136,11 @@ def execution_match(
        (`reason="column_count"`). Column *names* are ignored.
     2. Values. Two cells are equal when Python `==` says so (NULL equals NULL, 3 equals 3.0, 0 equals
        -0.0), or when one is a NON-INTEGRAL float, both are numbers (int/float, not str/bytes) and
-       `math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)`: integers and integral floats compare exactly
+       `math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-9)`: integers and integral floats compare exactly
        (1000001 != 1000000.0, 1e16 != 1e16 + 2). The tolerance absorbs float rounding noise (0.1 +
-       0.2 == 0.3, a sum in another order), never a rounded answer: 1077459.33 != 1077460 or
-       1077459.3, 37.776619 != 37.776617. Numbers never equal str/bytes ('1' != 1).
+       0.2 == 0.3, a sum in another order), not a rounded answer: 1077459.33 != 1077460 or 1077459.3,
+       37.776619 != 37.776617, 114827242.3846 != 114827242.4 (values above 5e10 rounded to one
+       decimal, or near zero to nine, fall within it). Numbers never equal str/bytes ('1' != 1).
     3. Rows are a multiset: duplicates count, row order is ignored ...
     4. ... unless the gold has a top-level ORDER BY (see `sqlrl.reward.shape`). Then:
        a. If every ORDER BY key resolves to an output column of the gold, the gold rows are cut into
