@@ -131,8 +131,10 @@ def setting_differences(run_a: dict, run_b: dict) -> dict[str, tuple[Any, Any]]:
 
 
 def _side(path: Path, rows: list[dict]) -> RunSide:
-    scored = [r for r in rows if r.get("correct") is not None]
-    return RunSide(str(path), len(scored), sum(bool(r["correct"]) for r in scored), len(rows) - len(scored))
+    from sqlrl.evaluation.outcome import outcome
+
+    outs = [x for x in map(outcome, rows) if x is not None]
+    return RunSide(str(path), len(outs), sum(outs), len(rows) - len(outs))
 
 
 def compare_runs(

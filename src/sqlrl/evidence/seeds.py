@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlrl.artifacts import write_bytes_atomic, write_json_atomic
+from sqlrl.evaluation.outcome import outcome
 from sqlrl.evidence.analysis import KIND_COLOR, compare_arms
 from sqlrl.evidence.charts import svg_interval_chart
 from sqlrl.evidence.fmt import esc, fmt_p, html_table, md_cell, pct, pp
@@ -79,11 +80,8 @@ def _arm_of_kind(e: Experiment, kind: str) -> str | None:
 
 
 def _by_task(rows: list[dict] | None) -> dict[str, int | None]:
-    """results.jsonl rows as {task id: 1 / 0 / None (excluded)}."""
-    return {
-        str(r.get("task_id")): (None if r.get("correct") is None else int(bool(r["correct"])))
-        for r in rows or []
-    }
+    """results.jsonl rows as {task id: 1 / 0 / None (not scored)} (`evaluation.outcome.outcome`)."""
+    return {str(r.get("task_id")): outcome(r) for r in rows or []}
 
 
 def _outcomes(e: Experiment, arm: str | None) -> dict[str, int | None]:
