@@ -48,6 +48,12 @@ def num(x: Any) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
+def _obj(*values: Any) -> dict:
+    """The first of `values` that is a non-empty JSON object, else {} (a recorded `model` or `machine`
+    that is a string or a list is not shown)."""
+    return next((v for v in values if isinstance(v, dict) and v), {})
+
+
 def paired_outcomes(results_a: list[dict], results_b: list[dict]) -> dict:
     """Pair two arms' results by task_id (sorted); drop tasks not scored in either arm (`outcome` None).
 
@@ -174,8 +180,8 @@ def _arm_info(exp: Experiment, name: str, *, n_boot: int, seed: int, ci: float) 
         "has_results": results is not None,
         "fingerprint": exp.fingerprint(name),
         "split": summary.get("split") or run.get("split"),
-        "model": summary.get("model") or run.get("model") or {},
-        "machine": summary.get("machine") or run.get("machine") or {},
+        "model": _obj(summary.get("model"), run.get("model")),
+        "machine": _obj(summary.get("machine"), run.get("machine")),
         "elapsed_s": num(summary.get("elapsed_s")),
         "notes": [],
     }
@@ -213,7 +219,7 @@ def _arm_info(exp: Experiment, name: str, *, n_boot: int, seed: int, ci: float) 
         info["per_db"] = per_db
         info["turn_use"] = turn_use(results, exp.trajectories(name)) if (arm.turns or 1) > 1 else None
         if info["turn_use"] is not None:  # the evaluation's own figures (summary.json), when it has them
-            info["turn_use"]["eval"] = summary.get("turn_use")
+            info["turn_use"]["eval"] = _obj(summary.get("turn_use")) or None
     train_run = exp.train_run(name) if arm.train_dir is not None else None
     steps = exp.steps(name) if arm.train_dir is not None else None
     gm, gsrc = _gpu_minutes(exp, name) if arm.train_dir is not None else (None, "")
@@ -222,9 +228,9 @@ def _arm_info(exp: Experiment, name: str, *, n_boot: int, seed: int, ci: float) 
             "steps": len(steps) if steps is not None else None,
             "gpu_minutes": gm,
             "gpu_minutes_source": gsrc,
-            "machine": (train_run or {}).get("machine") or {},
+            "machine": _obj((train_run or {}).get("machine")),
             "device": (train_run or {}).get("device"),
-            "model": (train_run or {}).get("model") or {},
+            "model": _obj((train_run or {}).get("model")),
         }
         if arm.train_dir is not None
         else None
