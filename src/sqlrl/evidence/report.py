@@ -13,7 +13,7 @@ Links to raw files are relative to the output folder.
 
 What is covered: deterministic files for a given folder, output folder and (n_boot, seed) (bootstrap seed
 0, 10000 resamples by default); the report is written even when the gate says "no claim", and then says
-so at the top.
+so at the top; all three files are rendered before the first is written, verdict.json last.
 What is not: percentile intervals may under-cover (stats.py); no correction for multiple comparisons;
 provenance (machine, model identity) is taken from run.json/summary.json as recorded.
 """
@@ -255,10 +255,13 @@ def write_report(
     analysis = analyze(exp_dir, n_boot=n_boot, seed=seed, data=data)
     exp: Experiment = analysis["_exp"]
     out = Path(out_dir) if out_dir is not None else exp.dir
-    out.mkdir(parents=True, exist_ok=True)
     links = _links(exp, out)
+    # every file is rendered before any is written: a report that fails leaves no verdict.json behind
+    markdown = render_markdown(analysis, links).encode("utf-8")
+    html = render_html(analysis, links).encode("utf-8")
+    out.mkdir(parents=True, exist_ok=True)
     paths = {"verdict": out / "verdict.json", "markdown": out / "report.md", "html": out / "report.html"}
+    write_bytes_atomic(paths["markdown"], markdown)
+    write_bytes_atomic(paths["html"], html)
     write_json_atomic(paths["verdict"], analysis["verdict"].to_dict())
-    write_bytes_atomic(paths["markdown"], render_markdown(analysis, links).encode("utf-8"))
-    write_bytes_atomic(paths["html"], render_html(analysis, links).encode("utf-8"))
     return {**paths, "claim_allowed": analysis["verdict"].claim_allowed}
