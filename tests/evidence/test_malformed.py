@@ -200,3 +200,11 @@ def test_compare_reads_a_committed_folder_with_gzipped_results() -> None:
     assert not (sft / "results.jsonl").exists()
     c = compare_runs(sft, RESULTS / "2026-12-02-spider-0.5b-sft-grpo100" / "arms" / "sft" / "eval", n_boot=20)
     assert (c.a.scored, c.a.correct, c.a.excluded) == (667, 445, 92)
+
+
+def test_report_md_prints_each_arms_notes_as_report_html_does(exp) -> None:
+    _edit(_ev(exp, "grpo") / "summary.json", lambda s: s.__setitem__("execution_match", 0.5))
+    write_report(exp, n_boot=20)
+    note = "grpo: summary.json execution_match=0.5000 disagrees with results.jsonl ("
+    assert note in (exp / "report.html").read_text()
+    assert f"- {note}" in (exp / "report.md").read_text()

@@ -2,7 +2,8 @@
 
 `write_report(exp_dir, out_dir=None)` writes three files (into the experiment folder by default):
 - `verdict.json`: `gate.evidence_gate(...).to_dict()` (claim / no claim, the checks, the missing list);
-- `report.md`: verdict, evidence checks, results table (`results_table_md`, also the README's tables),
+- `report.md`: verdict, evidence checks, results table (`results_table_md`, also the README's tables)
+  with each arm's notes (a summary.json that disagrees with results.jsonl),
   paired comparisons, RL vs SFT, grpo_sft vs its SFT start (`branchstart`), repair decomposition,
   accuracy by Spider hardness, validation learning curve, self-consistency beside greedy, turn use of
   multi-turn arms, provenance with links;
@@ -107,6 +108,9 @@ def render_markdown(analysis: dict, links: dict[str, dict[str, str]]) -> str:
     out += ["## Evidence checks", "", "| check | passed | detail |", "| --- | --- | --- |"]
     out += [f"| {c.name} | {'yes' if c.passed else 'NO'} | {md_cell(c.detail)} |" for c in v.checks]
     out += ["", "## Results", "", results_table_md(analysis)]
+    notes = [f"{a['name']}: {n}" for a in analysis["arms"] for n in a["notes"]]
+    if notes:  # as report.html shows them: e.g. a summary.json that disagrees with results.jsonl
+        out += ["Notes:", ""] + [f"- {md_cell(n)}" for n in notes] + [""]
     out += [
         "Accuracy = execution match over scored tasks (excluded tasks dropped), percentile bootstrap CI; "
         "Δ and McNemar p are paired by task id over tasks scored in both arms. " + DEVICE_MINUTES_NOTE,
