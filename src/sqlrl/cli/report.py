@@ -34,11 +34,15 @@ def cli_main(argv: list[str] | None = None) -> int:
         help="Spider folder whose golds give accuracy by hardness (default: the one each eval run.json records)",
     )
     args = ap.parse_args(argv)
+    problem = None
     if args.data is not None and not Path(args.data).is_dir():
-        print(
-            f"sqlrl report: --data {args.data}: no such folder; pass the Spider folder the arms were evaluated on",
-            file=sys.stderr,
-        )
+        problem = f"--data {args.data}: no such folder; pass the Spider folder the arms were evaluated on"
+    elif args.n_boot < 1:
+        problem = f"--n-boot must be >= 1, got {args.n_boot}"
+    elif args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        problem = f"--out {args.out}: exists and is not a folder"
+    if problem is not None:
+        print(f"sqlrl report: {problem}", file=sys.stderr)
         return 2
     try:
         if args.check:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from sqlrl.evidence.rundir import ExperimentError
 from sqlrl.evidence.seeds import summarize, write_summary
@@ -31,6 +32,14 @@ def cli_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-boot", type=int, default=10000, help="bootstrap resamples (default 10000)")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     args = ap.parse_args(argv)
+    problem = None
+    if args.n_boot < 1:
+        problem = f"--n-boot must be >= 1, got {args.n_boot}"
+    elif Path(args.out).exists() and not Path(args.out).is_dir():
+        problem = f"--out {args.out}: exists and is not a folder"
+    if problem is not None:
+        print(f"sqlrl seeds: {problem}", file=sys.stderr)
+        return 2
     try:
         s = summarize(args.exp_dirs, n_boot=args.n_boot, seed=args.seed)
     except ExperimentError as e:

@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from sqlrl.evaluation.outcome import outcome
+
 
 def norm_sql(sql: Any) -> str | None:
     """`sql` whitespace-normalised without trailing semicolons; None for no query."""
@@ -88,7 +90,7 @@ def turn_use(results: list[dict], trajectories: list | None) -> dict:
         used[k] += 1
         cell = by_turns.setdefault(k, {"n": 0, "correct": 0})
         cell["n"] += 1
-        cell["correct"] += int(bool(r.get("correct")))
+        cell["correct"] += outcome(r) == 1
         sqls = [q for q in (norm_sql(_get(t, "sql")) for t in turns) if q]
         if sqls:
             with_sql += 1
@@ -98,7 +100,7 @@ def turn_use(results: list[dict], trajectories: list | None) -> dict:
             if final is not None and final != sqls[0]:
                 revised += 1
                 right = (r.get("checker") or {}).get("first_correct", r.get("correct"))
-                revised_correct += int(bool(right))
+                revised_correct += right is True
         if len(sqls) >= 2:
             multi += 1
             repeat += int(sqls[0] in sqls[1:])

@@ -1,8 +1,8 @@
 """Analysis behind `sqlrl report`: everything the report shows, as plain data (`analyze`).
 
 Numbers are recomputed from the raw per-task files, never copied from summaries:
-- accuracy per arm: mean of `correct` over results.jsonl records whose `correct` is not null (excluded
-  tasks counted apart), percentile bootstrap CI (`stats.accuracy_ci`); a summary.json that disagrees
+- accuracy per arm: mean of `evaluation.outcome.outcome` over the scored results.jsonl records (`correct`
+  a JSON boolean and a status that is not an excluded one; the rest counted apart as excluded), percentile bootstrap CI (`stats.accuracy_ci`); a summary.json that disagrees
   becomes a note.
 - paired comparisons (`compare_arms`): tasks scored in both arms, by task_id; diff = mean(b) - mean(a),
   paired bootstrap and exact McNemar. Every non-base arm is compared with the base arm of its cell (turns
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlrl.evaluation.errorkinds import exec_error_kinds
+from sqlrl.evaluation.outcome import outcome
 from sqlrl.evaluation.turnuse import turn_use
 from sqlrl.evidence.breakdown import breakdown
 from sqlrl.evidence.difficulty import difficulty_breakdown
@@ -48,8 +49,14 @@ def num(x: Any) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
+def _obj(*values: Any) -> dict:
+    """The first of `values` that is a non-empty JSON object, else {} (a recorded `model` or `machine`
+    that is a string or a list is not shown)."""
+    return next((v for v in values if isinstance(v, dict) and v), {})
+
+
 def paired_outcomes(results_a: list[dict], results_b: list[dict]) -> dict:
-    """Pair two arms' results by task_id (sorted); drop tasks excluded in either arm.
+    """Pair two arms' results by task_id (sorted); drop tasks not scored in either arm (`outcome` None).
 
     Returns {task_ids, a, b (lists of 0/1), status_a, status_b, dropped_excluded, unpaired}.
     """
@@ -59,13 +66,13 @@ def paired_outcomes(results_a: list[dict], results_b: list[dict]) -> dict:
     out: dict[str, Any] = {"task_ids": [], "a": [], "b": [], "status_a": [], "status_b": []}
     dropped = 0
     for t in common:
-        ca, cb = ra[t].get("correct"), rb[t].get("correct")
+        ca, cb = outcome(ra[t]), outcome(rb[t])
         if ca is None or cb is None:
             dropped += 1
             continue
         out["task_ids"].append(t)
-        out["a"].append(int(bool(ca)))
-        out["b"].append(int(bool(cb)))
+        out["a"].append(ca)
+        out["b"].append(cb)
         out["status_a"].append(str(ra[t].get("status")))
         out["status_b"].append(str(rb[t].get("status")))
     out["dropped_excluded"] = dropped
@@ -174,17 +181,17 @@ def _arm_info(exp: Experiment, name: str, *, n_boot: int, seed: int, ci: float) 
         "has_results": results is not None,
         "fingerprint": exp.fingerprint(name),
         "split": summary.get("split") or run.get("split"),
-        "model": summary.get("model") or run.get("model") or {},
-        "machine": summary.get("machine") or run.get("machine") or {},
+        "model": _obj(summary.get("model"), run.get("model")),
+        "machine": _obj(summary.get("machine"), run.get("machine")),
         "elapsed_s": num(summary.get("elapsed_s")),
         "notes": [],
     }
     if results is not None:
         ordered = sorted(results, key=lambda r: str(r.get("task_id")))
-        scored = [r for r in ordered if r.get("correct") is not None]
+        scored = [r for r in ordered if outcome(r) is not None]
         excluded: dict[str, int] = {}
         for r in ordered:
-            if r.get("correct") is None:
+            if outcome(r) is None:
                 excluded[str(r.get("status"))] = excluded.get(str(r.get("status")), 0) + 1
         status_counts: dict[str, int] = {}
         for r in ordered:
@@ -192,12 +199,10 @@ def _arm_info(exp: Experiment, name: str, *, n_boot: int, seed: int, ci: float) 
         info.update(n_total=len(ordered), n=len(scored), excluded=excluded, status_counts=status_counts)
         info["exec_error_kinds"] = exec_error_kinds(scored, lambda: exp.trajectories(name) or [])
         if scored:
-            acc = stats.accuracy_ci(
-                [int(bool(r["correct"])) for r in scored], n_boot=n_boot, seed=seed, ci=ci
-            )
+            acc = stats.accuracy_ci([outcome(r) for r in scored], n_boot=n_boot, seed=seed, ci=ci)
             info["accuracy"] = {"value": acc["accuracy"], "ci_low": acc["ci_low"], "ci_high": acc["ci_high"]}
-            ts = [r.get("test_suite_correct") for r in scored if r.get("test_suite_correct") is not None]
-            info["test_suite"] = {"value": sum(map(bool, ts)) / len(ts), "n": len(ts)} if ts else None
+            ts = [x for x in (outcome(r, "test_suite_correct") for r in scored) if x is not None]
+            info["test_suite"] = {"value": sum(ts) / len(ts), "n": len(ts)} if ts else None
             ex = num(summary.get("executable_rate"))
             if ex is None:
                 ex = sum(r.get("status") in ("match", "mismatch") for r in scored) / len(scored)
@@ -210,12 +215,12 @@ def _arm_info(exp: Experiment, name: str, *, n_boot: int, seed: int, ci: float) 
         per_db: dict[str, list[int]] = {}
         for r in scored:
             d = per_db.setdefault(str(r.get("db_id")), [0, 0])
-            d[0] += int(bool(r["correct"]))
+            d[0] += outcome(r)
             d[1] += 1
         info["per_db"] = per_db
         info["turn_use"] = turn_use(results, exp.trajectories(name)) if (arm.turns or 1) > 1 else None
         if info["turn_use"] is not None:  # the evaluation's own figures (summary.json), when it has them
-            info["turn_use"]["eval"] = summary.get("turn_use")
+            info["turn_use"]["eval"] = _obj(summary.get("turn_use")) or None
     train_run = exp.train_run(name) if arm.train_dir is not None else None
     steps = exp.steps(name) if arm.train_dir is not None else None
     gm, gsrc = _gpu_minutes(exp, name) if arm.train_dir is not None else (None, "")
@@ -224,9 +229,9 @@ def _arm_info(exp: Experiment, name: str, *, n_boot: int, seed: int, ci: float) 
             "steps": len(steps) if steps is not None else None,
             "gpu_minutes": gm,
             "gpu_minutes_source": gsrc,
-            "machine": (train_run or {}).get("machine") or {},
+            "machine": _obj((train_run or {}).get("machine")),
             "device": (train_run or {}).get("device"),
-            "model": (train_run or {}).get("model") or {},
+            "model": _obj((train_run or {}).get("model")),
         }
         if arm.train_dir is not None
         else None

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlrl.artifacts import json_number
+from sqlrl.evaluation.outcome import outcome
 from sqlrl.evidence.rundir import Experiment
 from sqlrl.tasks.hardness import HARDNESS, UNPARSED, hardness
 
@@ -109,10 +110,10 @@ def _arm_hardness(exp: Experiment, arm: str, data: Any, cache: dict, **kw: Any) 
             for r in results:
                 cls = hardness(golds[str(r["task_id"])]) or UNPARSED
                 classes[str(r["task_id"])] = cls
-                if r.get("correct") is None:
+                if outcome(r) is None:
                     excluded[cls] = excluded.get(cls, 0) + 1
                 else:
-                    outcomes.setdefault(cls, []).append(int(bool(r["correct"])))
+                    outcomes.setdefault(cls, []).append(outcome(r))
             return {"source": str(root), "classes": _class_rows(outcomes, excluded, **kw), "_of": classes}
         if not root.is_dir():
             why = f"data folder {root} not found; pass --data with the Spider folder the arm was evaluated on"
@@ -124,8 +125,8 @@ def _arm_hardness(exp: Experiment, arm: str, data: Any, cache: dict, **kw: Any) 
 
 def _paired_by_class(exp: Experiment, a: str, b: str, classes: dict[str, str]) -> dict:
     """Per class: n tasks scored in both arms, diff = acc(b) - acc(a), b-only and a-only wins."""
-    ra = {str(r.get("task_id")): r.get("correct") for r in exp.results(a) or []}
-    rb = {str(r.get("task_id")): r.get("correct") for r in exp.results(b) or []}
+    ra = {str(r.get("task_id")): outcome(r) for r in exp.results(a) or []}
+    rb = {str(r.get("task_id")): outcome(r) for r in exp.results(b) or []}
     out: dict[str, dict] = {}
     for tid in sorted(set(ra) & set(rb) & set(classes)):
         if ra[tid] is None or rb[tid] is None:
@@ -194,21 +195,21 @@ def _arm_self_consistency(exp: Experiment, arm: str, **kw: Any) -> dict | None:
         "pass_at_k": json_number(s.get("pass_at_k")),
     }
     if rows is not None:
-        scored = [r for r in rows if r.get("correct") is not None]
+        scored = [r for r in rows if outcome(r) is not None]
         n = len(scored)
         out.update(
             source="self_consistency.jsonl",
             n=n,
-            accuracy=sum(bool(r["correct"]) for r in scored) / n if n else None,
-            pass_at_k=sum(bool(r.get("pass_at_k")) for r in scored) / n if n else None,
+            accuracy=sum(outcome(r) for r in scored) / n if n else None,
+            pass_at_k=sum(outcome(r, "pass_at_k") == 1 for r in scored) / n if n else None,
         )
         greedy = exp.results(arm)
         if greedy is not None:
-            sc_of = {str(r.get("task_id")): r.get("correct") for r in rows}
+            sc_of = {str(r.get("task_id")): outcome(r) for r in rows}
             pairs = [
-                (int(bool(g["correct"])), int(bool(sc_of[str(g.get("task_id"))])))
+                (outcome(g), sc_of[str(g.get("task_id"))])
                 for g in greedy
-                if g.get("correct") is not None and sc_of.get(str(g.get("task_id"))) is not None
+                if outcome(g) is not None and sc_of.get(str(g.get("task_id"))) is not None
             ]
             if pairs:
                 xs, ys = [x for x, _ in pairs], [y for _, y in pairs]

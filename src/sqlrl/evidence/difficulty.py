@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlrl.evaluation.outcome import outcome
 from sqlrl.evidence.breakdown import _paired_by_class
 from sqlrl.evidence.fmt import arm_label, esc, html_table, md_cell, pct, pp
 from sqlrl.evidence.rundir import Experiment
@@ -45,13 +46,13 @@ def _arm(results: list[dict], **kw: Any) -> dict:
     all_bird: list[int] = []
     for r in results:
         cls = str(r.get("difficulty") or "unlabelled")
-        if r.get("correct") is None:
+        if outcome(r) is None:
             excluded[cls] = excluded.get(cls, 0) + 1
             continue
-        ours.setdefault(cls, []).append(int(bool(r["correct"])))
-        if r.get("bird_correct") is not None:
-            bird.setdefault(cls, []).append(int(bool(r["bird_correct"])))
-            all_bird.append(int(bool(r["bird_correct"])))
+        ours.setdefault(cls, []).append(outcome(r))
+        if outcome(r, "bird_correct") is not None:
+            bird.setdefault(cls, []).append(outcome(r, "bird_correct"))
+            all_bird.append(outcome(r, "bird_correct"))
     classes = {}
     for cls in [*BIRD_DIFFICULTIES, *sorted(set(ours) | set(excluded) - set(BIRD_DIFFICULTIES))]:
         classes[cls] = {

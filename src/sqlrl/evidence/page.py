@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
+from sqlrl.evaluation.outcome import outcome
 from sqlrl.evidence.analysis import (
     NONEXEC,
     TURN_USE_HEADERS,
@@ -136,12 +137,8 @@ def _examples_html(analysis: dict, row: dict, limit: int = 4) -> str:
             q = _question_of(t)
             if q:
                 qs[str(t["task_id"])] = q
-    gains = [
-        t for t in sorted(set(ra) & set(rb)) if ra[t].get("correct") is False and rb[t].get("correct") is True
-    ]
-    losses = [
-        t for t in sorted(set(ra) & set(rb)) if ra[t].get("correct") is True and rb[t].get("correct") is False
-    ]
+    gains = [t for t in sorted(set(ra) & set(rb)) if outcome(ra[t]) == 0 and outcome(rb[t]) == 1]
+    losses = [t for t in sorted(set(ra) & set(rb)) if outcome(ra[t]) == 1 and outcome(rb[t]) == 0]
     out = []
     for title, ids in (
         (f"{row['b']} right, {row['a']} wrong", gains),

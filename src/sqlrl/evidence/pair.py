@@ -2,6 +2,7 @@
 pair, for any two `sqlrl eval` folders (or experiment arms' `eval/` folders).
 
 What is covered:
+- a run is a folder holding results.jsonl or results.jsonl.gz, or that file itself;
 - pairing by task_id over records scored in both runs (`analysis.paired_outcomes`); tasks excluded in
   either run and tasks in one run only are counted, not compared;
 - diff = accuracy(B) - accuracy(A) with a paired percentile bootstrap CI, the exact McNemar test, the
@@ -18,9 +19,12 @@ What is not:
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from sqlrl.evidence.rundir import maybe_gz
 
 # run.json fields whose differences are listed (dotted paths into run.json)
 COMPARED_SETTINGS = ("model.name", "model.identity", "fingerprint", "budgets", "sampling", "engine")
@@ -83,12 +87,14 @@ class Comparison:
 def _results(folder: Path) -> list[dict]:
     from sqlrl.artifacts import read_jsonl
 
-    path = folder / "results.jsonl" if folder.is_dir() else folder
+    path = maybe_gz(folder / "results.jsonl") if folder.is_dir() else folder
     if not path.is_file():
-        raise CompareError(f"{folder}: no results.jsonl (an `sqlrl eval` folder, or an arm's eval/ folder)")
+        raise CompareError(
+            f"{folder}: no results.jsonl or results.jsonl.gz (an `sqlrl eval` folder, or an arm's eval/ folder)"
+        )
     try:
         rows = list(read_jsonl(path))
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, EOFError, zlib.error) as e:  # EOFError, zlib.error: a corrupt .gz
         raise CompareError(f"{path}: unreadable results.jsonl ({e})") from e
     if not rows or any(not isinstance(r, dict) or "task_id" not in r for r in rows):
         raise CompareError(f"{path}: not a results.jsonl of per-task records with a task_id")
@@ -131,8 +137,10 @@ def setting_differences(run_a: dict, run_b: dict) -> dict[str, tuple[Any, Any]]:
 
 
 def _side(path: Path, rows: list[dict]) -> RunSide:
-    scored = [r for r in rows if r.get("correct") is not None]
-    return RunSide(str(path), len(scored), sum(bool(r["correct"]) for r in scored), len(rows) - len(scored))
+    from sqlrl.evaluation.outcome import outcome
+
+    outs = [x for x in map(outcome, rows) if x is not None]
+    return RunSide(str(path), len(outs), sum(outs), len(rows) - len(outs))
 
 
 def compare_runs(

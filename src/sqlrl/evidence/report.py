@@ -2,7 +2,8 @@
 
 `write_report(exp_dir, out_dir=None)` writes three files (into the experiment folder by default):
 - `verdict.json`: `gate.evidence_gate(...).to_dict()` (claim / no claim, the checks, the missing list);
-- `report.md`: verdict, evidence checks, results table (`results_table_md`, also the README's tables),
+- `report.md`: verdict, evidence checks, results table (`results_table_md`, also the README's tables)
+  with each arm's notes (a summary.json that disagrees with results.jsonl),
   paired comparisons, RL vs SFT, grpo_sft vs its SFT start (`branchstart`), repair decomposition,
   accuracy by Spider hardness, validation learning curve, self-consistency beside greedy, turn use of
   multi-turn arms, provenance with links;
@@ -13,7 +14,7 @@ Links to raw files are relative to the output folder.
 
 What is covered: deterministic files for a given folder, output folder and (n_boot, seed) (bootstrap seed
 0, 10000 resamples by default); the report is written even when the gate says "no claim", and then says
-so at the top.
+so at the top; all three files are rendered before the first is written, verdict.json last.
 What is not: percentile intervals may under-cover (stats.py); no correction for multiple comparisons;
 provenance (machine, model identity) is taken from run.json/summary.json as recorded.
 """
@@ -109,6 +110,9 @@ def render_markdown(analysis: dict, links: dict[str, dict[str, str]]) -> str:
     out += ["## Evidence checks", "", "| check | passed | detail |", "| --- | --- | --- |"]
     out += [f"| {c.name} | {'yes' if c.passed else 'NO'} | {md_cell(c.detail)} |" for c in v.checks]
     out += ["", "## Results", "", results_table_md(analysis)]
+    notes = [f"{a['name']}: {n}" for a in analysis["arms"] for n in a["notes"]]
+    if notes:  # as report.html shows them: e.g. a summary.json that disagrees with results.jsonl
+        out += ["Notes:", ""] + [f"- {md_cell(n)}" for n in notes] + [""]
     out += [
         "Accuracy = execution match over scored tasks (excluded tasks dropped), percentile bootstrap CI; "
         "Δ and McNemar p are paired by task id over tasks scored in both arms. " + DEVICE_MINUTES_NOTE,
@@ -257,10 +261,13 @@ def write_report(
     analysis = analyze(exp_dir, n_boot=n_boot, seed=seed, data=data)
     exp: Experiment = analysis["_exp"]
     out = Path(out_dir) if out_dir is not None else exp.dir
-    out.mkdir(parents=True, exist_ok=True)
     links = _links(exp, out)
+    # every file is rendered before any is written: a report that fails leaves no verdict.json behind
+    markdown = render_markdown(analysis, links).encode("utf-8")
+    html = render_html(analysis, links).encode("utf-8")
+    out.mkdir(parents=True, exist_ok=True)
     paths = {"verdict": out / "verdict.json", "markdown": out / "report.md", "html": out / "report.html"}
+    write_bytes_atomic(paths["markdown"], markdown)
+    write_bytes_atomic(paths["html"], html)
     write_json_atomic(paths["verdict"], analysis["verdict"].to_dict())
-    write_bytes_atomic(paths["markdown"], render_markdown(analysis, links).encode("utf-8"))
-    write_bytes_atomic(paths["html"], render_html(analysis, links).encode("utf-8"))
     return {**paths, "claim_allowed": analysis["verdict"].claim_allowed}

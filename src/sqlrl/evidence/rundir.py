@@ -3,12 +3,17 @@
 `Experiment(exp_dir)` reads experiment.json and resolves each arm's train and eval run folders (declared
 paths relative to the folder or the working directory, else `arms/<arm>/{train,eval}`). Its readers
 (`results`, `trajectories`, `summary`, `eval_run`, `train_run`, `steps`, `audit`, ...) are cached and
-tolerant: an absent or unreadable file reads as None. A large JSONL file may be stored gzipped
-(`x.jsonl.gz`); whichever exists is read.
+tolerant: an absent or unreadable file reads as None. Unreadable: not JSON, a JSON file that is not an
+object, a JSONL file with a line that is not an object, a corrupt gzip file. A large JSONL file may be
+stored gzipped (`x.jsonl.gz`); whichever exists is read, here and by `has_eval`.
 
 What is covered:
 - a folder that is not an experiment folder (missing, not a directory, no experiment.json, one that is
-  not a JSON object, `arms` not a mapping of objects) raises `ExperimentError` (CLI exit 2);
+  not a JSON object, `arms` not a mapping of objects, `config` or `git` not an object, `tasks` not a
+  list, an arm whose `turns` or `context_tokens` is not a whole number or whose `train_run`, `eval_run`
+  or `branch_eval_run` is not a path) raises `ExperimentError` (CLI exit 2);
+- `has_train` / `has_eval`: the run.json is a readable object (and, for eval, results.jsonl or
+  results.jsonl.gz exists), so the gate's checks name an unreadable one as a missing run;
 - arm lookups by kind and cell (`primary`, `same_cell`, `base_for`), used by the gate, the report and
   `sqlrl seeds` alike. An arm's cell is its (turns, context_tokens) from experiment.json; context_tokens
   is None for an arm of a matrix without a context axis (and for every folder written before it existed).
@@ -21,6 +26,7 @@ What is not:
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,10 +109,16 @@ class Experiment:
             raise ExperimentError(f"{meta_path}: not a JSON object")
         if not isinstance(self.meta.get("arms", {}), dict):
             raise ExperimentError(f"{meta_path}: 'arms' is not a mapping")
+        for key, kind, words in (
+            ("config", dict, "an object"),
+            ("git", dict, "an object"),
+            ("tasks", list, "a list"),
+        ):
+            if self.meta.get(key) is not None and not isinstance(self.meta[key], kind):
+                raise ExperimentError(f"{meta_path}: {key!r} is not {words}")
         self.arms: dict[str, Arm] = {}
         for name, spec in (self.meta.get("arms") or {}).items():
-            if not isinstance(spec, dict):
-                raise ExperimentError(f"{meta_path}: arm {name!r} is not an object")
+            _check_spec(meta_path, name, spec)
             self.arms[name] = Arm(
                 name=name,
                 kind=str(spec.get("kind", "")),
@@ -154,35 +166,40 @@ class Experiment:
         bases = self.same_cell(arm, "base")
         return bases[0] if bases else None
 
-    def _json(self, path: Path | None) -> Any:
+    def _json(self, path: Path | None) -> dict | None:
+        """The JSON object at `path`; None when absent, not JSON or not an object."""
         if path is None:
             return None
         key = ("json", str(path))
         if key not in self._cache:
             try:
-                self._cache[key] = read_json(path) if path.is_file() else None
+                value = read_json(path) if path.is_file() else None
             except (OSError, ValueError):
-                self._cache[key] = None
+                value = None
+            self._cache[key] = value if isinstance(value, dict) else None
         return self._cache[key]
 
     def _jsonl(self, path: Path | None) -> list[dict] | None:
+        """The records at `path` (plain or gzipped); None when absent, unreadable or a record is not an
+        object."""
         if path is None:
             return None
         key = ("jsonl", str(path))
         if key not in self._cache:
             try:
-                self._cache[key] = list(read_jsonl(path)) if path.is_file() else None
-            except (OSError, ValueError):
-                self._cache[key] = None
+                rows = list(read_jsonl(path)) if path.is_file() else None
+            except (OSError, ValueError, EOFError, zlib.error):  # EOFError, zlib.error: a corrupt .gz
+                rows = None
+            self._cache[key] = rows if rows is None or all(isinstance(r, dict) for r in rows) else None
         return self._cache[key]
 
     def eval_file(self, arm: str, name: str) -> Path | None:
         d = self.arms[arm].eval_dir
-        return _maybe_gz(d / name) if d is not None else None
+        return maybe_gz(d / name) if d is not None else None
 
     def train_file(self, arm: str, name: str) -> Path | None:
         d = self.arms[arm].train_dir
-        return _maybe_gz(d / name) if d is not None else None
+        return maybe_gz(d / name) if d is not None else None
 
     def eval_run(self, arm: str) -> dict | None:
         return self._json(self.eval_file(arm, "run.json"))
@@ -207,7 +224,7 @@ class Experiment:
 
     def run_curve(self, run_dir: Path) -> list[dict] | None:
         """curve.jsonl of a training run folder that is no arm's own (grpo_sft's SFT stage)."""
-        return self._jsonl(_maybe_gz(run_dir / "curve.jsonl"))
+        return self._jsonl(maybe_gz(run_dir / "curve.jsonl"))
 
     def branch_eval_dir(self, arm: str) -> Path | None:
         """The evaluation folder of an sft arm's branch weights (experiment.json `branch_eval_run`, else
@@ -218,7 +235,7 @@ class Experiment:
 
     def run_results(self, run_dir: Path) -> list[dict] | None:
         """results.jsonl of an evaluation folder that is no arm's own (an sft arm's branch evaluation)."""
-        return self._jsonl(_maybe_gz(run_dir / "results.jsonl"))
+        return self._jsonl(maybe_gz(run_dir / "results.jsonl"))
 
     def run_json(self, run_dir: Path, name: str = "run.json") -> dict | None:
         """A JSON file of a run folder that is no arm's own."""
@@ -237,12 +254,13 @@ class Experiment:
         return self._json(self.dir / name)
 
     def has_train(self, arm: str) -> bool:
-        d = self.arms[arm].train_dir
-        return d is not None and (d / "run.json").is_file()
+        """The arm's train run.json is a readable JSON object."""
+        return self.train_run(arm) is not None
 
     def has_eval(self, arm: str) -> bool:
-        d = self.arms[arm].eval_dir
-        return d is not None and (d / "run.json").is_file() and (d / "results.jsonl").is_file()
+        """The arm's eval run.json is a readable JSON object and results.jsonl (or .gz) exists."""
+        path = self.eval_file(arm, "results.jsonl")
+        return self.eval_run(arm) is not None and path is not None and path.is_file()
 
     def fingerprint(self, arm: str) -> str | None:
         for src in (self.summary(arm), self.eval_run(arm)):
@@ -259,7 +277,21 @@ class Experiment:
         return None
 
 
-def _maybe_gz(path: Path) -> Path:
+def _check_spec(meta_path: Path, name: str, spec: Any) -> None:
+    """Raise ExperimentError for an arm entry of experiment.json that cannot be read as an arm."""
+    if not isinstance(spec, dict):
+        raise ExperimentError(f"{meta_path}: arm {name!r} is not an object")
+    for key in ("turns", "context_tokens"):
+        v = spec.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ExperimentError(f"{meta_path}: arm {name!r}: {key} is {v!r}, not a whole number >= 1")
+    for key in ("train_run", "eval_run", "branch_eval_run"):
+        v = spec.get(key)
+        if v is not None and not isinstance(v, str):
+            raise ExperimentError(f"{meta_path}: arm {name!r}: {key} is {v!r}, not a path")
+
+
+def maybe_gz(path: Path) -> Path:
     """Committed results keep large JSONL files gzipped (`x.jsonl.gz`); read whichever exists."""
     if not path.exists() and path.suffix == ".jsonl":
         gz = path.with_name(path.name + ".gz")

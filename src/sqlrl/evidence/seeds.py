@@ -1,28 +1,27 @@
 """`sqlrl seeds EXP EXP [EXP ...]`: one experiment matrix run with several training seeds, summarised.
 
 One training run is one draw: GRPO's gain over its controls moves with `run.seed` (task and rollout
-sampling; split, model, budgets and evaluation tasks stay). `summarize` takes the folders of one matrix
-run with different `run.seed` values; `write_summary` writes seeds.json, seeds.md and seeds.html (one
-self-contained page in the report's style, no JavaScript, all text HTML-escaped). It holds:
-- consistency checks: two folders or more, distinct `run.seed`s, every other resolved setting equal
-  (except `data.path`; settings present in only some folders and differing `git.commit`s are noted, not
-  failed), one dataset fingerprint, one evaluation task list, the same arms;
+sampling). `summarize` takes the folders of one matrix run with different `run.seed` values;
+`write_summary` writes seeds.json, seeds.md and seeds.html (self-contained, no JavaScript, escaped). Checks:
+- two folders or more, each with a `run.seed`, all different; every other resolved setting equal (but
+  `data.path`; two values are a difference even where some folders lack the setting; one present in some
+  folders only, and differing `git.commit`s, are noted); one fingerprint, task list and arm set; for each
+  arm whose training changes the weights (not base, no_update), no two folders with the same final weights
+  (train run.json `final_identity`, else final/identity.json `weights_hash`) or evaluation results;
 - every folder's own evidence gate, re-applied (not its stored verdict.json);
-- per seed, GRPO vs Base, No-update and validity-only (`analysis.compare_arms`); across seeds, the mean,
-  smallest and largest difference, the seeds where GRPO led with McNemar p < 0.01, and
-  `stats.hierarchical_bootstrap` over (seeds, tasks) on the tasks scored in every run of both arms;
-- whether the Base evaluations agree answer for answer (greedy, same model: they should);
-A claim across seeds needs every check passed, every gate passed, and GRPO ahead of both controls with
-p < 0.01 in every seed. Compared arms: each folder's primary arm of each kind (`Experiment.primary`).
-"RL adds over SFT" is a separate claim per RL kind (`rl_over_sft`, outside `claim_allowed`, as in the
-gate): every check passed and, in every seed, the folder's `sft_control` (gate, equal time, one device)
-passed and that kind's arm ahead of the sft arm with McNemar p < 0.01.
+- Base evaluations identical answer for answer (greedy on the same weights; if not, the evaluation is not
+  reproducible or the folders differ in something else).
+Numbers: per seed, GRPO vs Base, No-update and validity-only (`analysis.compare_arms`); across seeds, the
+mean, smallest and largest difference, the seeds where GRPO led with McNemar p < 0.01, and
+`stats.hierarchical_bootstrap` over (seeds, tasks) on the tasks scored in every run of both arms. A claim
+across seeds needs every check passed and GRPO ahead of both controls with p < 0.01 in every seed (each
+folder's primary arm of each kind). "RL adds over SFT" is a separate claim per RL kind (`rl_over_sft`,
+outside `claim_allowed`): every check passed and, in every seed, the folder's `sft_control` passed and
+that kind's arm ahead of the sft arm with McNemar p < 0.01.
 
-What is covered: numbers recomputed from the results.jsonl files, deterministically (bootstrap seed 0,
-10,000 resamples by default); grpo_sft vs its SFT start, per seed and across seeds (`seedsbranch`).
-What is not: with two to five seeds the hierarchical interval may be too narrow; no correction for
-multiple comparisons; cells other than the first (a matrix's other turn budgets and context lengths:
-the primary arm of a kind is its first) are not summarised; grpo_sft vs its SFT start is no evidence check.
+Covered: numbers recomputed from results.jsonl, deterministically; grpo_sft vs its SFT start (`seedsbranch`).
+Not: with two to five seeds the hierarchical interval may be too narrow; no multiple-comparison correction;
+cells other than the first (a kind's primary arm) are not summarised; grpo_sft vs its SFT start is no check.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlrl.artifacts import write_bytes_atomic, write_json_atomic
+from sqlrl.evaluation.outcome import outcome
 from sqlrl.evidence.analysis import KIND_COLOR, compare_arms
 from sqlrl.evidence.charts import svg_interval_chart
 from sqlrl.evidence.fmt import esc, fmt_p, html_table, md_cell, pct, pp
@@ -51,22 +51,24 @@ _IGNORED = ("run.seed", "data.path")
 _COMPARISON_KEYS = ("available", "n", "diff", "ci_low", "ci_high", "p_value", "b_only", "a_only", "reason")
 
 
-def _config_differences(exps: list[Experiment]) -> tuple[list[str], list[str]]:
-    """(settings whose values differ between folders, settings present in only some folders)."""
+def _config_differences(exps: list[Experiment]) -> tuple[list[str], list[str], list[str]]:
+    """(settings with two or more values among the folders that have them, each with the folders that
+    lack it; settings present in only some folders with one value; those, each with the folders that
+    lack it)."""
     flats = [flatten(e.meta.get("config") or {}) for e in exps]
-    keys = sorted(set().union(*flats))
-    differ, partial = [], []
-    for k in keys:
+    differ, partial, lacking = [], [], []
+    for k in sorted(set().union(*flats)):
         if k in _IGNORED:
             continue
-        present = [f for f in flats if k in f]
-        if len(present) < len(flats):
-            partial.append(k)
-            continue
-        vals = [json.dumps(f[k], sort_keys=True) for f in present]
+        vals = [json.dumps(f[k], sort_keys=True, default=str) for f in flats if k in f]
+        absent = [str(e.dir) for e, f in zip(exps, flats) if k not in f]
+        where = f" (absent in {', '.join(absent)})" if absent else ""
         if len(set(vals)) > 1:
-            differ.append(f"{k}: " + " / ".join(vals))
-    return differ, partial
+            differ.append(f"{k}: " + " / ".join(vals) + where)
+        elif absent:
+            partial.append(k)
+            lacking.append(k + where)
+    return differ, partial, lacking
 
 
 def _run_seed(e: Experiment) -> Any:
@@ -79,26 +81,28 @@ def _arm_of_kind(e: Experiment, kind: str) -> str | None:
 
 
 def _by_task(rows: list[dict] | None) -> dict[str, int | None]:
-    """results.jsonl rows as {task id: 1 / 0 / None (excluded)}."""
-    return {
-        str(r.get("task_id")): (None if r.get("correct") is None else int(bool(r["correct"])))
-        for r in rows or []
-    }
+    """results.jsonl rows as {task id: 1 / 0 / None (not scored)} (`evaluation.outcome.outcome`)."""
+    return {str(r.get("task_id")): outcome(r) for r in rows or []}
 
 
 def _outcomes(e: Experiment, arm: str | None) -> dict[str, int | None]:
     return _by_task(e.results(arm) if arm else None)
 
 
-def _consistency_problems(exps: list[Experiment], seeds: list[Any]) -> tuple[list[str], list[str]]:
-    """(problems that make the folders incomparable, settings present in only some folders)."""
+def _consistency_problems(exps: list[Experiment], seeds: list[Any]) -> tuple[list[str], list[str], list[str]]:
+    """(problems that make the folders incomparable, settings present in only some folders, the same
+    with the folders that lack each)."""
     problems: list[str] = []
     if len(exps) < 2:
         problems.append(f"{len(exps)} experiment folder(s): a seed comparison needs at least two")
+    problems += [
+        f"{e.dir}: experiment.json config records no run.seed" for e, s in zip(exps, seeds) if s is None
+    ]
     if len(set(map(json.dumps, seeds))) < len(seeds):
         problems.append(f"run.seed values are not all different: {seeds}")
-    differ, partial = _config_differences(exps)
+    differ, partial, lacking = _config_differences(exps)
     problems += [f"setting differs between folders: {d}" for d in differ]
+    problems += _duplicate_problems(exps)
     fps = {str(e.meta.get("fingerprint")) for e in exps}
     if len(fps) > 1:
         problems.append(f"{len(fps)} dataset fingerprints: {sorted(fps)}")
@@ -108,7 +112,44 @@ def _consistency_problems(exps: list[Experiment], seeds: list[Any]) -> tuple[lis
     arm_sets = {tuple(sorted(e.arms)) for e in exps}
     if len(arm_sets) > 1:
         problems.append(f"the arms differ between folders: {sorted(arm_sets)}")
-    return problems, partial
+    return problems, partial, lacking
+
+
+def _final_identity(e: Experiment, arm: str) -> str | None:
+    """The arm's final weights: train run.json `final_identity`, else final/identity.json `weights_hash`."""
+    run = e.train_run(arm) or {}
+    d = e.arms[arm].train_dir
+    found = run.get("final_identity") or (e.run_json(d / "final", "identity.json") or {}).get("weights_hash")
+    return str(found) if found else None
+
+
+def _answers(e: Experiment, arm: str) -> str | None:
+    """Every task's final SQL and status, as one comparable string (None without results)."""
+    rows = e.results(arm)
+    if not rows:
+        return None
+    return json.dumps(
+        sorted((str(r.get("task_id")), str(r.get("final_sql")), str(r.get("status"))) for r in rows)
+    )
+
+
+def _duplicate_problems(exps: list[Experiment]) -> list[str]:
+    """Two folders whose arm of a weight-changing kind (all but base and no_update, whose weights and
+    greedy answers are the base's in every seed) has the same final weights or the same evaluation
+    results: one training run counted as two seeds."""
+    problems = []
+    for i, a in enumerate(exps):
+        for b in exps[i + 1 :]:
+            for name in sorted(set(a.arms) & set(b.arms)):
+                if a.arms[name].kind in ("base", "no_update") or a.arms[name].train_dir is None:
+                    continue
+                for what, read in (("final weights", _final_identity), ("evaluation results", _answers)):
+                    va = read(a, name)
+                    if va is not None and va == read(b, name):
+                        problems.append(
+                            f"{a.dir} and {b.dir}: arm '{name}' has the same {what}: one training run, not two seeds"
+                        )
+    return problems
 
 
 def _seed_row(
@@ -288,10 +329,16 @@ def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0,
     """The analysis described in the module docstring, as one JSON-serialisable dict."""
     exps = [Experiment(d) for d in exp_dirs]
     seeds = [_run_seed(e) for e in exps]
-    problems, partial = _consistency_problems(exps, seeds)
-    consistent = not problems
-    # per folder: kind -> {task id: 1 / 0 / None (excluded)} of its primary arm of that kind
+    problems, partial, lacking = _consistency_problems(exps, seeds)
+    # per folder: kind -> {task id: 1 / 0 / None (not scored)} of its primary arm of that kind
     outcomes = [{kind: _outcomes(e, _arm_of_kind(e, kind)) for kind in KINDS} for e in exps]
+    base_same = _base_identical(exps, outcomes)
+    if base_same is False:
+        problems.append(
+            "the Base evaluations differ between folders (greedy on the same weights): the evaluation is not "
+            "reproducible or the folders differ in something else"
+        )
+    consistent = not problems
     runs: list[dict] = []
     for e, s, outs_of in zip(exps, seeds, outcomes):
         row, row_problems = _seed_row(e, s, outs_of, n_boot=n_boot, seed=seed, ci=ci)
@@ -299,12 +346,11 @@ def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0,
         problems += row_problems
     across, across_problems = _across_seeds(runs, outcomes, n_boot=n_boot, seed=seed, ci=ci)
     problems += across_problems
-    base_same = _base_identical(exps, outcomes)
     commits = sorted({str((e.meta.get("git") or {}).get("commit")) for e in exps})
     notes = []
     if partial:
         notes.append(
-            f"settings present in only some folders (added by a newer sqlrl; not compared): {', '.join(partial)}"
+            f"settings present in only some folders (added by a newer sqlrl; not compared): {'; '.join(lacking)}"
         )
     if len(commits) > 1:
         notes.append(f"the folders were made by {len(commits)} code versions: {', '.join(commits)}")

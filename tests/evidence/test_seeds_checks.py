@@ -1,0 +1,118 @@
+"""`sqlrl seeds` refuses folders that are not one matrix run with different training seeds: one training
+run under two seeds, a setting with two values where some folders lack it, a folder without run.seed,
+Base evaluations that differ. Copies of the committed seed folders, and the synthetic matrix."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from sqlrl.artifacts import read_json, read_jsonl, write_json_atomic, write_jsonl
+from sqlrl.evidence.seeds import summarize
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from copy_result import copy_result  # noqa: E402
+from make_experiment import make_experiment  # noqa: E402
+from test_seeds import seeded  # noqa: E402
+
+SEEDS = "2026-11-29-spider-0.5b-single-turn-seeds"
+
+
+@pytest.fixture(scope="module")
+def committed(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("seeds")
+    return copy_result(f"{SEEDS}/seed1", root / "seed1"), copy_result(f"{SEEDS}/seed2", root / "seed2")
+
+
+def _set(d: Path, fn) -> Path:
+    meta = read_json(d / "experiment.json")
+    fn(meta)
+    write_json_atomic(d / "experiment.json", meta)
+    return d
+
+
+def test_the_committed_seeds_are_one_matrix(committed) -> None:
+    s = summarize(list(committed), n_boot=200)
+    assert s["claim_allowed"], s["problems"]
+    assert s["base_evaluations_identical"] is True
+
+
+def test_one_run_relabelled_with_another_seed_is_refused(committed, tmp_path) -> None:
+    seed1, _ = committed
+    dup = _set(copy_result(f"{SEEDS}/seed1", tmp_path / "dup"), lambda m: m["config"]["run"].update(seed=5))
+    s = summarize([seed1, dup], n_boot=200)
+    assert not s["claim_allowed"]
+    for arm in ("grpo", "validity"):
+        for what in ("final weights", "evaluation results"):
+            assert (
+                f"{seed1} and {dup}: arm '{arm}' has the same {what}: one training run, not two seeds"
+                in (s["problems"])
+            )
+    assert not any("'no_update'" in p for p in s["problems"])  # its weights are the base's in every seed
+
+
+def test_final_weights_are_read_from_final_identity_json_too(committed, tmp_path) -> None:
+    seed1, _ = committed
+    dup = _set(copy_result(f"{SEEDS}/seed1", tmp_path / "dup"), lambda m: m["config"]["run"].update(seed=5))
+    for arm in ("grpo", "validity"):
+        run = read_json(dup / "arms" / arm / "train" / "run.json")
+        del run["final_identity"]
+        write_json_atomic(dup / "arms" / arm / "train" / "run.json", run)
+        rows = list(read_jsonl(dup / "arms" / arm / "eval" / "results.jsonl"))
+        rows[0]["final_sql"] = "SELECT 1"
+        write_jsonl(dup / "arms" / arm / "eval" / "results.jsonl", rows)
+    problems = summarize([seed1, dup], n_boot=200)["problems"]
+    assert (
+        f"{seed1} and {dup}: arm 'grpo' has the same final weights: one training run, not two seeds"
+        in problems
+    )
+    assert not any("same evaluation results" in p for p in problems)
+
+
+def test_base_evaluations_that_differ_refuse_the_claim(committed, tmp_path) -> None:
+    seed1, _ = committed
+    seed2 = copy_result(f"{SEEDS}/seed2", tmp_path / "seed2")
+    path = seed2 / "arms" / "base" / "eval" / "results.jsonl"
+    rows = list(read_jsonl(path))
+    rows[1]["final_sql"] = (rows[1]["final_sql"] or "") + " "
+    write_jsonl(path, rows)
+    s = summarize([seed1, seed2], n_boot=200)
+    assert s["base_evaluations_identical"] is False and not s["claim_allowed"]
+    assert any(p.startswith("the Base evaluations differ between folders") for p in s["problems"])
+    assert not s["rl_over_sft"]["answered"] or not any(
+        k["allowed"] for k in s["rl_over_sft"]["kinds"].values()
+    )
+
+
+def test_a_setting_with_two_values_is_a_difference_where_a_folder_lacks_it(tmp_path) -> None:
+    a = seeded(tmp_path, 0)
+    b, c = seeded(tmp_path, 1, sft={"steps": 5}), seeded(tmp_path, 2, sft={"steps": 6})
+    s = summarize([a, b, c], n_boot=200)
+    assert not s["claim_allowed"]
+    assert f"setting differs between folders: sft.steps: 5 / 6 (absent in {a})" in s["problems"]
+    d = seeded(tmp_path, 3, sft={"steps": 5})
+    s = summarize([a, b, d], n_boot=200)
+    assert s["claim_allowed"], s["problems"]
+    assert s["settings_in_some_folders_only"] == ["sft.steps"]
+    assert any(f"sft.steps (absent in {a})" in n for n in s["notes"])
+
+
+def test_a_folder_without_run_seed_is_refused_by_name(tmp_path) -> None:
+    dirs = [seeded(tmp_path, k) for k in range(3)]
+    _set(dirs[2], lambda m: m["config"]["run"].pop("seed"))
+    s = summarize(dirs, n_boot=200)
+    assert s["run_seeds"] == [0, 1, None] and not s["claim_allowed"]
+    assert f"{dirs[2]}: experiment.json config records no run.seed" in s["problems"]
+
+
+def test_synthetic_seeds_with_their_own_base_outcomes_are_refused(tmp_path) -> None:
+    dirs = []
+    for k in range(2):
+        d = make_experiment(tmp_path / f"s{k}", synthetic=False, n_tasks=400, seed=k)
+        dirs.append(_set(d, lambda m, k=k: m.__setitem__("config", {"run": {"seed": k}})))
+    s = summarize(dirs, n_boot=200)
+    assert s["base_evaluations_identical"] is False and not s["claim_allowed"]
+    assert [r["gate"] for r in s["runs"]] == ["claim", "claim"]
