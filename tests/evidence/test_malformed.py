@@ -142,9 +142,11 @@ def test_an_unreadable_experiment_json_is_one_line_and_exit_2(exp, case, check, 
 def test_a_string_model_is_not_shown_and_the_report_is_written(exp, capsys) -> None:
     _edit(_ev(exp, "grpo") / "run.json", lambda r: r.__setitem__("model", "qwen"))
     _edit(_ev(exp, "grpo") / "summary.json", lambda s: s.pop("model", None))
-    assert main(["report", str(exp), "--n-boot", "20"]) == 0
+    assert main(["report", str(exp), "--n-boot", "20"]) == 1  # written; no claim: what grpo ran is unknown
     assert capsys.readouterr().err == ""
-    assert "| grpo | grpo | 1 | `-` |" in (exp / "report.md").read_text()
+    md = (exp / "report.md").read_text()
+    assert "| grpo | grpo | 1 | `-` |" in md
+    assert "identities: arm 'grpo': its eval run.json records no model identity" in md
 
 
 def test_a_report_that_fails_writes_no_verdict(exp, monkeypatch) -> None:

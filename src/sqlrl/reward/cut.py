@@ -12,19 +12,17 @@ the full query is the gold without LIMIT/OFFSET (bounded by the caps only) and t
 whose pool is that whole result (`execution_match` rule 4d).
 
 What is covered:
-- keys that are output columns, keys that are not (appended), `LIMIT n, m`, OFFSET, no ORDER BY;
-  keys that are not and no LIMIT/OFFSET: the whole gold with its keys, one window, no pools;
-- no cut unless the gold agrees with its full result, nor for a fetch stopped inside the ties;
-- `fetch_cuts`: one batched fetch per scoring call (an exception is infrastructure); after a `--`
-  in the gold, inserted keys and LIMIT follow a newline (no line comment hides them).
+- keys that are output columns or not (appended), `LIMIT n, m`, OFFSET, no ORDER BY; unseen keys
+  and no LIMIT/OFFSET: the whole gold with its keys, one window, no pools;
+- no cut unless the gold agrees with its full result, nor for a fetch stopped inside the ties; `fetch_cuts`:
+  one batched fetch per call (an exception is infrastructure); inserted keys and LIMIT follow a newline.
 What is not:
 - no cut (nothing relaxed: a possible false negative, never a false positive) for: keys that are
   not all output columns in a compound SELECT, a top-level SELECT DISTINCT or beside a term naming
   an output column (`ORDER BY 2`, an alias); a LIMIT whose rows an ORDER BY below it picks (derived
-  table, CTE, window); a non-literal OFFSET; SQL sqlglot cannot tokenize; a full result that fails
-  or is over the caps; a key whose rows are not one run of the window and one block of the full result
-  (ties are Python equality, so under a collation such as NOCASE 'Ann' and 'ann' do not tie and their
-  reordering is a mismatch). A non-literal LIMIT adds none to the full query.
+  table, CTE, window); a non-literal OFFSET; SQL sqlglot cannot tokenize; a full result failed or
+  over the caps; a key not in one run and one block (ties are Python equality: under NOCASE 'Ann'
+  and 'ann' do not tie). A non-literal LIMIT adds none to the full query.
 """
 
 from __future__ import annotations
