@@ -13,6 +13,37 @@ from sqlrl.training.export import export_hf, model_from_checkpoint
 from sqlrl.training.fsdp_export import FSDPExportError, export_fsdp_checkpoint
 
 
+def out_problem(source: str | Path, out: str | Path) -> str | None:
+    """Why `out` may not receive an export of `source` (None when it may): an existing file; the source
+    itself, a folder inside it or one holding it; a folder with anything but an earlier export (its
+    identity.json names a source_checkpoint), which an export replaces whole."""
+    src, dst = Path(source).resolve(), Path(out).resolve()
+    if dst.exists() and not dst.is_dir():
+        return f"{out} exists and is not a folder; pass -o a new folder"
+    if dst == src or src in dst.parents or dst in src.parents:
+        return f"{out} is {source} or overlaps it: an export replaces its folder whole; pass -o a new folder"
+    if dst.is_dir() and any(dst.iterdir()):
+        from sqlrl.artifacts import read_json
+
+        try:
+            earlier = (dst / "identity.json").is_file() and "source_checkpoint" in read_json(
+                dst / "identity.json"
+            )
+        except (OSError, ValueError):
+            earlier = False
+        if not earlier:
+            return f"{out} is a folder that is not empty and not an earlier export; pass -o a new folder"
+    return None
+
+
+def _refuse(source: str, out: str) -> int | None:
+    problem = out_problem(source, out)
+    if problem is None:
+        return None
+    print(f"sqlrl export: {problem}", file=sys.stderr)
+    return 2
+
+
 def cli_main(argv: list[str]) -> int:
     """`sqlrl export CKPT -o HF_DIR [--base MODEL]`: a sqlrl checkpoint (or run folder, or a patch final
     folder) -> HF folder.
@@ -37,6 +68,8 @@ def cli_main(argv: list[str]) -> int:
     ap.add_argument("--no-verify", action="store_true", help="skip sha256 verification of checkpoint files")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    if (refused := _refuse(args.checkpoint, args.out)) is not None:
+        return refused
     path = Path(args.checkpoint)
     if (path / "identity.json").is_file() and not (path / SIDECAR).is_file():
         return _export_final(path, args.out)  # a run's final/: dense, a patch, or hashes of the base
@@ -128,6 +161,8 @@ def fsdp_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", help="cast the weights (e.g. bfloat16); default: keep the saved dtype")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    if (refused := _refuse(args.checkpoint, args.out)) is not None:
+        return refused
     try:
         identity = export_fsdp_checkpoint(
             args.checkpoint, args.out, base_config=args.base_config, dtype=args.dtype
