@@ -266,3 +266,36 @@ def test_training_tasks_leave_out_a_damaged_database(tmp_path):
         str(bad / "db2.sqlite"): "is a directory, not a SQLite file"
     }
     env.gold_cache.close()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_database_that_is_a_fifo_or_a_device_is_named_not_read_forever(tmp_path, kind) -> None:
+    """A FIFO blocks a reader until a writer comes; /dev/zero never ends. `data audit` (the split's
+    fingerprint hashes every database file) names the file and its tasks are excluded; run in a child
+    process with a deadline, so a regression fails instead of hanging the suite."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data = tmp_path / "d"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "src/sqlrl/embedded/spider_demo", data)
+    db = data / "database/activity_1/activity_1.sqlite"
+    db.unlink()
+    if kind == "fifo":
+        os.mkfifo(db)
+    else:
+        db.symlink_to("/dev/zero")
+    code = (
+        "from sqlrl.tasks.data import SpiderData, file_sha256\n"
+        f"d = SpiderData({str(data)!r})\n"
+        "print(len(d.fingerprint('train_spider')))\n"
+        "try:\n"
+        f"    file_sha256({str(db)!r})\n"
+        "except OSError as e:\n"
+        "    print(e)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["64", f"{db} is not a regular file"]

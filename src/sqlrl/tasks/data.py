@@ -33,6 +33,7 @@ import logging
 import os
 import random
 import sqlite3
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,9 +122,12 @@ _HASH_LOCK = threading.Lock()
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    """sha256 hex of a file's bytes, cached in-process per (real path, mtime_ns, size)."""
+    """sha256 hex of a file's bytes, cached in-process per (real path, mtime_ns, size). OSError for a path
+    that is not a regular file (a FIFO or a device would block or never end)."""
     real = os.path.realpath(path)
     st = os.stat(real)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(f"{path} is not a regular file")
     key = (real, st.st_mtime_ns, st.st_size)
     with _HASH_LOCK:
         hit = _HASH_CACHE.get(key)
