@@ -220,3 +220,16 @@ def test_a_leakage_audit_that_says_passed_but_is_empty_or_partly_failed(exp: Pat
 def test_a_weight_audit_that_passed_with_errors(exp: Path) -> None:
     edit_json(exp / "weights_audit.json", lambda a: a.update(errors=["no_update: could not read the final"]))
     only_failure(exp, "weights_audit", "weight audit recorded errors")
+
+
+def test_a_trained_arm_whose_train_run_json_is_unreadable(exp: Path) -> None:
+    (exp / "arms/grpo/train/run.json").write_text("[1, 2]")
+    f = {c.name: c.problems for c in evidence_gate(exp).checks if not c.passed}
+    assert any(
+        "arm 'grpo': its train run.json is missing or unreadable" in p for p in f.get("training", [])
+    ), f
+
+
+def test_an_evaluation_whose_summary_is_unreadable(exp: Path) -> None:
+    (exp / "arms/grpo/eval/summary.json").write_text("[1, 2]")
+    only_failure(exp, "exclusions", "arm 'grpo': its eval summary.json is missing or unreadable")

@@ -9,16 +9,18 @@ static check and every per-turn budget passed. And:
   No-update arm's final weights are the base weights and every other trained arm's are not; the weight
   audit's `trained` and `no_update` hashes are the primary grpo and no_update arms' final identities;
   every trajectory that records a model identity records its evaluation's.
-- `training`: every train run records its status (real_run requires "finished") and every configured
-  step recorded (distinct `step` values of steps.jsonl = `grpo.steps`, or `sft.steps` for an sft arm,
-  = run.json `steps`); each arm's config is the treatment its kind names (grpo kinds and grpo_sft: not
-  the validity reward, no control; no_update: `control = "no-update"`; validity: the validity reward, no
-  control; sft: an `[sft]` table); within a cell the controls trained with the GRPO arm's steps, tasks
-  per step, group size and temperature; every train run has one `run.seed`.
-- `exclusions`: unscorable golds are a property of the gold, so every arm excludes the same tasks as
-  `gold_unscorable`; at most 1 % of an arm's tasks (or one task) end in an infrastructure failure
-  (excluded, never scored as wrong: above that the comparison could hinge on them; re-run the
-  evaluation); each evaluation's results cover exactly the task ids its run.json lists.
+- `training`: every evaluated arm but a base or control one has a readable train run.json, recording its
+  status (real_run requires "finished"), with every configured step recorded (distinct `step` values
+  of steps.jsonl = `grpo.steps`, or `sft.steps` for an sft arm, = run.json `steps`); each arm's config
+  is the treatment its kind names (grpo kinds and grpo_sft: not the validity reward, no control;
+  no_update: `control = "no-update"`; validity: the validity reward, no control; sft: an `[sft]`
+  table); within a cell the controls trained with the GRPO arm's steps, tasks per step, group size and
+  temperature; every train run has one `run.seed`.
+- `exclusions`: every evaluation has a readable summary.json; unscorable golds are a property of the
+  gold, so every arm excludes the same tasks as `gold_unscorable`; at most 1 % of an arm's tasks (or
+  one task) end in an infrastructure failure (excluded, never scored as wrong: above that the
+  comparison could hinge on them; re-run the evaluation); each evaluation's results cover exactly the
+  task ids its run.json lists.
 
 Not covered: hashes are compared as recorded, not recomputed (`sqlrl audit weights` does that).
 """
@@ -191,6 +193,13 @@ def training_problems(exp: Experiment) -> list[str]:
     seeds: dict[str, object] = {}
     for arm in exp.arms.values():
         if not exp.has_train(arm.name):
+            # (a control without one is the controls check's problem)
+            if (
+                arm.kind not in ("base", "no_update", "validity")
+                and arm.train_dir is not None
+                and exp.has_eval(arm.name)
+            ):
+                problems.append(f"arm '{arm.name}': its train run.json is missing or unreadable")
             continue
         problems += _run_problems(exp, arm)
         config = exp.train_config(arm.name)
@@ -227,6 +236,8 @@ def exclusion_problems(exp: Experiment) -> list[str]:
         if not rows:
             continue
         unscorable[arm] = {str(r.get("task_id")) for r in rows if r.get("status") == "gold_unscorable"}
+        if not isinstance(exp.summary(arm), dict):
+            problems.append(f"arm '{arm}': its eval summary.json is missing or unreadable")
         infra = sum(1 for r in rows if r.get("status") == "infra_error")
         if infra > max(1, math.floor(INFRA_SHARE * len(rows))):
             problems.append(
