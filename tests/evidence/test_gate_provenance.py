@@ -91,6 +91,33 @@ def test_a_weight_audit_of_other_weights(exp: Path) -> None:
     only_failure(exp, "identities", "weights_audit.json hashes.trained 2323")
 
 
+def test_every_cell_of_a_weight_audit_is_checked_whatever_the_order_of_cells(tmp_path: Path) -> None:
+    """A turns = [3, 1] matrix: the file's top level is the first cell run (t3); each cell's hashes must
+    be a grpo / no_update arm's final identity, in any order, and a cell that audited other weights is named."""
+    from sqlrl.artifacts import read_json
+
+    arms = ("base", "grpo", "no_update", "validity", "base_t3", "grpo_t3", "no_update_t3", "validity_t3")
+    exp = make_experiment(tmp_path / "exp", synthetic=False, arms=arms)
+    final = {
+        a: read_json(exp / f"arms/{a}/train/run.json")["final_identity"]
+        for a in ("grpo_t3", "grpo", "no_update")
+    }
+
+    def cell(trained: str) -> dict:
+        return {"hashes": {"base": final["no_update"], "trained": trained, "no_update": final["no_update"]}}
+
+    edit_json(
+        exp / "weights_audit.json",
+        lambda a: a.update(
+            cell(final["grpo_t3"]), cells={"t3": cell(final["grpo_t3"]), "t1": cell(final["grpo"])}
+        ),
+    )
+    v = evidence_gate(exp)
+    assert v.claim_allowed, v.missing
+    edit_json(exp / "weights_audit.json", lambda a: a["cells"].update(t1=cell("67" * 32)))
+    only_failure(exp, "identities", "weights_audit.json hashes.trained (cell t1) 6767")
+
+
 def test_trajectories_of_another_model(exp: Path) -> None:
     path = exp / "arms/grpo/eval/trajectories.jsonl"
     rows = list(read_jsonl(path))
@@ -233,3 +260,29 @@ def test_a_trained_arm_whose_train_run_json_is_unreadable(exp: Path) -> None:
 def test_an_evaluation_whose_summary_is_unreadable(exp: Path) -> None:
     (exp / "arms/grpo/eval/summary.json").write_text("[1, 2]")
     only_failure(exp, "exclusions", "arm 'grpo': its eval summary.json is missing or unreadable")
+
+
+@pytest.mark.parametrize("correct", [None, "false", 0])
+def test_wrong_answers_whose_correct_is_not_a_boolean(exp: Path, correct) -> None:
+    """A scored status without a true/false `correct` would drop out of the accuracy: GRPO's wrong rows
+    blanked would raise it."""
+    path = exp / "arms/grpo/eval/results.jsonl"
+    rows = list(read_jsonl(path))
+    for r in rows:
+        if r["status"] == "mismatch":
+            r["correct"] = correct
+    write_jsonl(path, rows)
+    only_failure(exp, "exclusions", "rows of results.jsonl have a scored status but no true/false `correct`")
+
+
+def test_a_correct_that_its_status_contradicts(exp: Path) -> None:
+    path = exp / "arms/grpo/eval/results.jsonl"
+    rows = list(read_jsonl(path))
+    n = 0
+    for r in rows:
+        if r["status"] == "exec_error" and n < 3:
+            r["correct"], n = True, n + 1
+    write_jsonl(path, rows)
+    only_failure(
+        exp, "exclusions", "arm 'grpo': 3 rows of results.jsonl have a `correct` their status contradicts"
+    )

@@ -6,8 +6,9 @@ static check and every per-turn budget passed. And:
 - `identities`: every evaluation records the identity (weights hash) of the model it ran; a base arm ran
   the base weights (the weight audit's `hashes.base`, else the primary base arm's); an arm with a train
   run evaluated exactly its train run's `final_identity`, which its `final/identity.json` repeats; a
-  No-update arm's final weights are the base weights and every other trained arm's are not; the weight
-  audit's `trained` and `no_update` hashes are the primary grpo and no_update arms' final identities;
+  No-update arm's final weights are the base weights and every other trained arm's are not (a validity
+  control that never changed is not a control); the weight
+  audit's `trained` and `no_update` hashes (of every cell) are final identities of grpo and no_update arms;
   every trajectory that records a model identity records its evaluation's.
 - `training`: every evaluated arm but a base or control one has a readable train run.json, recording its
   status (real_run requires "finished"), with every configured step recorded (distinct `step` values
@@ -19,8 +20,8 @@ static check and every per-turn budget passed. And:
 - `exclusions`: every evaluation has a readable summary.json; unscorable golds are a property of the
   gold, so every arm excludes the same tasks as `gold_unscorable`; at most 1 % of an arm's tasks (or
   one task) end in an infrastructure failure (excluded, never scored as wrong: above that the
-  comparison could hinge on them; re-run the evaluation); each evaluation's results cover exactly the
-  task ids its run.json lists.
+  comparison could hinge on them; re-run the evaluation); every other row has a true/false `correct`
+  that its status agrees with (true only for `match`); results cover the task ids run.json lists.
 
 Not covered: hashes are compared as recorded, not recomputed (`sqlrl audit weights` does that).
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 
+from sqlrl.evaluation.outcome import EXCLUDED_STATUSES, outcome
 from sqlrl.evidence.rundir import GRPO_KINDS, Arm, Experiment
 
 TRAINED_NOT_BASE = (*GRPO_KINDS, "grpo_sft", "validity", "sft")
@@ -121,15 +123,33 @@ def identity_problems(exp: Experiment) -> list[str]:
             problems.append(
                 f"arm '{arm.name}': {odd} trajectories record another model identity than its evaluation"
             )
+    return problems + _audit_identity_problems(exp)
+
+
+def _audit_identity_problems(exp: Experiment) -> list[str]:
+    """Each cell audit's `trained` / `no_update` hash is the final identity of a grpo / no_update arm."""
     audit = exp.audit("weights_audit.json")
-    hashes = audit.get("hashes") if isinstance(audit, dict) else None
-    for key, kind in (("trained", "grpo"), ("no_update", "no_update")):
-        arm = exp.primary(kind)
-        if isinstance(hashes, dict) and key in hashes and arm is not None and exp.has_train(arm.name):
-            if hashes[key] != final_identity(exp, arm.name):
+    if not isinstance(audit, dict):
+        return []
+    cells = audit.get("cells") if isinstance(audit.get("cells"), dict) and audit.get("cells") else {"": audit}
+    finals = {
+        kind: {final_identity(exp, a.name) for a in exp.arms_of(kind) if exp.has_train(a.name)}
+        for kind in ("grpo", "no_update")
+    }
+    problems = []
+    for cell, part in cells.items():
+        hashes = part.get("hashes") if isinstance(part, dict) else None
+        for key, kind in (("trained", "grpo"), ("no_update", "no_update")):
+            if (
+                isinstance(hashes, dict)
+                and key in hashes
+                and finals[kind]
+                and hashes[key] not in finals[kind]
+            ):
+                where = f" (cell {cell})" if cell else ""
                 problems.append(
-                    f"weights_audit.json hashes.{key} {_short(hashes[key])} is not arm '{arm.name}''s final "
-                    f"identity {_short(final_identity(exp, arm.name))}: the audit audited other weights"
+                    f"weights_audit.json hashes.{key}{where} {_short(hashes[key])} is no {kind} arm's final "
+                    "identity: the audit audited other weights"
                 )
     return problems
 
@@ -183,7 +203,7 @@ def _run_problems(exp: Experiment, arm: Arm) -> list[str]:
     ):
         out.append(
             f"arm '{arm.name}': {len(done)} distinct steps in steps.jsonl, run.json steps {run.get('steps')!r}, "
-            f"configured {want!r}: training is incomplete or its record is"
+            f"configured {want!r}: the training or its record is incomplete"
         )
     return out
 
@@ -238,6 +258,19 @@ def exclusion_problems(exp: Experiment) -> list[str]:
         unscorable[arm] = {str(r.get("task_id")) for r in rows if r.get("status") == "gold_unscorable"}
         if not isinstance(exp.summary(arm), dict):
             problems.append(f"arm '{arm}': its eval summary.json is missing or unreadable")
+        unread = sum(1 for r in rows if r.get("status") not in EXCLUDED_STATUSES and outcome(r) is None)
+        if unread:
+            problems.append(
+                f"arm '{arm}': {unread} rows of results.jsonl have a scored status but no true/false `correct`, "
+                "so they would drop out of its accuracy unannounced"
+            )
+        odd = sum(
+            1 for r in rows if outcome(r) is not None and (r.get("status") == "match") != (outcome(r) == 1)
+        )
+        if odd:
+            problems.append(
+                f"arm '{arm}': {odd} rows of results.jsonl have a `correct` their status contradicts"
+            )
         infra = sum(1 for r in rows if r.get("status") == "infra_error")
         if infra > max(1, math.floor(INFRA_SHARE * len(rows))):
             problems.append(
