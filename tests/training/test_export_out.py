@@ -60,8 +60,11 @@ def test_new_empty_and_earlier_export_folders_may_receive_an_export(tmp_path, ru
     assert out_problem(run, _mk(tmp_path / "empty", {})) is None
     earlier = {"identity.json": json.dumps({"weights_hash": "sha256:00", "source_checkpoint": "x"}), "a": "b"}
     assert out_problem(run, _mk(tmp_path / "earlier", earlier)) is None
-    not_ours = {"identity.json": json.dumps({"weights_hash": "sha256:00"})}  # a final/ folder, not an export
-    assert "not an earlier export" in out_problem(run, _mk(tmp_path / "final", not_ours))
+    # a run's final/ (export_hf writes source_checkpoint null there) and a folder without the key
+    final = {"identity.json": json.dumps({"weights_hash": "sha256:00", "source_checkpoint": None, "step": 3})}
+    assert "not an earlier export" in out_problem(run, _mk(tmp_path / "final", final))
+    bare = {"identity.json": json.dumps({"weights_hash": "sha256:00"})}
+    assert "not an earlier export" in out_problem(run, _mk(tmp_path / "bare", bare))
 
 
 def _mk(folder: Path, files: dict[str, str]) -> Path:

@@ -16,7 +16,7 @@ from sqlrl.training.fsdp_export import FSDPExportError, export_fsdp_checkpoint
 def out_problem(source: str | Path, out: str | Path) -> str | None:
     """Why `out` may not receive an export of `source` (None when it may): an existing file; the source
     itself, a folder inside it or one holding it; a folder with anything but an earlier export (its
-    identity.json names a source_checkpoint), which an export replaces whole."""
+    identity.json names a source_checkpoint; a run's final/ names none), which an export replaces whole."""
     src, dst = Path(source).resolve(), Path(out).resolve()
     if dst.exists() and not dst.is_dir():
         return f"{out} exists and is not a folder; pass -o a new folder"
@@ -26,9 +26,8 @@ def out_problem(source: str | Path, out: str | Path) -> str | None:
         from sqlrl.artifacts import read_json
 
         try:
-            earlier = (dst / "identity.json").is_file() and "source_checkpoint" in read_json(
-                dst / "identity.json"
-            )
+            ident = read_json(dst / "identity.json") if (dst / "identity.json").is_file() else None
+            earlier = isinstance(ident, dict) and bool(ident.get("source_checkpoint"))
         except (OSError, ValueError):
             earlier = False
         if not earlier:
