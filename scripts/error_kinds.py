@@ -79,16 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, help="the evaluation's data folder: where missing columns are")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON")
     args = ap.parse_args(argv)
-    data = None
-    if args.data is not None:
-        from sqlrl.tasks.data import DataError, SpiderData
+    from sqlrl.tasks.data import DataError, SpiderData
 
-        try:
-            data = SpiderData(args.data)
-        except DataError as e:
-            print(f"error_kinds: {e}", file=sys.stderr)
-            return 2
-    arms = summarize(args.experiment, data)
+    try:
+        arms = summarize(args.experiment, None if args.data is None else SpiderData(args.data))
+    except DataError as e:  # no such data folder, or it lacks a database an evaluation used
+        print(f"error_kinds: {e}", file=sys.stderr)
+        return 2
     if not arms:
         print(f"error_kinds: no arms/*/eval/results.jsonl under {args.experiment}", file=sys.stderr)
         return 2

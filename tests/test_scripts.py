@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -539,3 +540,9 @@ def test_error_kinds_with_data_says_where_missing_columns_are(tmp_path):
     assert "no such column: in a table the query names 1" in r.stdout
     bad = subprocess.run([*cmd[:3], "--data", str(tmp_path / "none")], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("error_kinds: ") and "Traceback" not in bad.stderr
+    # a data folder without the evaluation's database
+    other = tmp_path / "other"
+    shutil.copytree(data, other)
+    shutil.rmtree(other / "database/activity_1")
+    bad = subprocess.run([*cmd[:3], "--data", str(other)], capture_output=True, text=True)
+    assert bad.returncode == 2 and "activity_1" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

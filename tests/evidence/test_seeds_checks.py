@@ -46,11 +46,10 @@ def test_one_run_relabelled_with_another_seed_is_refused(committed, tmp_path) ->
     s = summarize([seed1, dup], n_boot=200)
     assert not s["claim_allowed"]
     for arm in ("grpo", "validity"):
-        for what in ("final weights", "evaluation results"):
-            assert (
-                f"{seed1} and {dup}: arm '{arm}' has the same {what}: one training run, not two seeds"
-                in (s["problems"])
-            )
+        assert (
+            f"{seed1} and {dup}: arm '{arm}' has the same final weights: one training run, not two seeds"
+            in (s["problems"])
+        )
     assert not any("'no_update'" in p for p in s["problems"])  # its weights are the base's in every seed
 
 
@@ -69,7 +68,28 @@ def test_final_weights_are_read_from_final_identity_json_too(committed, tmp_path
         f"{seed1} and {dup}: arm 'grpo' has the same final weights: one training run, not two seeds"
         in problems
     )
-    assert not any("same evaluation results" in p for p in problems)
+    assert not any("same answers" in p for p in problems)
+
+
+def test_same_answers_count_only_where_no_final_weights_tell_the_runs_apart(committed, tmp_path) -> None:
+    """Same answers with other final weights (a short run, few tasks) are possible: no problem; the same
+    answers where one folder records no final weights are the duplicate's only trace."""
+    seed1, _ = committed
+    dup = _set(copy_result(f"{SEEDS}/seed1", tmp_path / "dup"), lambda m: m["config"]["run"].update(seed=5))
+    run = read_json(dup / "arms/grpo/train/run.json")
+    run["final_identity"] = "sha256:" + "9" * 64
+    write_json_atomic(dup / "arms/grpo/train/run.json", run)
+    write_json_atomic(dup / "arms/grpo/train/final/identity.json", {"weights_hash": run["final_identity"]})
+    problems = summarize([seed1, dup], n_boot=200)["problems"]
+    assert not any("arm 'grpo'" in p for p in problems), problems
+    del run["final_identity"]
+    write_json_atomic(dup / "arms/grpo/train/run.json", run)
+    (dup / "arms/grpo/train/final/identity.json").unlink()
+    problems = summarize([seed1, dup], n_boot=200)["problems"]
+    assert (
+        f"{seed1} and {dup}: arm 'grpo' has the same answers on every task, and no final weights to tell the "
+        "runs apart: one training run, not two seeds" in problems
+    )
 
 
 def test_base_evaluations_that_differ_refuse_the_claim(committed, tmp_path) -> None:

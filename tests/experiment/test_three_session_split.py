@@ -55,6 +55,9 @@ PASSING = (
     "same_tasks",
     "same_fingerprint",
     "leakage_audit",
+    "identities",
+    "training",
+    "exclusions",
 )
 
 

@@ -135,20 +135,30 @@ def _answers(e: Experiment, arm: str) -> str | None:
 
 def _duplicate_problems(exps: list[Experiment]) -> list[str]:
     """Two folders whose arm of a weight-changing kind (all but base and no_update, whose weights and
-    greedy answers are the base's in every seed) has the same final weights or the same evaluation
-    results: one training run counted as two seeds."""
+    greedy answers are the base's in every seed) has the same final weights: one training run counted as
+    two seeds. Where either folder records no final weights, the same evaluation results (every task's
+    final SQL and status) stand for them; with weights that differ, equal answers are possible (a short
+    run, few tasks) and are not a problem."""
     problems = []
     for i, a in enumerate(exps):
         for b in exps[i + 1 :]:
             for name in sorted(set(a.arms) & set(b.arms)):
                 if a.arms[name].kind in ("base", "no_update") or a.arms[name].train_dir is None:
                     continue
-                for what, read in (("final weights", _final_identity), ("evaluation results", _answers)):
-                    va = read(a, name)
-                    if va is not None and va == read(b, name):
-                        problems.append(
-                            f"{a.dir} and {b.dir}: arm '{name}' has the same {what}: one training run, not two seeds"
-                        )
+                wa, wb = _final_identity(a, name), _final_identity(b, name)
+                if wa is not None and wa == wb:
+                    what = "final weights"
+                elif (
+                    (wa is None or wb is None)
+                    and (ra := _answers(a, name)) is not None
+                    and ra == _answers(b, name)
+                ):
+                    what = "answers on every task, and no final weights to tell the runs apart"
+                else:
+                    continue
+                problems.append(
+                    f"{a.dir} and {b.dir}: arm '{name}' has the same {what}: one training run, not two seeds"
+                )
     return problems
 
 
