@@ -165,12 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     module_name, _, func_name = target.partition(":")
     module = importlib.import_module(module_name)
     handler = getattr(module, func_name or "cli_main")
-    from sqlrl.artifacts import RunFolderLocked
+    from sqlrl.artifacts import RunFolderError, RunFolderLocked
     from sqlrl.generation.hashing import ModelError
 
     try:
         return int(handler(rest) or 0)
-    except (RunFolderLocked, ModelError) as e:
+    except (RunFolderLocked, RunFolderError, ModelError) as e:
         print(f"sqlrl {name}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -11,13 +11,8 @@ import sys
 from pathlib import Path
 
 from sqlrl.agent.loop import Budgets
-from sqlrl.artifacts import (
-    check_out_folder,
-    git_commit,
-    lock_run_folder,
-    machine_info,
-    sha256_file,
-)
+from sqlrl.artifacts import git_commit, lock_run_folder, machine_info, sha256_file
+from sqlrl.cli.outdir import check_eval_out
 from sqlrl.evaluation.runner import load_endpoint_policy, load_policy, run_eval
 from sqlrl.evaluation.vote import run_self_consistency
 from sqlrl.generation.models import check_model
@@ -147,7 +142,7 @@ def cli_main(argv: list[str]) -> int:
             "--column-descriptions needs --schema-order file and --schema-sample-values 0; drop one of them"
         )
     try:
-        check_out_folder(a.out, "eval", "an evaluation")
+        check_eval_out(a.out, a.data)
     except ValueError as e:
         print(f"sqlrl eval: {e}", file=sys.stderr)
         return 2

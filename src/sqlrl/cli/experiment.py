@@ -7,7 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from sqlrl.artifacts import check_out_folder, read_json
+from sqlrl.artifacts import check_out_folder, check_out_path, read_json
+from sqlrl.cli.outdir import check_outside_data
 from sqlrl.config import ConfigError
 from sqlrl.experiment.matrix import (
     QUICKSTART,
@@ -62,8 +63,10 @@ def _run(
     t0 = time.perf_counter()
     deadline = time.monotonic() + time_budget if time_budget else None
     try:
+        check_out_path(out)
         check_out_folder(out, command[1], "an experiment")
         cfg, exp = load_experiment(config, overrides)
+        check_outside_data(out, cfg.data.path, "data.path")
         res = run_experiment(cfg, exp, out, command=command, report=report, deadline=deadline)
     except Unfinished as e:
         print(f"sqlrl: time budget reached ({e}); rerun the same command to resume -> {out}", file=sys.stderr)
