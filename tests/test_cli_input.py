@@ -117,3 +117,38 @@ def test_an_out_that_cannot_be_a_folder_is_one_line(name, kind, tmp_path, capsys
     said = {"file": "is a file, not a folder", "dangling link": "which does not exist"}
     assert f"--out {out}" in err and said.get(kind, "cannot create the run folder") in err, err
     assert afile.read_text() == "mine" and not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--turns", "0"], "--turns 0: the agent needs at least one turn"),
+        (["--limit", "-3"], "--limit -3: give the number of tasks to evaluate, or 0 for all of them"),
+        (["--max-new-tokens", "2"], "--max-new-tokens 2: a turn needs at least 8 tokens"),
+        (["--max-context-tokens", "100", "--max-new-tokens", "100"], "must exceed --max-new-tokens 100"),
+        (["--max-schema-chars", "10"], "--max-schema-chars 10: give 200 or more"),
+        (["--turns", "2", "--max-sql-executions", "0"], "--max-sql-executions 0: give 0 or more, and 1"),
+    ],
+)
+@pytest.mark.parametrize("command", [["eval"], ["audit", "leakage"]])
+def test_eval_budgets_no_evaluation_can_run_with_are_refused(command, args, said, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main([*command, "--model", "no-such-model", *args, "--out", str(out)]) == 2
+    assert said in one_line(capsys, f"sqlrl {' '.join(command)}: ")
+    assert not out.exists()
+
+
+def test_a_negative_task_limit_is_refused():
+    from sqlrl.tasks.data import select_tasks
+
+    with pytest.raises(ValueError, match="a task limit of -3 is negative"):
+        select_tasks([1, 2, 3, 4], -3, 0)
+    assert select_tasks([1, 2, 3, 4], 0, 0) == [1, 2, 3, 4]
+
+
+def test_train_refuses_a_bad_value_before_its_run_folder_exists(tmp_path, capsys):
+    out = tmp_path / "r"
+    argv = ["train", str(CONFIGS / "quickstart.toml"), "--out", str(out), "--set", "run.sandbox_workers=0"]
+    assert cli.main(argv) == 2
+    assert "run.sandbox_workers = 0 must be in [1, 256]" in one_line(capsys, "sqlrl train: ")
+    assert not out.exists()

@@ -80,7 +80,7 @@ def cli_main(argv: list[str]) -> int:
 
 def leakage_main(argv: list[str]) -> int:
     from sqlrl.artifacts import check_out_folder
-    from sqlrl.cli.eval import add_budget_args, add_runtime_args, budgets_from_args
+    from sqlrl.cli.eval import add_budget_args, add_runtime_args, budgets_from_args, check_budget_args
     from sqlrl.evaluation.runner import load_policy
     from sqlrl.generation.models import check_model
     from sqlrl.tasks.data import resolve_data_root, select_tasks
@@ -101,6 +101,7 @@ def leakage_main(argv: list[str]) -> int:
     from sqlrl.tasks.bird import open_data
 
     try:
+        check_budget_args(a)
         tasks = select_tasks(open_data(resolve_data_root(a.data)).load(a.split), a.limit, a.seed)
         check_out_folder(a.out, "audit leakage", "a leakage audit")
     except (ValueError, FileNotFoundError) as e:

@@ -571,7 +571,10 @@ def resolve_data_root(path: str) -> Path:
 
 
 def select_tasks(tasks: list, limit: int, seed: int) -> list:
-    """A seeded, order-preserving subset: shuffle indices with `seed`, keep the first `limit`, restore order."""
+    """A seeded, order-preserving subset: shuffle indices with `seed`, keep the first `limit`, restore order
+    (`limit` 0: all the tasks; a negative `limit` is a ValueError)."""
+    if limit < 0:
+        raise ValueError(f"a task limit of {limit} is negative; give a number of tasks, or 0 for all of them")
     if not limit or limit >= len(tasks):
         return list(tasks)
     idx = list(range(len(tasks)))
