@@ -7,10 +7,14 @@ naming the folder, why it is refused and what to do instead).
   or a data folder.
 - `check_outside_data`: no run folder inside the data folder it reads (the policy's sandbox can reach
   that folder), nor a folder in the Spider or BIRD layout.
+- `make_folder` (a folder a command writes files into, e.g. a cache) and `check_report_file` (a file a
+  command writes at its end): not a file where a folder is meant, nor a folder where a file is meant,
+  nor a path whose folder cannot be made or written.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from sqlrl.artifacts import RUN_LOCK_FILE, check_out_folder, check_out_path, run_kind
@@ -80,4 +84,39 @@ def check_eval_out(out: str | Path, data: str | Path) -> None:
         raise ValueError(
             f"--out {out} is not empty and holds no unfinished evaluation (it has {other[0]}"
             f"{f' and {len(other) - 1} more' if len(other) > 1 else ''}); choose a new or empty --out folder"
+        )
+
+
+def _nearest_existing(path: Path) -> Path:
+    here = path.expanduser().absolute()
+    return next(p for p in [here, *here.parents] if p.exists() or p.is_symlink())
+
+
+def make_folder(path: str | Path, option: str) -> Path:
+    """Create the folder `path` (with its parents) for `option`, or ValueError naming why it cannot be."""
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{option} {path} is a file, not a folder; give a folder path")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(
+            f"{option} {path}: cannot create the folder ({e.strerror}: {e.filename}); give a folder you can "
+            "write"
+        ) from None
+    return folder
+
+
+def check_report_file(path: str | Path, option: str) -> None:
+    """Refuse a file path `option` names that is a folder, or whose folder is a file or not writable
+    (ValueError, one line); a missing folder is created when the file is written."""
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise ValueError(f"{option} {path} is a folder; give a file path, e.g. {Path(path) / 'result.json'}")
+    above = _nearest_existing(target.parent)
+    if not above.is_dir():
+        raise ValueError(f"{option} {path}: {above} is a file, not a folder; give a path in a folder")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"{option} {path}: no permission to write in {above}; give a path in a folder you can write"
         )

@@ -35,6 +35,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     problem = None
     if args.n_boot < 1:
         problem = f"--n-boot must be >= 1, got {args.n_boot}"
+    elif args.seed < 0:
+        problem = f"--seed {args.seed}: the bootstrap seed must be 0 or more"
     elif Path(args.out).exists() and not Path(args.out).is_dir():
         problem = f"--out {args.out}: exists and is not a folder"
     if problem is not None:
