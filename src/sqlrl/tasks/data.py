@@ -392,6 +392,10 @@ class SpiderData:
             raw = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise DataError(f"{path} is not valid UTF-8 JSON ({e}); re-download or fix the file") from e
+        except RecursionError:
+            raise DataError(
+                f"{path} is malformed: its JSON is nested too deeply to read; re-download or fix the file"
+            ) from None
         if not isinstance(raw, list):
             raise DataError(
                 f"{path} must hold a JSON list of examples, found {type(raw).__name__}; each example is "
