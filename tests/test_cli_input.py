@@ -152,3 +152,112 @@ def test_train_refuses_a_bad_value_before_its_run_folder_exists(tmp_path, capsys
     assert cli.main(argv) == 2
     assert "run.sandbox_workers = 0 must be in [1, 256]" in one_line(capsys, "sqlrl train: ")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--timeout", "nan"], "--timeout nan / --workers 2: give a finite --timeout > 0"),
+        (["--timeout", "inf"], "--timeout inf / --workers 2: give a finite --timeout > 0"),
+        (["--cache", "AFILE"], "is a file, not a folder; give a folder path"),
+        (["--cache", "AFILE/sub"], "cannot create the folder (Not a directory"),
+    ],
+)
+def test_data_audit_refuses_a_timeout_or_cache_it_cannot_use(args, said, tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    argv = ["data", "audit", *[a.replace("AFILE", str(afile)) for a in args]]
+    assert cli.main(argv) == 2
+    assert said in one_line(capsys, "sqlrl data audit: error: ")
+    assert afile.read_text() == "mine"
+
+
+@pytest.mark.parametrize("command", ["compare", "report", "seeds"])
+def test_a_negative_bootstrap_seed_is_refused(command, tmp_path, capsys):
+    argv = {
+        "compare": ["compare", str(tmp_path / "a"), str(tmp_path / "b")],
+        "report": ["report", str(tmp_path / "e")],
+        "seeds": ["seeds", str(tmp_path / "e"), str(tmp_path / "f"), "--out", str(tmp_path / "s")],
+    }[command]
+    assert cli.main([*argv, "--seed", "-1"]) == 2
+    assert one_line(capsys, f"sqlrl {command}: ").endswith("--seed -1: the bootstrap seed must be 0 or more")
+
+
+def _eval_run(path: Path) -> Path:
+    path.mkdir()
+    rows = [{"task_id": f"t{i}", "db_id": "d", "correct": i % 2 == 0, "reward": 1.0} for i in range(4)]
+    (path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("where", ["a folder", "under a file"])
+@pytest.mark.parametrize("command", ["compare", "audit weights"])
+def test_a_report_file_path_that_cannot_be_written_is_refused_up_front(command, where, tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    target = tmp_path if where == "a folder" else afile / "x.json"
+    if command == "compare":
+        argv = ["compare", str(_eval_run(tmp_path / "a")), str(_eval_run(tmp_path / "b")), "--json"]
+    else:
+        argv = [
+            "audit",
+            "weights",
+            "--base",
+            str(tmp_path / "no"),
+            "--trained",
+            str(tmp_path / "no"),
+            "--out",
+        ]
+    assert cli.main([*argv, str(target)]) == 2
+    said = "is a folder; give a file path" if where == "a folder" else f"{afile} is a file, not a folder"
+    assert said in one_line(
+        capsys, f"sqlrl {command}: --{'json' if command == 'compare' else 'out'} {target}"
+    )
+    assert afile.read_text() == "mine"
+
+
+@pytest.mark.parametrize("command", ["report", "seeds"])
+def test_an_experiment_json_that_is_not_utf8_is_one_line(command, tmp_path, capsys):
+    exp = tmp_path / "e"
+    exp.mkdir()
+    (exp / "experiment.json").write_bytes(b"\xff")
+    argv = (
+        ["report", str(exp)] if command == "report" else ["seeds", str(exp), str(exp), "--out", str(tmp_path)]
+    )
+    assert cli.main(argv) == 2
+    assert "experiment.json: not valid JSON ('utf-8' codec can't decode" in one_line(
+        capsys, f"sqlrl {command}: "
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "said"), [(b"[1, 2]", "is not a run config"), (b"\xff", "cannot be read")]
+)
+def test_resume_of_a_folder_whose_config_json_is_not_a_config_is_one_line(content, said, tmp_path, capsys):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.json").write_bytes(content)
+    assert cli.main(["train", str(CONFIGS / "quickstart.toml"), "--resume", str(run)]) == 2
+    assert f"--resume {run}: its config.json {said}" in one_line(capsys, "sqlrl train: ")
+    assert [p.name for p in run.iterdir()] == ["config.json"]
+
+
+def test_a_split_file_nested_too_deeply_is_malformed_not_a_crash(tmp_path, capsys):
+    data = tmp_path / "data"
+    shutil.copytree(embedded_root(), data)
+    (data / "train_spider.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert cli.main(["data", "split", "--data", str(data)]) == 2
+    assert "train_spider.json is malformed: its JSON is nested too deeply" in one_line(
+        capsys, "sqlrl data split:"
+    )
+
+
+def test_sql_and_reward_open_a_database_whose_name_is_not_utf8(tmp_path, capsys):
+    import os
+
+    src = next((embedded_root() / "database").glob("*/*.sqlite"))
+    db = os.fsdecode(os.fsencode(str(tmp_path)) + b"/db\xff.sqlite")
+    shutil.copyfile(src, db)
+    assert cli.main(["sql", "--db", db, "SELECT 1"]) == 0
+    assert cli.main(["reward", "--db", db, "--pred", "SELECT 1", "--gold", "SELECT 1"]) == 0
+    assert '"status": "match"' in capsys.readouterr().out
