@@ -258,3 +258,25 @@ def test_sizes_and_fractions_out_of_range_name_the_key(raw, msg):
 
 def test_full_fine_tuning_may_leave_lora_targets_empty():
     assert C.from_dict({"model": {"lora_targets": []}}).model.lora_rank == 0
+
+
+@pytest.mark.parametrize(
+    ("line", "msg"),
+    [
+        ("arms = 5", "experiment.arms must be a list, got int 5"),
+        ("turns = 2", "experiment.turns must be a list, got int 2"),
+        ("extra = 5", "experiment.extra must be a table of notes"),
+        ('smoke = "false"', "experiment.smoke must be true or false, got 'false'"),
+        ("turns = [1.9]", "experiment.turns[0] must be an integer, got 1.9"),
+        ("leakage_tasks = -4", "experiment.leakage_tasks = -4: the leakage audit needs at least one task"),
+        ("arms = []", "experiment.arms is empty; list at least one"),
+        ("turns = []", "experiment.turns is empty; list at least one"),
+        ("name = 3", "experiment.name must be a string, got 3"),
+    ],
+)
+def test_experiment_keys_are_type_checked_not_coerced(tmp_path, line, msg):
+    with pytest.raises(C.ConfigError) as e:
+        load_experiment(write(tmp_path, f"[experiment]\n{line}\n"))
+    assert msg in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(C.ConfigError, match=r"experiment\.turns must be a list, got int 2"):
+        load_experiment(write(tmp_path, "[experiment]\n"), ["experiment.turns=2"])
