@@ -222,7 +222,9 @@ def test_an_experiment_json_that_is_not_utf8_is_one_line(command, tmp_path, caps
     exp.mkdir()
     (exp / "experiment.json").write_bytes(b"\xff")
     argv = (
-        ["report", str(exp)] if command == "report" else ["seeds", str(exp), str(exp), "--out", str(tmp_path)]
+        ["report", str(exp)]
+        if command == "report"
+        else ["seeds", str(exp), str(tmp_path), "--out", str(tmp_path)]
     )
     assert cli.main(argv) == 2
     assert "experiment.json: not valid JSON ('utf-8' codec can't decode" in one_line(
@@ -261,3 +263,29 @@ def test_sql_and_reward_open_a_database_whose_name_is_not_utf8(tmp_path, capsys)
     assert cli.main(["sql", "--db", db, "SELECT 1"]) == 0
     assert cli.main(["reward", "--db", db, "--pred", "SELECT 1", "--gold", "SELECT 1"]) == 0
     assert '"status": "match"' in capsys.readouterr().out
+
+
+def test_seeds_refuses_folders_without_arms_and_a_folder_given_twice(tmp_path, capsys):
+    for name in ("s1", "s2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "experiment.json").write_text("{}")
+    s1, s2, out = tmp_path / "s1", tmp_path / "s2", tmp_path / "out"
+    assert cli.main(["seeds", str(s1), str(s2), "--out", str(out)]) == 2
+    assert "experiment.json lists no arms" in one_line(capsys, f"sqlrl seeds: {s1}: ")
+    assert cli.main(["seeds", str(s1), f"{s1}/", "--out", str(out)]) == 2
+    assert one_line(capsys, "sqlrl seeds: ").endswith(
+        f"{s1}/ is given twice (the same folder); give each seed's experiment folder once"
+    )
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("budget", ["nan", "inf", "-5", "0"])
+@pytest.mark.parametrize("command", ["experiment", "curriculum"])
+def test_a_time_budget_that_is_not_a_positive_number_of_seconds_is_a_usage_error(
+    command, budget, tmp_path, capsys
+):
+    config = CONFIGS / ("quickstart.toml" if command == "experiment" else "debug-curriculum.toml")
+    out = tmp_path / "out"
+    assert cli.main([command, str(config), "--time-budget", budget, "--out", str(out)]) == 2
+    assert "give a finite number of seconds > 0" in one_line(capsys, f"sqlrl {command}: --time-budget ")
+    assert not out.exists()
