@@ -159,3 +159,37 @@ def test_eval_breakdown_lines_of_a_spider_summary():
         "extra - (2 excluded), unparsed 0.0% (0/1)"
     ]
     assert breakdown_lines({"by_hardness": {"easy": dict(row)}}) == []  # nothing scored: no line
+
+
+SIGTERM_PROBE = """
+import importlib, os, signal, sys, time
+from sqlrl import cli
+
+before = signal.getsignal(signal.SIGTERM)
+
+def terminated(argv):
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+    finally:
+        print("UNWOUND")  # context managers (run folder lock, worker pools) run their exits
+
+importlib.import_module("sqlrl.cli.{command}").cli_main = terminated
+rc = cli.main([{command!r}, "CONFIG"])
+print("RESULT", rc, signal.getsignal(signal.SIGTERM) == before)
+"""
+
+
+@pytest.mark.parametrize(
+    ("command", "hint"), [("eval", "rerun the same command to resume"), ("train", "--resume")]
+)
+def test_sigterm_unwinds_as_ctrl_c_does_and_exits_143(command, hint):
+    p = subprocess.run(
+        [sys.executable, "-c", SIGTERM_PROBE.format(command=command)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.stdout.split() == ["UNWOUND", "RESULT", "143", "True"], (p.returncode, p.stdout, p.stderr)
+    err = p.stderr.strip().splitlines()[-1]
+    assert err.startswith(f"sqlrl {command}: interrupted; ") and hint in err, err

@@ -228,3 +228,55 @@ def test_sql_timeout_must_be_positive(value):
     with pytest.raises(C.ConfigError, match=r"agent\.sql_timeout_s = .* must be > 0 seconds"):
         C.from_dict({"agent": {"sql_timeout_s": value}})
     assert C.from_dict({"agent": {"sql_timeout_s": 0.5}}).agent.sql_timeout_s == 0.5
+
+
+@pytest.mark.parametrize(
+    ("raw", "msg"),
+    [
+        ({"run": {"sandbox_workers": 0}}, "run.sandbox_workers = 0 must be in [1, 256]"),
+        ({"run": {"sandbox_workers": 100000}}, "run.sandbox_workers = 100000 must be in [1, 256]"),
+        ({"run": {"gen_max_batch": 0}}, "run.gen_max_batch = 0 must be >= 1"),
+        ({"grpo": {"betas": [0.9, 1.0]}}, "grpo.betas = [0.9, 1.0]: each AdamW beta must be in [0, 1)"),
+        ({"grpo": {"betas": [-0.1, 0.9]}}, "grpo.betas = [-0.1, 0.9]: each AdamW beta must be in [0, 1)"),
+        ({"model": {"lora_dropout": 1.0}}, "model.lora_dropout = 1.0 must be in [0, 1)"),
+        ({"model": {"lora_alpha": 0}}, "model.lora_alpha = 0 must be > 0"),
+        ({"model": {"lora_rank": 8, "lora_targets": []}}, "model.lora_targets is empty: LoRA"),
+        ({"agent": {"observation_rows": -1}}, "agent.observation_rows = -1 is negative"),
+        ({"agent": {"observation_chars": -1}}, "agent.observation_chars = -1 is negative"),
+        ({"agent": {"max_sql_executions": -1}}, "agent.max_sql_executions = -1 is negative"),
+        ({"run": {"log_rollouts": -1}}, "run.log_rollouts = -1 is negative"),
+        ({"grpo": {"weight_decay": -0.1}}, "grpo.weight_decay = -0.1 is negative"),
+        ({"data": {"max_train_tasks": -5}}, "data.max_train_tasks = -5 is negative"),
+        ({"data": {"max_eval_tasks": -5}}, "data.max_eval_tasks = -5 is negative"),
+    ],
+)
+def test_sizes_and_fractions_out_of_range_name_the_key(raw, msg):
+    with pytest.raises(C.ConfigError) as e:
+        C.from_dict(raw)
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_full_fine_tuning_may_leave_lora_targets_empty():
+    assert C.from_dict({"model": {"lora_targets": []}}).model.lora_rank == 0
+
+
+@pytest.mark.parametrize(
+    ("line", "msg"),
+    [
+        ("arms = 5", "experiment.arms must be a list, got int 5"),
+        ("turns = 2", "experiment.turns must be a list, got int 2"),
+        ("extra = 5", "experiment.extra must be a table of notes"),
+        ('smoke = "false"', "experiment.smoke must be true or false, got 'false'"),
+        ("turns = [1.9]", "experiment.turns[0] must be an integer, got 1.9"),
+        ("leakage_tasks = -4", "experiment.leakage_tasks = -4: the leakage audit needs at least one task"),
+        ("arms = []", "experiment.arms is empty; list at least one"),
+        ("turns = []", "experiment.turns is empty; list at least one"),
+        ("name = 3", "experiment.name must be a string, got 3"),
+    ],
+)
+def test_experiment_keys_are_type_checked_not_coerced(tmp_path, line, msg):
+    with pytest.raises(C.ConfigError) as e:
+        load_experiment(write(tmp_path, f"[experiment]\n{line}\n"))
+    assert msg in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(C.ConfigError, match=r"experiment\.turns must be a list, got int 2"):
+        load_experiment(write(tmp_path, "[experiment]\n"), ["experiment.turns=2"])

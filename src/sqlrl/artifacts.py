@@ -221,6 +221,24 @@ class RunFolderLocked(RuntimeError):
         )
 
 
+class RunFolderError(ValueError):
+    """A run folder path that cannot be a folder (a file, a dangling link, an uncreatable path)."""
+
+
+def check_out_path(folder: str | os.PathLike) -> None:
+    """Refuse a run folder path that is a file or a symbolic link to nothing (RunFolderError, one line)."""
+    folder = Path(folder)
+    if folder.is_symlink() and not folder.exists():
+        raise RunFolderError(
+            f"--out {folder} is a symbolic link to {os.readlink(folder)}, which does not exist; "
+            "choose another --out folder, or create the link's target folder"
+        )
+    if folder.exists() and not folder.is_dir():
+        raise RunFolderError(
+            f"--out {folder} is a file, not a folder; choose another --out folder (the file is left as it is)"
+        )
+
+
 def _holder_pid(fd: int) -> str:
     with contextlib.suppress(OSError, ValueError):
         pid = os.pread(fd, 32, 0).decode("ascii").strip()
@@ -232,7 +250,7 @@ def _holder_pid(fd: int) -> str:
 @contextlib.contextmanager
 def lock_run_folder(folder: str | os.PathLike) -> Iterator[Path]:
     """Hold an exclusive OS lock (`fcntl.flock`) on `folder` while the block runs; the folder is created
-    when missing. Rules:
+    when missing (a path that is a file, a dangling link or cannot be created: `RunFolderError`). Rules:
     - another process holding it: `RunFolderLocked` at once (no waiting), naming the folder and its PID;
     - this process holding it already (a runner calling another on the same folder): entered again;
       folders nested in a held one have their own locks, so a runner may run others inside its folder;
@@ -243,8 +261,15 @@ def lock_run_folder(folder: str | os.PathLike) -> Iterator[Path]:
     import fcntl
 
     folder = Path(folder)
+    check_out_path(folder)
     created = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a parent that is a file, no permission, a read-only file system
+        raise RunFolderError(
+            f"--out {folder}: cannot create the run folder ({e.strerror}: {e.filename}); choose another "
+            "--out folder"
+        ) from None
     key = os.path.realpath(folder)
     if key in _HELD:
         _HELD[key] += 1

@@ -537,12 +537,45 @@ def validate(cfg: Config, source: str = "<config>") -> None:
         "data.train_paraphrases needs data.kind = 'text2sql' (Spider-Syn questions); set it to false",
     )
     need(0 < d.val_fraction < 1, f"data.val_fraction = {d.val_fraction} must be in (0, 1)")
+    for key in ("max_train_tasks", "max_eval_tasks"):
+        n = getattr(d, key)
+        need(n >= 0, f"data.{key} = {n} is negative; give a number of tasks, or 0 for all of them")
     need(cfg.model.lora_rank >= 0, "model.lora_rank must be >= 0")
+    _validate_sizes(cfg, need)
     for lg in cfg.run.loggers:
         need(
             lg in ("tensorboard", "wandb", "swanlab"),
             f"run.loggers: unknown logger {lg!r}; use tensorboard, wandb or swanlab",
         )
+
+
+def _validate_sizes(cfg: Config, need) -> None:
+    """Counts, sizes and fractions `validate` checks besides the rules between settings."""
+    m, a, g, r = cfg.model, cfg.agent, cfg.grpo, cfg.run
+    need(
+        1 <= r.sandbox_workers <= 256,
+        f"run.sandbox_workers = {r.sandbox_workers} must be in [1, 256] (SQL worker processes; e.g. 2)",
+    )
+    need(r.gen_max_batch >= 1, f"run.gen_max_batch = {r.gen_max_batch} must be >= 1 (sequences, e.g. 256)")
+    need(
+        all(0 <= b < 1 for b in g.betas),
+        f"grpo.betas = {list(g.betas)}: each AdamW beta must be in [0, 1), e.g. [0.9, 0.999]",
+    )
+    for key, value in [
+        ("agent.observation_rows", a.observation_rows),
+        ("agent.observation_chars", a.observation_chars),
+        ("agent.max_sql_executions", a.max_sql_executions),
+        ("run.log_rollouts", r.log_rollouts),
+        ("grpo.weight_decay", g.weight_decay),
+    ]:
+        need(value >= 0, f"{key} = {value} is negative; give 0 or more")
+    need(m.lora_alpha > 0, f"model.lora_alpha = {m.lora_alpha} must be > 0 (scale = alpha / rank), e.g. 32")
+    need(0 <= m.lora_dropout < 1, f"model.lora_dropout = {m.lora_dropout} must be in [0, 1), e.g. 0.0")
+    need(
+        m.lora_rank == 0 or bool(m.lora_targets),
+        "model.lora_targets is empty: LoRA (model.lora_rank > 0) needs module names, e.g. ['q_proj', "
+        "'v_proj'], or set model.lora_rank = 0 for full fine-tuning",
+    )
 
 
 def describe(cls: type) -> str:

@@ -142,7 +142,7 @@ def test_cli_writes_files_and_exit_codes(tmp_path):
     p = subprocess.run(run[:4] + [dirs[0]] + run[6:], capture_output=True, text=True)
     assert p.returncode == 1 and "at least two" in p.stdout
     p = subprocess.run(run[:4] + [dirs[0], dirs[0]] + run[6:], capture_output=True, text=True)
-    assert p.returncode == 1 and "run.seed values are not all different: [0, 0]" in p.stdout
+    assert p.returncode == 2 and f"{dirs[0]} is given twice (the same folder)" in p.stderr
     p = subprocess.run(run[:4] + [str(tmp_path / "nope"), dirs[0]] + run[6:], capture_output=True, text=True)
     assert p.returncode == 2 and "no such folder" in p.stderr
 

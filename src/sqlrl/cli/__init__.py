@@ -4,9 +4,11 @@ Each module's `cli_main(argv) -> int` parses its own arguments and returns the e
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import sys
+from collections.abc import Iterator
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -146,6 +148,33 @@ def console_logging(level: int = logging.INFO) -> None:
     root.setLevel(level)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a command: it unwinds as Ctrl-C does (run folders left resumable, worker
+    processes stopped by their context managers), and the command exits 143."""
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """While the block runs in the main thread, the first SIGTERM raises `Terminated` there (later ones
+    are ignored, so the unwinding finishes); the previous handler is restored after."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     console_logging()
@@ -165,21 +194,22 @@ def main(argv: list[str] | None = None) -> int:
     module_name, _, func_name = target.partition(":")
     module = importlib.import_module(module_name)
     handler = getattr(module, func_name or "cli_main")
-    from sqlrl.artifacts import RunFolderLocked
+    from sqlrl.artifacts import RunFolderError, RunFolderLocked
     from sqlrl.generation.hashing import ModelError
 
     try:
-        return int(handler(rest) or 0)
-    except (RunFolderLocked, ModelError) as e:
+        with _sigterm_interrupts():
+            return int(handler(rest) or 0)
+    except (RunFolderLocked, RunFolderError, ModelError) as e:
         print(f"sqlrl {name}: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         from sqlrl.evaluation.progress import finish_line
 
         finish_line()  # the last progress state stays on the screen
         hint = resume_hint(name, rest)
         print(f"sqlrl {name}: interrupted" + (f"; {hint}" if hint else ""), file=sys.stderr)
-        return 130
+        return 143 if isinstance(e, Terminated) else 130
 
 
 if __name__ == "__main__":

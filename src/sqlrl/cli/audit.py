@@ -58,6 +58,14 @@ def cli_main(argv: list[str]) -> int:
     w.add_argument("--json", action="store_true", help="print the JSON result")
     w.add_argument("--out", help="write the JSON result to this file")
     args = ap.parse_args(argv)
+    if args.out:
+        from sqlrl.cli.outdir import check_report_file
+
+        try:
+            check_report_file(args.out, "--out")
+        except ValueError as e:
+            print(f"sqlrl audit weights: {e}", file=sys.stderr)
+            return 2
     res = audit_weights(
         args.base,
         args.trained,
@@ -67,12 +75,16 @@ def cli_main(argv: list[str]) -> int:
         top_k=args.top_k,
         full=args.all_tensors,
     )
-    if args.out:
-        write_json_atomic(args.out, res)
     if args.json:
         print(dumps(res))
     else:
         print(_format_text(res))
+    if args.out:
+        try:
+            write_json_atomic(args.out, res)
+        except OSError as e:  # what `check_report_file` cannot foresee, e.g. a folder that cannot be made
+            print(f"sqlrl audit weights: --out {args.out}: cannot write it ({e.strerror})", file=sys.stderr)
+            return 2
     if res["errors"] and not res["tensors"]:
         return 2
     return 0 if res["passed"] else 1
@@ -80,7 +92,7 @@ def cli_main(argv: list[str]) -> int:
 
 def leakage_main(argv: list[str]) -> int:
     from sqlrl.artifacts import check_out_folder
-    from sqlrl.cli.eval import add_budget_args, add_runtime_args, budgets_from_args
+    from sqlrl.cli.eval import add_budget_args, add_runtime_args, budgets_from_args, check_budget_args
     from sqlrl.evaluation.runner import load_policy
     from sqlrl.generation.models import check_model
     from sqlrl.tasks.data import resolve_data_root, select_tasks
@@ -101,6 +113,7 @@ def leakage_main(argv: list[str]) -> int:
     from sqlrl.tasks.bird import open_data
 
     try:
+        check_budget_args(a)
         tasks = select_tasks(open_data(resolve_data_root(a.data)).load(a.split), a.limit, a.seed)
         check_out_folder(a.out, "audit leakage", "a leakage audit")
     except (ValueError, FileNotFoundError) as e:

@@ -24,17 +24,29 @@ def cli_main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.n_boot < 1:
         ap.error(f"--n-boot must be >= 1, got {args.n_boot}")
+    from sqlrl.cli.outdir import check_report_file
     from sqlrl.evidence.pair import CompareError, compare_runs, format_comparison
 
     try:
+        if args.seed < 0:
+            raise ValueError(f"--seed {args.seed}: the bootstrap seed must be 0 or more")
+        if args.json:
+            check_report_file(args.json, "--json")
         c = compare_runs(args.a, args.b, n_boot=args.n_boot, seed=args.seed)
-    except CompareError as e:
+    except (CompareError, ValueError) as e:
         print(f"sqlrl compare: {e}", file=sys.stderr)
         return 2
     print(format_comparison(c))
     if args.json:
         from sqlrl.artifacts import write_json_atomic
 
-        write_json_atomic(args.json, json.loads(json.dumps(c.to_dict())))
+        try:
+            write_json_atomic(args.json, json.loads(json.dumps(c.to_dict())))
+        except OSError as e:  # what `check_report_file` cannot foresee, e.g. a folder that cannot be made
+            print(
+                f"sqlrl compare: --json {args.json}: cannot write it ({e.strerror}); give another path",
+                file=sys.stderr,
+            )
+            return 2
         print(f"wrote {args.json}")
     return 0

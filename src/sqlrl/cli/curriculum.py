@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -44,6 +45,13 @@ def cli_main(argv: list[str]) -> int:
         help="stop cleanly (checkpointed) before this many seconds, exit 3; rerun the same command to resume",
     )
     a = p.parse_args(argv)
+    if a.time_budget is not None and not 0 < a.time_budget < math.inf:
+        print(
+            f"sqlrl curriculum: --time-budget {a.time_budget}: give a finite number of seconds > 0, or leave "
+            "it out for no limit",
+            file=sys.stderr,
+        )
+        return 2
     from sqlrl.training.budget import Unfinished
 
     deadline = time.monotonic() + a.time_budget if a.time_budget else None

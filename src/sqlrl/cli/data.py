@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -61,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _audit(args: argparse.Namespace) -> int:
+    from sqlrl.cli.outdir import make_folder
     from sqlrl.tasks.goldcache import GoldCache, audit_golds
 
     data = open_data(args.data or embedded_root())
@@ -72,6 +74,10 @@ def _audit(args: argparse.Namespace) -> int:
                 f"--cache {cache_dir} is inside the data folder {data.root}; the gold cache must live "
                 "outside any folder the policy can reach. Choose e.g. ~/.cache/sqlrl/gold"
             )
+        try:
+            make_folder(cache_dir, "--cache")
+        except ValueError as e:
+            raise DataError(str(e)) from None
     t0 = time.perf_counter()
     tasks = data.load(split, seed=args.seed, val_fraction=args.val_fraction)
     fp = data.fingerprint(split, seed=args.seed, val_fraction=args.val_fraction)
@@ -168,8 +174,11 @@ def cli_main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.cmd == "audit":
-            if args.timeout <= 0 or args.workers < 1:
-                raise DataError("--timeout must be > 0 and --workers >= 1")
+            if not 0 < args.timeout < math.inf or args.workers < 1:
+                raise DataError(
+                    f"--timeout {args.timeout} / --workers {args.workers}: give a finite --timeout > 0 "
+                    "seconds and --workers >= 1"
+                )
             return _audit(args)
         return _split(args)
     except DataError as e:

@@ -11,13 +11,8 @@ import sys
 from pathlib import Path
 
 from sqlrl.agent.loop import Budgets
-from sqlrl.artifacts import (
-    check_out_folder,
-    git_commit,
-    lock_run_folder,
-    machine_info,
-    sha256_file,
-)
+from sqlrl.artifacts import git_commit, lock_run_folder, machine_info, sha256_file
+from sqlrl.cli.outdir import check_eval_out
 from sqlrl.evaluation.runner import load_endpoint_policy, load_policy, run_eval
 from sqlrl.evaluation.vote import run_self_consistency
 from sqlrl.generation.models import check_model
@@ -74,6 +69,28 @@ def add_budget_args(p: argparse.ArgumentParser) -> None:
         help="one checker turn after the answer: its result is shown and a FINAL reply may replace it "
         "(agent.checker; one of --max-sql-executions; text-to-SQL only)",
     )
+
+
+def check_budget_args(a) -> None:
+    """Refuse budgets (and `--limit`) no evaluation can run with, as `config.validate` refuses them in a
+    run file: ValueError, one line naming the flag and the values it takes."""
+    rules = [
+        (a.turns >= 1, f"--turns {a.turns}: the agent needs at least one turn; pass 1 (single-turn) or more"),
+        (a.max_new_tokens >= 8, f"--max-new-tokens {a.max_new_tokens}: a turn needs at least 8 tokens"),
+        (
+            a.max_context_tokens > a.max_new_tokens,
+            f"--max-context-tokens {a.max_context_tokens} must exceed --max-new-tokens {a.max_new_tokens}",
+        ),
+        (a.max_schema_chars >= 200, f"--max-schema-chars {a.max_schema_chars}: give 200 or more"),
+        (
+            a.max_sql_executions >= (1 if a.turns > 1 else 0),
+            f"--max-sql-executions {a.max_sql_executions}: give 0 or more, and 1 or more with --turns >= 2",
+        ),
+        (a.limit >= 0, f"--limit {a.limit}: give the number of tasks to evaluate, or 0 for all of them"),
+    ]
+    for ok, msg in rules:
+        if not ok:
+            raise ValueError(msg)
 
 
 def budgets_from_args(a) -> Budgets:
@@ -147,7 +164,8 @@ def cli_main(argv: list[str]) -> int:
             "--column-descriptions needs --schema-order file and --schema-sample-values 0; drop one of them"
         )
     try:
-        check_out_folder(a.out, "eval", "an evaluation")
+        check_budget_args(a)
+        check_eval_out(a.out, a.data)
     except ValueError as e:
         print(f"sqlrl eval: {e}", file=sys.stderr)
         return 2

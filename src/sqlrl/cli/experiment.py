@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
 
-from sqlrl.artifacts import check_out_folder, read_json
+from sqlrl.artifacts import check_out_folder, check_out_path, read_json
+from sqlrl.cli.outdir import check_outside_data
 from sqlrl.config import ConfigError
 from sqlrl.experiment.matrix import (
     QUICKSTART,
@@ -39,6 +41,13 @@ def cli_main(argv: list[str]) -> int:
         help="run the matrix once per training seed (run.seed) into OUT/seed<K>/, then `sqlrl seeds` over them",
     )
     a = p.parse_args(argv)
+    if a.time_budget is not None and not 0 < a.time_budget < math.inf:
+        print(
+            f"sqlrl experiment: --time-budget {a.time_budget}: give a finite number of seconds > 0, or leave "
+            "it out for no limit",
+            file=sys.stderr,
+        )
+        return 2
     if a.seeds is not None:
         return _run_seeds(a, argv)
     return _run(
@@ -62,8 +71,10 @@ def _run(
     t0 = time.perf_counter()
     deadline = time.monotonic() + time_budget if time_budget else None
     try:
+        check_out_path(out)
         check_out_folder(out, command[1], "an experiment")
         cfg, exp = load_experiment(config, overrides)
+        check_outside_data(out, cfg.data.path, "data.path")
         res = run_experiment(cfg, exp, out, command=command, report=report, deadline=deadline)
     except Unfinished as e:
         print(f"sqlrl: time budget reached ({e}); rerun the same command to resume -> {out}", file=sys.stderr)

@@ -39,6 +39,8 @@ def cli_main(argv: list[str] | None = None) -> int:
         problem = f"--data {args.data}: no such folder; pass the Spider folder the arms were evaluated on"
     elif args.n_boot < 1:
         problem = f"--n-boot must be >= 1, got {args.n_boot}"
+    elif args.seed < 0:
+        problem = f"--seed {args.seed}: the bootstrap seed must be 0 or more"
     elif args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         problem = f"--out {args.out}: exists and is not a folder"
     if problem is not None:

@@ -7,10 +7,11 @@ summary files it writes are rewritten whole (atomically) from them, the same for
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from sqlrl.evidence.rundir import ExperimentError
+from sqlrl.evidence.rundir import Experiment, ExperimentError
 from sqlrl.evidence.seeds import summarize, write_summary
 
 
@@ -35,12 +36,24 @@ def cli_main(argv: list[str] | None = None) -> int:
     problem = None
     if args.n_boot < 1:
         problem = f"--n-boot must be >= 1, got {args.n_boot}"
+    elif args.seed < 0:
+        problem = f"--seed {args.seed}: the bootstrap seed must be 0 or more"
     elif Path(args.out).exists() and not Path(args.out).is_dir():
         problem = f"--out {args.out}: exists and is not a folder"
+    else:
+        real = [os.path.realpath(d) for d in args.exp_dirs]
+        twice = [d for i, d in enumerate(args.exp_dirs) if real[i] in real[:i]]
+        if twice:
+            problem = f"{twice[0]} is given twice (the same folder); give each seed's experiment folder once"
     if problem is not None:
         print(f"sqlrl seeds: {problem}", file=sys.stderr)
         return 2
     try:
+        for d in args.exp_dirs:
+            if not Experiment(d).arms:
+                raise ExperimentError(
+                    f"{d}: its experiment.json lists no arms; give experiment folders `sqlrl experiment` wrote"
+                )
         s = summarize(args.exp_dirs, n_boot=args.n_boot, seed=args.seed)
     except ExperimentError as e:
         print(f"sqlrl seeds: {e}", file=sys.stderr)

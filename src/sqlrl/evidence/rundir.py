@@ -103,7 +103,7 @@ class Experiment:
             raise ExperimentError(f"{self.dir}: no experiment.json (is this an experiment folder?)")
         try:
             self.meta = read_json(meta_path)
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or not UTF-8
             raise ExperimentError(f"{meta_path}: not valid JSON ({e})") from None
         if not isinstance(self.meta, dict):
             raise ExperimentError(f"{meta_path}: not a JSON object")

@@ -37,7 +37,7 @@ from importlib import resources
 from pathlib import Path
 
 from sqlrl.artifacts import git_commit, holds_run_lock, machine_info, read_json, write_json_atomic
-from sqlrl.config import Config, ConfigError, from_dict
+from sqlrl.config import Config, ConfigError, from_dict, parse_section
 from sqlrl.config_tables import SFTConfig, sft_from_dict
 from sqlrl.experiment.arms import (
     arm_config,
@@ -98,16 +98,34 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> tup
     for k in exp_raw:
         if k not in known:
             raise ConfigError(f"{path}: unknown key experiment.{k}; valid keys: {', '.join(sorted(known))}")
-    exp = ExperimentConfig(
-        name=str(exp_raw.get("name", path.stem)),
-        arms=tuple(exp_raw.get("arms", DEFAULT_ARMS)),
-        turns=tuple(int(t) for t in exp_raw.get("turns", (cfg.agent.turns,))),
+    # types as in a run file's tables (no coercion: "false" is not a boolean, 1.9 not a turn count)
+    typed = parse_section(
+        ExperimentConfig,
+        {k: v for k, v in exp_raw.items() if k not in ("context_tokens", "extra")},
+        "experiment",
+        str(path),
+    )
+    extra = exp_raw.get("extra", {})
+    if not isinstance(extra, dict):
+        raise ConfigError(
+            f'{path}: experiment.extra must be a table of notes, e.g. extra = {{ note = "..." }}; got {extra!r}'
+        )
+    exp = dataclasses.replace(
+        typed,
+        name=exp_raw.get("name", path.stem),
+        turns=typed.turns if "turns" in exp_raw else (cfg.agent.turns,),
         context_tokens=_context_axis(exp_raw.get("context_tokens", []), cfg, path),
-        leakage_tasks=int(exp_raw.get("leakage_tasks", 16)),
-        smoke=bool(exp_raw.get("smoke", False)),
-        extra=dict(exp_raw.get("extra", {})),
+        extra=dict(extra),
         sft=sft,
     )
+    for key, values, example in (("arms", exp.arms, list(DEFAULT_ARMS)), ("turns", exp.turns, [1, 3])):
+        if not values:
+            raise ConfigError(f"{path}: experiment.{key} is empty; list at least one, e.g. {key} = {example}")
+    if exp.leakage_tasks < 1:
+        raise ConfigError(
+            f"{path}: experiment.leakage_tasks = {exp.leakage_tasks}: the leakage audit needs at least one "
+            "task; give a positive count, e.g. 16"
+        )
     for arm in exp.arms:
         if arm not in ARM_KINDS:
             raise ConfigError(

@@ -134,7 +134,7 @@ def run_statement(
 
 
 def _open_read_only(path: str, cfg: dict, deadline: Deadline) -> sqlite3.Connection:
-    uri = "file:" + urllib.parse.quote(path) + "?mode=ro&immutable=1"
+    uri = "file:" + urllib.parse.quote(os.fsencode(path)) + "?mode=ro&immutable=1"
     conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
     try:
         # settings first: once the authorizer is installed no PRAGMA like these can run

@@ -19,6 +19,7 @@ killed for one trajectory's hung statement.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 import urllib.parse
@@ -56,7 +57,7 @@ def _open_pin(path: str) -> tuple[sqlite3.Connection, bool]:
     ends. Returns (pin, pinned): pinned is False when the WAL was not empty (then the lock is not 0)."""
     before = wal_size(path)
     pin = sqlite3.connect(
-        "file:" + urllib.parse.quote(path) + "?mode=ro",
+        "file:" + urllib.parse.quote(os.fsencode(path)) + "?mode=ro",
         uri=True,
         isolation_level=None,
         check_same_thread=False,
@@ -73,7 +74,7 @@ def _open_pin(path: str) -> tuple[sqlite3.Connection, bool]:
 
 def _open_replica(path: str, cfg: dict, deadline: Deadline) -> tuple[_Conn, bool]:
     """-> (connection box, pinned). Non-WAL pools: pinned is False and unused."""
-    uri = "file:" + urllib.parse.quote(path) + "?mode=rw"
+    uri = "file:" + urllib.parse.quote(os.fsencode(path)) + "?mode=rw"
     box = _Conn()
     wal = bool(cfg.get("wal"))
     pinned = False

@@ -232,6 +232,10 @@ class BirdData(SpiderData):
             raw = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise DataError(f"{path} is not valid UTF-8 JSON ({e}); re-download or fix the file") from e
+        except RecursionError:
+            raise DataError(
+                f"{path} is malformed: its JSON is nested too deeply to read; re-download or fix the file"
+            ) from None
         out = self._parse(path, raw)
         with self._lock:
             self._examples[stem] = out

@@ -396,6 +396,10 @@ class SpiderData:
             raw = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise DataError(f"{path} is not valid UTF-8 JSON ({e}); re-download or fix the file") from e
+        except RecursionError:
+            raise DataError(
+                f"{path} is malformed: its JSON is nested too deeply to read; re-download or fix the file"
+            ) from None
         if not isinstance(raw, list):
             raise DataError(
                 f"{path} must hold a JSON list of examples, found {type(raw).__name__}; each example is "
@@ -575,7 +579,10 @@ def resolve_data_root(path: str) -> Path:
 
 
 def select_tasks(tasks: list, limit: int, seed: int) -> list:
-    """A seeded, order-preserving subset: shuffle indices with `seed`, keep the first `limit`, restore order."""
+    """A seeded, order-preserving subset: shuffle indices with `seed`, keep the first `limit`, restore order
+    (`limit` 0: all the tasks; a negative `limit` is a ValueError)."""
+    if limit < 0:
+        raise ValueError(f"a task limit of {limit} is negative; give a number of tasks, or 0 for all of them")
     if not limit or limit >= len(tasks):
         return list(tasks)
     idx = list(range(len(tasks)))

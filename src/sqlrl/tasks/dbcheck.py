@@ -96,7 +96,7 @@ def _header_problem(head: bytes, size: int) -> str | None:
 
 
 def _sqlite_problem(path: str) -> str | None:
-    uri = "file:" + urllib.parse.quote(path) + "?mode=ro&immutable=1"
+    uri = "file:" + urllib.parse.quote(os.fsencode(path)) + "?mode=ro&immutable=1"
     try:
         con = sqlite3.connect(uri, uri=True, isolation_level=None)
     except sqlite3.Error as e:

@@ -117,7 +117,18 @@ def check_run_folder(out: Path, mine: dict, resume: bool, command: str) -> list[
     if resume:
         if not (out / "config.json").is_file():
             raise ConfigError(f"--resume {out}: no config.json there; is this a sqlrl {command} run folder?")
-        saved = read_json(out / "config.json")
+        try:
+            saved = read_json(out / "config.json")
+        except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or not UTF-8
+            raise ConfigError(
+                f"--resume {out}: its config.json cannot be read ({e}); resume a run folder sqlrl {command} "
+                "wrote, or start a new run folder"
+            ) from None
+        if not isinstance(saved, dict) or not all(isinstance(v, dict) for v in saved.values()):
+            raise ConfigError(
+                f"--resume {out}: its config.json is not a run config (a JSON object of sections); resume "
+                f"a run folder sqlrl {command} wrote, or start a new run folder"
+            )
         diff, memory = config_changes(saved, mine)
         if diff:
             raise ConfigError(
