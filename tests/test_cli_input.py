@@ -80,6 +80,23 @@ def test_eval_accepts_a_new_folder_and_an_unfinished_evaluation(tmp_path):
     check_eval_out(part, "embedded")
 
 
+def test_a_self_consistency_eval_stopped_while_sampling_runs_again(tmp_path):
+    """Greedy finished (summary.json), self_consistency.json not yet written: the same command with
+    --self-consistency is accepted (greedy, then self-consistency); without it, or once written, refused."""
+    from sqlrl.cli.outdir import check_eval_out
+
+    done = tmp_path / "ev"
+    done.mkdir()
+    for name in ("summary.json", "results.jsonl"):
+        (done / name).write_text("{}")
+    check_eval_out(done, "embedded", self_consistency=True)
+    with pytest.raises(ValueError, match="holds a finished evaluation"):
+        check_eval_out(done, "embedded")
+    (done / "self_consistency.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds a finished evaluation"):
+        check_eval_out(done, "embedded", self_consistency=True)
+
+
 def test_eval_and_experiment_refuse_an_out_in_or_being_a_data_folder(tmp_path, capsys):
     data = tmp_path / "data"
     shutil.copytree(embedded_root(), data)

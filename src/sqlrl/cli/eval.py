@@ -165,7 +165,7 @@ def cli_main(argv: list[str]) -> int:
         )
     try:
         check_budget_args(a)
-        check_eval_out(a.out, a.data)
+        check_eval_out(a.out, a.data, self_consistency=bool(a.self_consistency))
     except ValueError as e:
         print(f"sqlrl eval: {e}", file=sys.stderr)
         return 2

@@ -56,8 +56,10 @@ def check_outside_data(out: str | Path, data: str | Path, option: str = "--data"
         )
 
 
-def check_eval_out(out: str | Path, data: str | Path) -> None:
-    """Refuse an `--out` that `sqlrl eval` would overwrite or mix files into (see the module doc)."""
+def check_eval_out(out: str | Path, data: str | Path, self_consistency: bool = False) -> None:
+    """Refuse an `--out` that `sqlrl eval` would overwrite or mix files into (see the module doc). With
+    `self_consistency`, a finished greedy evaluation without its self_consistency.json (a run stopped
+    while sampling) is accepted: the same command evaluates again, greedy then self-consistency."""
     folder = Path(out)
     check_out_path(folder)
     check_out_folder(folder, "eval", "an evaluation")
@@ -71,6 +73,8 @@ def check_eval_out(out: str | Path, data: str | Path) -> None:
     if not folder.is_dir():
         return
     if run_kind(folder) == "an evaluation" or (folder / "summary.json").exists():
+        if self_consistency and not (folder / "self_consistency.json").exists():
+            return  # stopped while sampling: evaluated again, greedy then self-consistency
         raise ValueError(
             f"--out {out} holds a finished evaluation; `sqlrl eval` would replace it; choose another "
             f"--out folder, or delete {out} to evaluate again"
