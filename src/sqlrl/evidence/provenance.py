@@ -7,9 +7,8 @@ static check and every per-turn budget passed. And:
   the base weights (the weight audit's `hashes.base`, else the primary base arm's); an arm with a train
   run evaluated exactly its train run's `final_identity`, which its `final/identity.json` repeats; a
   No-update arm's final weights are the base weights and every other trained arm's are not (a validity
-  control that never changed is not a control); the weight
-  audit's `trained` and `no_update` hashes (of every cell) are final identities of grpo and no_update arms;
-  every trajectory that records a model identity records its evaluation's.
+  control that never changed is no control); the weight audit's `trained` and `no_update` hashes, in
+  every cell, are grpo and no_update finals; every trajectory's model identity is its evaluation's.
 - `training`: every evaluated arm but a base or control one has a readable train run.json, recording its
   status (real_run requires "finished"), with every configured step recorded (distinct `step` values
   of steps.jsonl = `grpo.steps`, or `sft.steps` for an sft arm, = run.json `steps`); each arm's config
