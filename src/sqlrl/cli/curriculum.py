@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -45,15 +44,11 @@ def cli_main(argv: list[str]) -> int:
         help="stop cleanly (checkpointed) before this many seconds, exit 3; rerun the same command to resume",
     )
     a = p.parse_args(argv)
-    if a.time_budget is not None and not 0 < a.time_budget < math.inf:
-        print(
-            f"sqlrl curriculum: --time-budget {a.time_budget}: give a finite number of seconds > 0, or leave "
-            "it out for no limit",
-            file=sys.stderr,
-        )
-        return 2
-    from sqlrl.training.budget import Unfinished
+    from sqlrl.training.budget import Unfinished, budget_problem
 
+    if (why := budget_problem(a.time_budget)) is not None:
+        print(f"sqlrl curriculum: {why}", file=sys.stderr)
+        return 2
     deadline = time.monotonic() + a.time_budget if a.time_budget else None
     out = a.out or f"runs/{Path(a.config).stem}"
     try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from sqlrl.experiment.matrix import (
     packaged_config,
     run_experiment,
 )
-from sqlrl.training.budget import Unfinished
+from sqlrl.training.budget import Unfinished, budget_problem
 
 
 def cli_main(argv: list[str]) -> int:
@@ -41,12 +40,8 @@ def cli_main(argv: list[str]) -> int:
         help="run the matrix once per training seed (run.seed) into OUT/seed<K>/, then `sqlrl seeds` over them",
     )
     a = p.parse_args(argv)
-    if a.time_budget is not None and not 0 < a.time_budget < math.inf:
-        print(
-            f"sqlrl experiment: --time-budget {a.time_budget}: give a finite number of seconds > 0, or leave "
-            "it out for no limit",
-            file=sys.stderr,
-        )
+    if (why := budget_problem(a.time_budget)) is not None:
+        print(f"sqlrl experiment: {why}", file=sys.stderr)
         return 2
     if a.seeds is not None:
         return _run_seeds(a, argv)

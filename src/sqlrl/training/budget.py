@@ -3,11 +3,19 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 
 class Unfinished(Exception):
     """The time budget ran out; rerunning the same command resumes where this one stopped."""
+
+
+def budget_problem(seconds: float | None) -> str | None:
+    """Why `--time-budget SECONDS` is no usable budget (None when it is one, or is absent: no limit)."""
+    if seconds is None or 0 < seconds < math.inf:
+        return None
+    return f"--time-budget {seconds}: give a finite number of seconds > 0, or leave it out for no limit"
 
 
 def check_time(deadline: float | None, need_s: float, what: str) -> None:
