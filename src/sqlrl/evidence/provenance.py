@@ -58,6 +58,13 @@ def final_identity(exp: Experiment, arm: str) -> str | None:
     return _str(run.get("final_identity")) if isinstance(run, dict) else None
 
 
+def recorded_weights(exp: Experiment, arm: str) -> str | None:
+    """The weights hash the arm's `final/identity.json` records (None when there is none)."""
+    d = exp.arms[arm].train_dir
+    ident = exp.run_json(d / "final", "identity.json") if d is not None else None
+    return _str(ident.get("weights_hash")) if isinstance(ident, dict) else None
+
+
 def _short(h: str | None) -> str:
     return (h or "none")[:19]
 
@@ -78,8 +85,7 @@ def _trained_identity_problems(
     if final is None:
         return [f"arm '{arm.name}': its train run.json records no final_identity"]
     out = []
-    ident = exp._json(exp.train_file(arm.name, "final/identity.json"))
-    recorded = _str(ident.get("weights_hash")) if isinstance(ident, dict) else None
+    recorded = recorded_weights(exp, arm.name)
     if recorded is not None and recorded != final:
         out.append(f"arm '{arm.name}': final/identity.json says {_short(recorded)}, run.json {_short(final)}")
     if evaluated is not None and evaluated != final:
@@ -288,11 +294,19 @@ def exclusion_problems(exp: Experiment) -> list[str]:
     return problems
 
 
+def _audit_file(exp: Experiment, name: str, what: str) -> tuple[dict | None, list[str]]:
+    """(the audit file `name` as an object, []), or (None, [why it is missing or unreadable])."""
+    audit = exp.audit(name)
+    if isinstance(audit, dict):
+        return audit, []
+    exists = (exp.dir / name).is_file()
+    return None, [f"{name} " + ("unreadable" if exists else f"missing: the {what} was not run")]
+
+
 def leakage_problems(exp: Experiment) -> list[str]:
-    leak = exp.audit("leakage.json")
-    if not isinstance(leak, dict):
-        exists = (exp.dir / "leakage.json").is_file()
-        return ["leakage.json " + ("unreadable" if exists else "missing: the leakage audit was not run")]
+    leak, missing = _audit_file(exp, "leakage.json", "leakage audit")
+    if leak is None:
+        return missing
     if leak.get("passed") is not True:
         first = leak.get("first_difference")
         extra = f" (first difference: {json.dumps(first, default=str)[:200]})" if first else ""
@@ -314,10 +328,9 @@ def leakage_problems(exp: Experiment) -> list[str]:
 
 
 def weights_audit_problems(exp: Experiment) -> list[str]:
-    audit = exp.audit("weights_audit.json")
-    if not isinstance(audit, dict):
-        exists = (exp.dir / "weights_audit.json").is_file()
-        return ["weights_audit.json " + ("unreadable" if exists else "missing: the weight audit was not run")]
+    audit, missing = _audit_file(exp, "weights_audit.json", "weight audit")
+    if audit is None:
+        return missing
     problems = []
     verdicts = audit.get("verdicts") if isinstance(audit.get("verdicts"), dict) else {}
     for key, message in AUDIT_VERDICTS.items():

@@ -37,6 +37,7 @@ from sqlrl.evidence.charts import svg_interval_chart
 from sqlrl.evidence.fmt import esc, fmt_p, html_table, md_cell, pct, pp
 from sqlrl.evidence.gate import SFT_MISSING, evidence_gate, flatten
 from sqlrl.evidence.page import CSS
+from sqlrl.evidence.provenance import final_identity, recorded_weights
 from sqlrl.evidence.rundir import Experiment
 from sqlrl.evidence.seedsbranch import html as branch_start_html
 from sqlrl.evidence.seedsbranch import markdown as branch_start_markdown
@@ -117,10 +118,7 @@ def _consistency_problems(exps: list[Experiment], seeds: list[Any]) -> tuple[lis
 
 def _final_identity(e: Experiment, arm: str) -> str | None:
     """The arm's final weights: train run.json `final_identity`, else final/identity.json `weights_hash`."""
-    run = e.train_run(arm) or {}
-    d = e.arms[arm].train_dir
-    found = run.get("final_identity") or (e.run_json(d / "final", "identity.json") or {}).get("weights_hash")
-    return str(found) if found else None
+    return final_identity(e, arm) or recorded_weights(e, arm)
 
 
 def _answers(e: Experiment, arm: str) -> str | None:
