@@ -21,7 +21,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from sqlrl.evaluation.errorkinds import exec_error_kinds, missing_column_place, trajectory_messages
+from sqlrl.evaluation.errorkinds import exec_error_kinds, exec_errors, missing_column_place
 
 
 def _jsonl(plain: Path) -> list[dict]:
@@ -36,12 +36,9 @@ def missing_columns(rows: list[dict], trajectories, data) -> dict[str, int]:
     """{place: count} over the `no such column` errors of `rows` (`data`: a SpiderData)."""
     from sqlrl.tasks.schemainfo import schema_info
 
-    errors = [r for r in rows if r.get("status") == "exec_error"]
-    messages = trajectory_messages(trajectories()) if any(not r.get("error") for r in errors) else {}
     places: Counter = Counter()
-    for r in errors:
-        message = r.get("error") or messages.get(str(r.get("task_id"))) or ""
-        if not message.startswith("no such column"):
+    for r, message in exec_errors(rows, trajectories):
+        if not (message or "").startswith("no such column"):
             continue
         units = schema_info(data.db_path(r["db_id"])).units
         places[

@@ -7,7 +7,8 @@
   `ambiguous column name`, `too_many_rows`, ...), at most 40 characters; a syntax error
   (`near "X": syntax error`, `incomplete input`, `unrecognized token`) is `syntax error`, and a few
   messages lose their variable part (`misuse of aggregate function count()` is `misuse of aggregate`).
-- `exec_error_kinds(rows, trajectories)`: {kind: count} over results.jsonl rows with status `exec_error`,
+- `exec_errors(rows, trajectories)` / `exec_error_kinds(...)`: each `exec_error` row with its message /
+  {kind: count} over them,
   most frequent first; when a row has no `error` (an older evaluation folder), the messages of
   `trajectories()` (called then only: trajectories.jsonl rows) stand in, and a row with neither counts
   as `not recorded`.
@@ -77,16 +78,19 @@ def trajectory_messages(trajectories: list[dict]) -> dict[str, str]:
     return {tid: msg for tid, msg in found if tid is not None and msg}
 
 
-def exec_error_kinds(
+def exec_errors(
     rows: list[dict], trajectories: Callable[[], list[dict]] | None = None
-) -> dict[str, int]:
+) -> list[tuple[dict, str | None]]:
+    """(row, its message or None) for each `exec_error` row: the row's `error`, else its trajectory's
+    (`trajectories()` is called only when some row has no `error`)."""
     errors = [r for r in rows if r.get("status") == "exec_error"]
     unrecorded = trajectories is not None and any(not r.get("error") for r in errors)
     messages = trajectory_messages(trajectories()) if unrecorded else {}
+    return [(r, r.get("error") or messages.get(str(r.get("task_id")))) for r in errors]
 
-    def kind(row: dict) -> str:
-        message = row.get("error") or messages.get(str(row.get("task_id")))
-        return error_kind(message) if message else NOT_RECORDED
 
-    kinds = Counter(kind(r) for r in errors)
+def exec_error_kinds(
+    rows: list[dict], trajectories: Callable[[], list[dict]] | None = None
+) -> dict[str, int]:
+    kinds = Counter(error_kind(m) if m else NOT_RECORDED for _, m in exec_errors(rows, trajectories))
     return dict(kinds.most_common())
