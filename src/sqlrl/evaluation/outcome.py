@@ -31,6 +31,6 @@ def outcome(row: Any, key: str = "correct") -> int | None:
     return None
 
 
-def scored(rows: list[dict] | None) -> list[dict]:
+def scored_rows(rows: list[dict] | None) -> list[dict]:
     """The rows with an outcome (0 or 1), in their order."""
     return [r for r in rows or [] if outcome(r) is not None]

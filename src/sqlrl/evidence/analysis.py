@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlrl.evaluation.errorkinds import exec_error_kinds
-from sqlrl.evaluation.outcome import outcome
+from sqlrl.evaluation.outcome import outcome, scored_rows
 from sqlrl.evaluation.turnuse import turn_use
 from sqlrl.evidence.breakdown import breakdown
 from sqlrl.evidence.difficulty import difficulty_breakdown
@@ -188,7 +188,7 @@ def _arm_info(exp: Experiment, name: str, *, n_boot: int, seed: int, ci: float) 
     }
     if results is not None:
         ordered = sorted(results, key=lambda r: str(r.get("task_id")))
-        scored = [r for r in ordered if outcome(r) is not None]
+        scored = scored_rows(ordered)
         excluded: dict[str, int] = {}
         for r in ordered:
             if outcome(r) is None:

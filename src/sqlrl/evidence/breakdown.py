@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlrl.artifacts import json_number
-from sqlrl.evaluation.outcome import outcome
+from sqlrl.evaluation.outcome import outcome, scored_rows
 from sqlrl.evidence.rundir import Experiment
 from sqlrl.tasks.hardness import HARDNESS, UNPARSED, hardness
 
@@ -195,7 +195,7 @@ def _arm_self_consistency(exp: Experiment, arm: str, **kw: Any) -> dict | None:
         "pass_at_k": json_number(s.get("pass_at_k")),
     }
     if rows is not None:
-        scored = [r for r in rows if outcome(r) is not None]
+        scored = scored_rows(rows)
         n = len(scored)
         out.update(
             source="self_consistency.jsonl",
