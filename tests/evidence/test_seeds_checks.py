@@ -136,3 +136,61 @@ def test_synthetic_seeds_with_their_own_base_outcomes_are_refused(tmp_path) -> N
     s = summarize(dirs, n_boot=200)
     assert s["base_evaluations_identical"] is False and not s["claim_allowed"]
     assert [r["gate"] for r in s["runs"]] == ["claim", "claim"]
+
+
+def _base_on(d: Path, accelerator: str, identity: str | None = None) -> None:
+    """Record `d`'s Base evaluation as run on `accelerator` (and with weights `identity`, when given)."""
+    path = d / "arms" / "base" / "eval" / "run.json"
+    run = read_json(path)
+    run["machine"]["accelerator"] = accelerator
+    if identity is not None:
+        run["model"]["identity"] = identity
+    write_json_atomic(path, run)
+
+
+def _tamper_base_answer(d: Path) -> None:
+    path = d / "arms" / "base" / "eval" / "results.jsonl"
+    rows = list(read_jsonl(path))
+    rows[1]["final_sql"] = (rows[1]["final_sql"] or "") + " "
+    write_jsonl(path, rows)
+
+
+def test_base_answers_may_differ_between_gpu_models_with_one_base_weights(tmp_path) -> None:
+    seed1 = copy_result(f"{SEEDS}/seed1", tmp_path / "seed1")
+    seed2 = copy_result(f"{SEEDS}/seed2", tmp_path / "seed2")
+    _tamper_base_answer(seed2)
+    _base_on(seed2, "NVIDIA H100 80GB HBM3")
+    s = summarize([seed1, seed2], n_boot=200)
+    assert s["claim_allowed"], s["problems"]
+    assert s["base_evaluations_identical"] is False
+    assert s["base_devices"] == [
+        "NVIDIA H200 (torch 2.11.0+cu130, cuda 13.0)",
+        "NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130, cuda 13.0)",
+    ]
+    (note,) = [n for n in s["notes"] if n.startswith("Base evaluated on 2 devices")]
+    assert "with the same weights sha256:804c131f7ea5: 1 of 759 tasks' final SQL or status differ" in note
+
+
+def test_base_answers_that_differ_between_gpu_models_need_one_recorded_identity(tmp_path) -> None:
+    seed1 = copy_result(f"{SEEDS}/seed1", tmp_path / "seed1")
+    seed2 = copy_result(f"{SEEDS}/seed2", tmp_path / "seed2")
+    _tamper_base_answer(seed2)
+    _base_on(seed2, "NVIDIA H100 80GB HBM3", identity="sha256:" + "0" * 64)
+    s = summarize([seed1, seed2], n_boot=200)
+    assert not s["claim_allowed"]
+    (p,) = [p for p in s["problems"] if p.startswith("the Base evaluations differ between folders")]
+    assert "on different devices" in p and "not recorded as one" in p and "sha256:000000000000" in p
+    # the same Base weights on one device must agree answer for answer: three folders, two on the H200
+    seed3 = copy_result(f"{SEEDS}/seed1", tmp_path / "seed3")
+    _set(seed3, lambda m: m["config"]["run"].__setitem__("seed", 3))
+    _tamper_base_answer(seed3)
+    _base_on(
+        seed2,
+        "NVIDIA H100 80GB HBM3",
+        identity=read_json(seed1 / "arms/base/eval/run.json")["model"]["identity"],
+    )
+    s = summarize([seed1, seed2, seed3], n_boot=200)
+    assert any(
+        p.startswith("the Base evaluations differ between folders on one device (NVIDIA H200")
+        for p in s["problems"]
+    ), s["problems"]

@@ -9,8 +9,8 @@ sampling). `summarize` takes the folders of one matrix run with different `run.s
   arm whose training changes the weights (not base, no_update), no two folders with the same final weights
   (train run.json `final_identity`, else final/identity.json `weights_hash`) or evaluation results;
 - every folder's own evidence gate, re-applied (not its stored verdict.json);
-- Base evaluations identical answer for answer (greedy on the same weights; if not, the evaluation is not
-  reproducible or the folders differ in something else).
+- Base evaluations identical answer for answer on one device, one Base weights identity across devices
+  (`seedsbase.base_check`).
 Numbers: per seed, GRPO vs Base, No-update and validity-only (`analysis.compare_arms`); across seeds, the
 mean, smallest and largest difference, the seeds where GRPO led with McNemar p < 0.01, and
 `stats.hierarchical_bootstrap` over (seeds, tasks) on the tasks scored in every run of both arms. A claim
@@ -39,6 +39,7 @@ from sqlrl.evidence.gate import SFT_MISSING, evidence_gate, flatten
 from sqlrl.evidence.page import CSS
 from sqlrl.evidence.provenance import final_identity, recorded_weights
 from sqlrl.evidence.rundir import Experiment
+from sqlrl.evidence.seedsbase import base_check
 from sqlrl.evidence.seedsbranch import html as branch_start_html
 from sqlrl.evidence.seedsbranch import markdown as branch_start_markdown
 from sqlrl.evidence.seedsbranch import seed_row as branch_start_seed_row
@@ -310,18 +311,6 @@ def _across_seeds(
     return across, problems
 
 
-def _base_identical(exps: list[Experiment], outcomes: list[dict]) -> bool | None:
-    """Whether every folder's base arm gave the same final SQL and status on every task (None: a folder
-    has no base results)."""
-    if not all(o["base"] for o in outcomes):
-        return None
-    answers = []
-    for e in exps:
-        rows = e.results(_arm_of_kind(e, "base") or "") or []
-        answers.append({str(r.get("task_id")): (r.get("final_sql"), r.get("status")) for r in rows})
-    return all(a == answers[0] for a in answers[1:])
-
-
 def _branch_start(exps: list[Experiment], seeds: list[Any], *, n_boot: int, seed: int, ci: float) -> dict:
     """grpo_sft vs its SFT start per seed and across seeds (`seedsbranch`); information only."""
     per = [branch_start_seed_row(e, s, n_boot=n_boot, seed=seed, ci=ci) for e, s in zip(exps, seeds)]
@@ -340,12 +329,8 @@ def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0,
     problems, partial, lacking = _consistency_problems(exps, seeds)
     # per folder: kind -> {task id: 1 / 0 / None (not scored)} of its primary arm of that kind
     outcomes = [{kind: _outcomes(e, _arm_of_kind(e, kind)) for kind in KINDS} for e in exps]
-    base_same = _base_identical(exps, outcomes)
-    if base_same is False:
-        problems.append(
-            "the Base evaluations differ between folders (greedy on the same weights): the evaluation is not "
-            "reproducible or the folders differ in something else"
-        )
+    base = base_check(exps, [_arm_of_kind(e, "base") if o["base"] else None for e, o in zip(exps, outcomes)])
+    problems += base["problems"]
     consistent = not problems
     runs: list[dict] = []
     for e, s, outs_of in zip(exps, seeds, outcomes):
@@ -355,7 +340,7 @@ def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0,
     across, across_problems = _across_seeds(runs, outcomes, n_boot=n_boot, seed=seed, ci=ci)
     problems += across_problems
     commits = sorted({str((e.meta.get("git") or {}).get("commit")) for e in exps})
-    notes = []
+    notes = list(base["notes"])
     if partial:
         notes.append(
             f"settings present in only some folders (added by a newer sqlrl; not compared): {'; '.join(lacking)}"
@@ -371,7 +356,8 @@ def summarize(exp_dirs: list[str | Path], *, n_boot: int = 10000, seed: int = 0,
         "run_seeds": seeds,
         "runs": runs,
         "across_seeds": across,
-        "base_evaluations_identical": base_same,
+        "base_evaluations_identical": base["identical"],
+        "base_devices": base["devices"],
         "rl_over_sft": _rl_over_sft(runs, consistent),
         "grpo_sft_vs_sft_start": _branch_start(exps, seeds, n_boot=n_boot, seed=seed, ci=ci),
         "n_boot": n_boot,
