@@ -33,12 +33,22 @@ def _files(root: Path) -> dict[str, str]:
             lambda t, run: _mk(t / "userdir", {"mine.txt": "keep"}),
             "is a folder that is not empty and not an earlier export",
         ),
-        (lambda t, run: _mk_file(t / "notes.txt"), "exists and is not a folder"),
+        (lambda t, run: _mk_file(t / "notes.txt"), "is a file, not a folder"),
+        (lambda t, run: _mk_link(t / "gone", t / "nowhere"), "is a symbolic link to"),
+        (lambda t, run: _mk_link(t / "to-file", _mk_file(t / "notes.txt")), "is a file, not a folder"),
         (lambda t, run: run, "overlaps it"),
         (lambda t, run: run / "hf", "overlaps it"),
         (lambda t, run: t, "overlaps it"),  # a folder holding the run
     ],
-    ids=["user-folder", "file", "the-source", "inside-the-source", "holding-the-source"],
+    ids=[
+        "user-folder",
+        "file",
+        "dangling-link",
+        "link-to-a-file",
+        "the-source",
+        "inside-the-source",
+        "holding-the-source",
+    ],
 )
 def test_export_refuses_an_out_it_would_destroy(tmp_path, run, capsys, make_out, said) -> None:
     out = make_out(tmp_path, run)
@@ -77,3 +87,8 @@ def _mk(folder: Path, files: dict[str, str]) -> Path:
 def _mk_file(path: Path) -> Path:
     path.write_text("notes")
     return path
+
+
+def _mk_link(link: Path, target: Path) -> Path:
+    link.symlink_to(target)
+    return link

@@ -14,17 +14,20 @@ from sqlrl.training.fsdp_export import FSDPExportError, export_fsdp_checkpoint
 
 
 def out_problem(source: str | Path, out: str | Path) -> str | None:
-    """Why `out` may not receive an export of `source` (None when it may): an existing file; the source
-    itself, a folder inside it or one holding it; a folder with anything but an earlier export (its
-    identity.json names a source_checkpoint; a run's final/ names none), which an export replaces whole."""
+    """Why `out` may not receive an export of `source` (None when it may): a file or a symbolic link to
+    nothing (`artifacts.check_out_path`, as for every run folder); the source itself, a folder inside it
+    or one holding it; a folder with anything but an earlier export (its identity.json names a
+    source_checkpoint; a run's final/ names none), which an export replaces whole."""
+    from sqlrl.artifacts import RunFolderError, check_out_path, read_json
+
+    try:
+        check_out_path(out)
+    except RunFolderError as e:
+        return str(e)
     src, dst = Path(source).resolve(), Path(out).resolve()
-    if dst.exists() and not dst.is_dir():
-        return f"{out} exists and is not a folder; pass -o a new folder"
     if dst == src or src in dst.parents or dst in src.parents:
         return f"{out} is {source} or overlaps it: an export replaces its folder whole; pass -o a new folder"
     if dst.is_dir() and any(dst.iterdir()):
-        from sqlrl.artifacts import read_json
-
         try:
             ident = read_json(dst / "identity.json") if (dst / "identity.json").is_file() else None
             earlier = isinstance(ident, dict) and bool(ident.get("source_checkpoint"))
