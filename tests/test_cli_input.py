@@ -144,7 +144,10 @@ def test_an_out_that_cannot_be_a_folder_is_one_line(name, kind, tmp_path, capsys
         (["--max-new-tokens", "2"], "--max-new-tokens 2: a turn needs at least 8 tokens"),
         (["--max-context-tokens", "100", "--max-new-tokens", "100"], "must exceed --max-new-tokens 100"),
         (["--max-schema-chars", "10"], "--max-schema-chars 10: give 200 or more"),
-        (["--turns", "2", "--max-sql-executions", "0"], "--max-sql-executions 0: give 0 or more, and 1"),
+        (
+            ["--turns", "2", "--max-sql-executions", "0"],
+            "--max-sql-executions 0: a multi-turn agent (--turns 2) needs max_sql_executions >= 1",
+        ),
     ],
 )
 @pytest.mark.parametrize("command", [["eval"], ["audit", "leakage"]])
@@ -306,3 +309,33 @@ def test_a_time_budget_that_is_not_a_positive_number_of_seconds_is_a_usage_error
     assert cli.main([command, str(config), "--time-budget", budget, "--out", str(out)]) == 2
     assert "give a finite number of seconds > 0" in one_line(capsys, f"sqlrl {command}: --time-budget ")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("sets", "args"),
+    [
+        (["agent.turns=0"], ["--turns", "0"]),
+        (["agent.max_new_tokens=2"], ["--max-new-tokens", "2"]),
+        (
+            ["agent.max_context_tokens=256", "agent.max_new_tokens=256"],
+            ["--max-context-tokens", "256", "--max-new-tokens", "256"],
+        ),
+        (["agent.max_schema_chars=10"], ["--max-schema-chars", "10"]),
+        (["agent.turns=2", "agent.max_sql_executions=0"], ["--turns", "2", "--max-sql-executions", "0"]),
+    ],
+)
+def test_a_budget_is_refused_alike_in_a_run_file_and_on_the_command_line(sets, args, tmp_path, capsys):
+    """One rule set (`config_budgets.budget_problems`): the run file's line is the flag's with the setting named."""
+    import re
+
+    from sqlrl import config as C
+
+    run_file = tmp_path / "run.toml"
+    run_file.write_text("")
+    with pytest.raises(C.ConfigError) as e:
+        C.load(run_file, sets)
+    in_file = str(e.value).split(": ", 1)[1]
+    assert cli.main(["eval", "--model", "no-such-model", *args, "--out", str(tmp_path / "run")]) == 2
+    on_line = one_line(capsys, "sqlrl eval: ")
+    as_flags = re.sub(r"agent\.(\w+) = ", lambda m: "--" + m.group(1).replace("_", "-") + " ", in_file)
+    assert as_flags in on_line, (in_file, on_line)

@@ -16,7 +16,13 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # The pipeline, lowest stage first. A module may import its own package and any earlier stage.
 STAGES: list[tuple[str, ...]] = [
-    ("version", "config", "config_tables", "artifacts"),  # the floor: no sqlrl imports but each other
+    (
+        "version",
+        "config",
+        "config_budgets",
+        "config_tables",
+        "artifacts",
+    ),  # the floor: no sqlrl imports but each other
     ("sql",),  # hardened execution: guard, worker pool, read-only sandbox, writable replicas
     ("tasks",),  # task layouts, gold cache, debugging tasks
     ("reward",),  # match semantics and the evaluator

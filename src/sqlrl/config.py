@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from sqlrl.config_budgets import budget_problems
+
 
 class ConfigError(ValueError):
     """A configuration problem, with a message that says what, why and how to fix it."""
@@ -501,7 +503,10 @@ def validate(cfg: Config, source: str = "<config>") -> None:
         "rounds per step; 0 = off)",
     )
     need(g.score_timeout_s >= 0, "grpo.score_timeout_s must be >= 0 seconds (0 = agent.sql_timeout_s)")
-    need(a.turns >= 1, "agent.turns must be >= 1")
+    for problem in budget_problems(
+        a.turns, a.max_new_tokens, a.max_context_tokens, a.max_schema_chars, a.max_sql_executions
+    ):
+        need(False, problem)
     need(a.sql_timeout_s > 0, f"agent.sql_timeout_s = {a.sql_timeout_s} must be > 0 seconds, e.g. 5")
     r = cfg.run
     need(
@@ -510,13 +515,6 @@ def validate(cfg: Config, source: str = "<config>") -> None:
     )
     ok = r.eval_every >= 0 and r.eval_tasks >= 0 and (r.eval_every == 0 or d.kind == "text2sql")
     need(ok, "run.eval_every / eval_tasks must be >= 0 (0 = off / whole split); the curve is text2sql-only")
-    need(a.max_new_tokens >= 8, "agent.max_new_tokens must be >= 8")
-    need(
-        a.turns == 1 or a.max_sql_executions >= 1,
-        "multi-turn (agent.turns >= 2) needs agent.max_sql_executions >= 1",
-    )
-    need(a.max_context_tokens > a.max_new_tokens, "agent.max_context_tokens must exceed agent.max_new_tokens")
-    need(a.max_schema_chars >= 200, "agent.max_schema_chars must be >= 200")
     need(
         not a.checker or (d.kind == "text2sql" and a.max_sql_executions >= 1),
         f"agent.checker executes the answer once, on text-to-SQL tasks: it needs data.kind = 'text2sql' "

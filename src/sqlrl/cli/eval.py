@@ -72,25 +72,20 @@ def add_budget_args(p: argparse.ArgumentParser) -> None:
 
 
 def check_budget_args(a) -> None:
-    """Refuse budgets (and `--limit`) no evaluation can run with, as `config.validate` refuses them in a
-    run file: ValueError, one line naming the flag and the values it takes."""
-    rules = [
-        (a.turns >= 1, f"--turns {a.turns}: the agent needs at least one turn; pass 1 (single-turn) or more"),
-        (a.max_new_tokens >= 8, f"--max-new-tokens {a.max_new_tokens}: a turn needs at least 8 tokens"),
-        (
-            a.max_context_tokens > a.max_new_tokens,
-            f"--max-context-tokens {a.max_context_tokens} must exceed --max-new-tokens {a.max_new_tokens}",
-        ),
-        (a.max_schema_chars >= 200, f"--max-schema-chars {a.max_schema_chars}: give 200 or more"),
-        (
-            a.max_sql_executions >= (1 if a.turns > 1 else 0),
-            f"--max-sql-executions {a.max_sql_executions}: give 0 or more, and 1 or more with --turns >= 2",
-        ),
-        (a.limit >= 0, f"--limit {a.limit}: give the number of tasks to evaluate, or 0 for all of them"),
-    ]
-    for ok, msg in rules:
-        if not ok:
-            raise ValueError(msg)
+    """Refuse budgets (and `--limit`) no evaluation can run with, by `config_budgets.budget_problems`' rules (those
+    of a run file), naming the flags: ValueError, one line."""
+    from sqlrl.config_budgets import budget_problems
+
+    def flag(field: str, value) -> str:
+        return f"--{field.replace('_', '-')} {value}"
+
+    problems = budget_problems(
+        a.turns, a.max_new_tokens, a.max_context_tokens, a.max_schema_chars, a.max_sql_executions, show=flag
+    )
+    if a.limit < 0:
+        problems.append(f"--limit {a.limit}: give the number of tasks to evaluate, or 0 for all of them")
+    if problems:
+        raise ValueError(problems[0])
 
 
 def budgets_from_args(a) -> Budgets:
