@@ -194,3 +194,52 @@ def test_base_answers_that_differ_between_gpu_models_need_one_recorded_identity(
         p.startswith("the Base evaluations differ between folders on one device (NVIDIA H200")
         for p in s["problems"]
     ), s["problems"]
+
+
+def _machine(d: Path, change) -> None:
+    path = d / "arms" / "base" / "eval" / "run.json"
+    run = read_json(path)
+    change(run)
+    write_json_atomic(path, run)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda r: r.pop("machine"),
+        lambda r: r.__setitem__("machine", ["NVIDIA H100"]),
+        lambda r: r.__setitem__("machine", {"torch": "2.11.0+cu130", "cuda": "13.0"}),
+        lambda r: r["machine"].__setitem__("accelerator", " nvidia h200 "),
+        lambda r: r["machine"].__setitem__("torch", "2.11.0"),
+        lambda r: r["machine"].pop("cuda"),
+    ],
+    ids=["no-record", "a-list", "no-accelerator", "spelling", "torch-only", "no-cuda"],
+)
+def test_base_answers_that_differ_need_a_complete_record_of_another_gpu_model(tmp_path, change) -> None:
+    seed1 = copy_result(f"{SEEDS}/seed1", tmp_path / "seed1")
+    seed2 = copy_result(f"{SEEDS}/seed2", tmp_path / "seed2")
+    _tamper_base_answer(seed2)
+    _machine(seed2, change)
+    s = summarize([seed1, seed2], n_boot=200)
+    assert not s["claim_allowed"]
+    assert any(p.startswith("the Base evaluations differ between folders") for p in s["problems"]), s[
+        "problems"
+    ]
+
+
+@pytest.mark.parametrize("n", [75, 76])  # 75 of 759 tasks is within 10 %, 76 is not
+def test_base_answers_may_differ_between_gpu_models_in_at_most_a_tenth_of_the_tasks(tmp_path, n) -> None:
+    seed1 = copy_result(f"{SEEDS}/seed1", tmp_path / "seed1")
+    seed2 = copy_result(f"{SEEDS}/seed2", tmp_path / "seed2")
+    _base_on(seed2, "NVIDIA H100 80GB HBM3")
+    path = seed2 / "arms" / "base" / "eval" / "results.jsonl"
+    rows = list(read_jsonl(path))
+    for r in rows[:n]:
+        r["final_sql"] = (r["final_sql"] or "") + " -- other GPU"
+    write_jsonl(path, rows)
+    s = summarize([seed1, seed2], n_boot=200)
+    bad = [p for p in s["problems"] if p.startswith("the Base evaluations differ between folders")]
+    if n == 75:
+        assert not bad and any(f"{n} of 759 tasks' final SQL" in x for x in s["notes"]), s["problems"]
+    else:
+        assert bad and f"{n} of 759 tasks differ, more than 10%" in bad[0], s["problems"]
