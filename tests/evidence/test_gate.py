@@ -62,6 +62,7 @@ def test_complete_experiment_allows_claim(exp: Path) -> None:
         "identities",
         "training",
         "exclusions",
+        "devices",
     ]
     d = v.to_dict()
     assert d["claim_allowed"] is True and d["verdict"] == "claim"

@@ -139,13 +139,14 @@ def test_synthetic_seeds_with_their_own_base_outcomes_are_refused(tmp_path) -> N
 
 
 def _base_on(d: Path, accelerator: str, identity: str | None = None) -> None:
-    """Record `d`'s Base evaluation as run on `accelerator` (and with weights `identity`, when given)."""
-    path = d / "arms" / "base" / "eval" / "run.json"
-    run = read_json(path)
-    run["machine"]["accelerator"] = accelerator
-    if identity is not None:
-        run["model"]["identity"] = identity
-    write_json_atomic(path, run)
+    """Record every evaluation of `d` as run on `accelerator` (a seed on another GPU model), and its Base
+    weights as `identity`, when given."""
+    for path in sorted(d.glob("arms/*/eval/run.json")):
+        run = read_json(path)
+        run["machine"]["accelerator"] = accelerator
+        if identity is not None and path.parts[-3] == "base":
+            run["model"]["identity"] = identity
+        write_json_atomic(path, run)
 
 
 def _tamper_base_answer(d: Path) -> None:

@@ -10,19 +10,19 @@ cell of every GRPO arm), `optimizer_steps` (every GRPO arm has steps with finite
 zero; skipped non-finite steps are disclosed), `weights_audit`, `trajectories` (present, counts and task
 ids match the rolled-out results), `equal_budgets` (identical budgets within each cell but a kind's
 treatment, `rundir.TREATMENT_BUDGETS`, which it must hold, and as recorded by each eval run),
-`same_tasks`, `same_fingerprint`, `leakage_audit`, `identities`, `training`, `exclusions` (the last
-four and `weights_audit` in `evidence/provenance.py`: audits passed; what was evaluated is what was
-trained and audited; training complete, the treatment its kind names; the same unscorable golds).
+`same_tasks`, `same_fingerprint`, `leakage_audit`, `identities`, `training`, `exclusions` (those four
+and `weights_audit` in `evidence/provenance.py`: audits passed; what was evaluated is what was trained
+and audited; training complete, the treatment its kind names; the same unscorable golds), `devices`
+(GRPO arms and controls evaluated on one device, `evidence/devices.py`).
 
 "RL adds value over supervised fine-tuning" is a separate claim (`check_sft_control`, outside
 `claim_allowed`): the whole gate plus an `sft` arm (train + eval, sound steps) in the cell of every RL
-arm (kind `grpo*`), trained at least as long as each RL arm in total (run.json train_seconds; grpo_sft:
-GRPO part + the SFT run it started from, `rl_training`) on the same device (`device_problem`); without
-one it says "no SFT control: whether RL beats SFT is not answered".
+arm (kind `grpo*`), trained at least as long as each RL arm in total (train_seconds; grpo_sft: GRPO part
++ its SFT start, `rl_training`) on its device (`device_problem`) and evaluated there; no sft arm: `SFT_MISSING`.
 
-Covered: every defect of a readable experiment folder becomes a failed check with a named problem; a
-folder that is not an experiment folder raises `rundir.ExperimentError` (CLI exit 2); no torch import.
-Not covered: hashes are compared, not recomputed; structure and consistency, not significance.
+Covered: every defect of a readable experiment folder becomes a failed check with a named problem; a non-
+experiment folder raises `rundir.ExperimentError` (CLI exit 2); no torch import. Not covered: hashes are
+compared, not recomputed; structure and consistency, not significance.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlrl.evidence.devices import device_key, device_problems
 from sqlrl.evidence.provenance import (
     exclusion_problems,
     identity_problems,
@@ -474,6 +475,12 @@ check_training = _problems_check(
 check_exclusions = _problems_check(
     "exclusions", exclusion_problems, "same unscorable golds in every arm, infrastructure failures rare"
 )
+check_devices = _problems_check("devices", device_problems, "GRPO arms and controls evaluated on one device")
+
+
+def _eval_device_problem(exp: Experiment, s: Arm, g: Arm) -> str | None:
+    a, b = device_key(exp.eval_run(s.name)), device_key(exp.eval_run(g.name))
+    return None if a == b else f"'{g.name}' was evaluated on {b}, '{s.name}' on {a}: answers of two devices"
 
 
 def check_sft_control(exp: Experiment) -> Check:
@@ -527,6 +534,7 @@ def check_sft_control(exp: Experiment) -> Check:
             elif (
                 line := branch_problem(exp, g)
                 or device_problem(exp, s, g, parts)
+                or _eval_device_problem(exp, s, g)
                 or time_problem(exp, s, g, ts, parts)
             ) is not None:
                 problems.append(line)
@@ -558,6 +566,7 @@ CHECKS = (
     check_identities,
     check_training,
     check_exclusions,
+    check_devices,
 )
 
 

@@ -212,7 +212,8 @@ def _sft_section(analysis: dict) -> list[str]:
         "(the sft arm's own run, its own stage with sft.init_steps > 0, or the sft arm's run up to step "
         'init_steps with sft.init_from = "control") plus its GRPO steps; the SFT control needs at least '
         "as many (run.json train_seconds), on the same device (run.json machines: every session's): minutes on different "
-        "devices are not compared.",
+        "devices are not compared; both arms are evaluated on one device (greedy answers differ between GPU "
+        "models).",
     ]
     return out
 

@@ -10,7 +10,7 @@ sampling). `summarize` takes the folders of one matrix run with different `run.s
   (train run.json `final_identity`, else final/identity.json `weights_hash`) or evaluation results;
 - every folder's own evidence gate, re-applied (not its stored verdict.json);
 - Base evaluations identical answer for answer on one device, one Base weights identity across devices
-  (`seedsbase.base_check`).
+  (`devices.base_check`).
 Numbers: per seed, GRPO vs Base, No-update and validity-only (`analysis.compare_arms`); across seeds, the
 mean, smallest and largest difference, the seeds where GRPO led with McNemar p < 0.01, and
 `stats.hierarchical_bootstrap` over (seeds, tasks) on the tasks scored in every run of both arms. A claim
@@ -34,12 +34,12 @@ from sqlrl.artifacts import write_bytes_atomic, write_json_atomic
 from sqlrl.evaluation.outcome import outcome
 from sqlrl.evidence.analysis import KIND_COLOR, compare_arms
 from sqlrl.evidence.charts import svg_interval_chart
+from sqlrl.evidence.devices import base_check
 from sqlrl.evidence.fmt import esc, fmt_p, html_table, md_cell, pct, pp
 from sqlrl.evidence.gate import SFT_MISSING, evidence_gate, flatten
 from sqlrl.evidence.page import CSS
 from sqlrl.evidence.provenance import final_identity, recorded_weights
 from sqlrl.evidence.rundir import Experiment
-from sqlrl.evidence.seedsbase import base_check
 from sqlrl.evidence.seedsbranch import html as branch_start_html
 from sqlrl.evidence.seedsbranch import markdown as branch_start_markdown
 from sqlrl.evidence.seedsbranch import seed_row as branch_start_seed_row

@@ -1,21 +1,19 @@
-"""`sqlrl seeds`' check of the Base evaluations: one set of Base weights, evaluated alike in every folder.
+"""Which device an evaluation ran on, and the rules that keep answers of two GPU models apart.
 
 Greedy decoding of the same weights gives the same answers on one GPU model and software stack, but not
 bitwise across GPU models (measured: the final config's Base on an H100 and on an H200, one weights hash,
-differs in 22 of 759 tasks' final SQL, 4 of them in status, 48.1 % on both;
-`results/2026-12-07-spider-0.5b-gpu-final-seed0` and `-seed1`). A seed matrix may put its seeds on
-different GPU models (one model per seed), so the rule is per device, the device being the accelerator
-(trimmed, case-folded) of the Base eval run.json's `machine`:
-- folders on one device agree answer for answer, final SQL and status on every task; so do folders whose
-  record lacks a non-empty accelerator, torch or CUDA (or is no record at all): a difference is a problem
-  (the evaluation is not reproducible, or the folders differ in something else);
-- between devices, answers may differ only where every Base evaluation records a complete machine, one
-  weights identity (eval run.json `model.identity`), and at most `MAX_DEVICE_DIFF` of the tasks differ;
-  the differing tasks are then counted in a note; otherwise it is a problem.
+differs in 22 of 759 tasks' final SQL, 4 in status, 48.1 % on both; results/2026-12-07-spider-0.5b-gpu-
+final-seed0 and -seed1). The device is the eval run.json `machine` accelerator (trimmed, case-folded;
+"cpu" for a record without one, "unrecorded" for none).
+- The gate (`device_problems`): every GRPO arm and its Base, No-update and validity controls evaluated on
+  one device; the RL-over-SFT line compares an RL arm with an sft arm evaluated on its device.
+- `sqlrl seeds` (`base_check`): a seed matrix may put seeds on different GPU models. Folders on one device
+  agree answer for answer (final SQL and status); between devices answers may differ only where every
+  Base evaluation records a complete machine (accelerator, torch, CUDA), one weights identity (eval
+  run.json `model.identity`) and at most `MAX_DEVICE_DIFF` of the tasks differ, counted in a note.
 
-What is not covered: whether the answers that differ between devices differ by numerics alone (the
-results cannot show it; the cap bounds it); that every arm of one folder was evaluated on one device
-(the seeds config says so; each folder's comparisons pair its arms with its own Base).
+What is not covered: whether answers that differ between devices differ by numerics alone (the results
+cannot show it; the cap bounds it); arms outside the claim (sft, grpo_sft) may be evaluated elsewhere.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlrl.evidence.provenance import eval_identity
-from sqlrl.evidence.rundir import Experiment
+from sqlrl.evidence.rundir import GRPO_KINDS, Experiment
 
 PREFIX = "the Base evaluations differ between folders"
 
@@ -46,9 +44,29 @@ def device_label(run: dict | None) -> str:
     return f"{m['accelerator'].strip()} (torch {m['torch']}, cuda {m['cuda']})" if m else "unrecorded"
 
 
-def _device_key(run: dict | None) -> str:
-    m = _machine(run)
-    return m["accelerator"].strip().casefold() if m else "unrecorded"
+def device_key(run: dict | None) -> str:
+    """The device as compared: the accelerator trimmed and case-folded, "cpu", or "unrecorded"."""
+    m = run.get("machine") if isinstance(run, dict) else None
+    if not isinstance(m, dict):
+        return "unrecorded"
+    acc = m.get("accelerator")
+    return acc.strip().casefold() if isinstance(acc, str) and acc.strip() else "cpu"
+
+
+def device_problems(exp: Experiment) -> list[str]:
+    """Problems when the claim's evaluations (GRPO arms, Base, No-update, validity) ran on more than one
+    device."""
+    arms = [a for a in exp.arms.values() if a.kind in (*GRPO_KINDS, "base", "no_update", "validity")]
+    where: dict[str, list[str]] = {}
+    for a in arms:
+        if exp.has_eval(a.name):
+            where.setdefault(device_key(exp.eval_run(a.name)), []).append(a.name)
+    if len(where) < 2:
+        return []
+    said = "; ".join(f"{k}: {', '.join(v)}" for k, v in where.items())
+    return [
+        f"the claim's evaluations ran on {len(where)} devices ({said}); greedy answers differ between GPU models"
+    ]
 
 
 def base_check(exps: list[Experiment], base_arms: list[str | None]) -> dict[str, Any]:
@@ -62,7 +80,7 @@ def base_check(exps: list[Experiment], base_arms: list[str | None]) -> dict[str,
         answers.append({str(r.get("task_id")): (r.get("final_sql"), r.get("status")) for r in rows})
         run = e.eval_run(arm)
         devices.append(device_label(run))
-        keys.append(_device_key(run))
+        keys.append(device_key(run))
         idents.append(eval_identity(e, arm))
     identical = all(a == answers[0] for a in answers[1:])
     groups: dict[str, list[int]] = {}
@@ -83,7 +101,7 @@ def base_check(exps: list[Experiment], base_arms: list[str | None]) -> dict[str,
             f"{devices[idx[0]]}: {', '.join(str(exps[i].dir) for i in idx)}" for idx in groups.values()
         )
         why = []
-        if "unrecorded" in groups:
+        if any(_machine(e.eval_run(a)) is None for e, a in zip(exps, base_arms)):
             why.append("a Base evaluation records no complete machine (accelerator, torch, cuda)")
         if None in idents or len(set(idents)) > 1:
             why.append(
