@@ -315,7 +315,31 @@ def test_partial_predictions_of_another_model_are_not_reused(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="sqlrl"):
         out = _eval(part, other)
     assert other.prompts == 5 and "resumed_tasks" not in out.summary
-    assert "another model, task set or budgets; starting over" in caplog.text
+    assert "another model, task set, budgets or device; starting over" in caplog.text
+
+
+def test_an_evaluation_begun_on_another_device_starts_over(tmp_path, caplog, monkeypatch):
+    """Greedy answers differ between GPU models: a resumed evaluation must not mix two devices' answers."""
+    import json
+    import logging
+
+    from sqlrl.evaluation import runner
+
+    part = tmp_path / "part"
+    monkeypatch.setattr(
+        runner, "eval_device", lambda: {"accelerator": "NVIDIA H100", "torch": "2", "cuda": "13"}
+    )
+    with pytest.raises(KeyboardInterrupt):
+        _eval(part, CountingPolicy(fail_on_call=2))
+    assert json.loads((part / "partial.json").read_text())["device"]["accelerator"] == "NVIDIA H100"
+    monkeypatch.setattr(
+        runner, "eval_device", lambda: {"accelerator": "NVIDIA H200", "torch": "2", "cuda": "13"}
+    )
+    again = CountingPolicy()
+    with caplog.at_level(logging.WARNING, logger="sqlrl"):
+        out = _eval(part, again)
+    assert again.prompts == 5 and "resumed_tasks" not in out.summary
+    assert "budgets or device; starting over" in caplog.text
 
 
 MULTI = {

@@ -274,9 +274,18 @@ def trajectory_from_dict(d: dict) -> Trajectory:
     return Trajectory(**{**d, "turns": [Turn(**t) for t in d["turns"]]})
 
 
+def eval_device() -> dict:
+    """The accelerator and software an evaluation runs on (`artifacts.machine_info`): greedy answers of one
+    set of weights differ between GPU models, so an evaluation is resumed only on the device it began on."""
+    from sqlrl.artifacts import machine_info
+
+    m = machine_info()
+    return {k: m.get(k) for k in ("accelerator", "torch", "cuda")}
+
+
 def load_partial(out: Path, key: dict) -> dict[str, Trajectory]:
     """The scored trajectories an interrupted evaluation into `out` wrote with the same `key` (model,
-    tasks, budgets, chunking); anything else there is removed (with a warning) and the evaluation starts
+    tasks, budgets, chunking, device); anything else there is removed (with a warning) and the evaluation starts
     over."""
     from sqlrl.artifacts import read_json, read_jsonl
 
@@ -286,7 +295,7 @@ def load_partial(out: Path, key: dict) -> dict[str, Trajectory]:
         return {}
     if read_json(kp) != key:
         log.warning(
-            f"{out}: the partial predictions there are of another model, task set or budgets; starting over"
+            f"{out}: the partial predictions there are of another model, task set, budgets or device; starting over"
         )
         kp.unlink()
         tp.unlink(missing_ok=True)
@@ -349,6 +358,7 @@ def run_eval(
         "fingerprint": fingerprint,
         "budgets": budgets.to_dict(),
         "chunk_size": size,
+        "device": eval_device(),
     }
     key = json.loads(json.dumps(key))
     out.mkdir(parents=True, exist_ok=True)
