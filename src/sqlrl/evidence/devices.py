@@ -3,10 +3,10 @@
 Greedy decoding of the same weights gives the same answers on one GPU model and software stack, but not
 bitwise across GPU models (measured: the final config's Base on an H100 and on an H200, one weights hash,
 differs in 22 of 759 tasks' final SQL, 4 in status, 48.1 % on both; results/2026-12-07-spider-0.5b-gpu-
-final-seed0 and -seed1). The device is the eval run.json `machine` accelerator (trimmed, case-folded;
-"cpu" for a record without one, "unrecorded" for none).
-- The gate (`device_problems`): every GRPO arm and its Base, No-update and validity controls evaluated on
-  one device; the RL-over-SFT line compares an RL arm with an sft arm evaluated on its device.
+final-seed0 and -seed1). The device is the eval run.json `machine`: accelerator (trimmed, case-folded;
+"cpu" without one), torch and CUDA versions; "unrecorded" without a record (`device_key`).
+- The gate (`device_problems`): every GRPO arm and its cell's Base, No-update and validity evaluated on one
+  device; the RL-over-SFT line compares an RL arm with an sft arm evaluated on its device.
 - `sqlrl seeds` (`base_check`): a seed matrix may put seeds on different GPU models. Folders on one device
   agree answer for answer (final SQL and status); between devices answers may differ only where every
   Base evaluation records a complete machine (accelerator, torch, CUDA), one weights identity (eval
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlrl.evidence.provenance import eval_identity
-from sqlrl.evidence.rundir import GRPO_KINDS, Experiment
+from sqlrl.evidence.rundir import Experiment
 
 PREFIX = "the Base evaluations differ between folders"
 
@@ -38,35 +38,37 @@ def _machine(run: dict | None) -> dict | None:
     return m if ok else None
 
 
-def device_label(run: dict | None) -> str:
-    """The device an evaluation ran on: "NVIDIA H200 (torch 2.11.0, cuda 13.0)", or "unrecorded"."""
-    m = _machine(run)
-    return f"{m['accelerator'].strip()} (torch {m['torch']}, cuda {m['cuda']})" if m else "unrecorded"
+def _text(m: dict, key: str) -> str:
+    v = m.get(key)
+    return v.strip() if isinstance(v, str) else ""
 
 
 def device_key(run: dict | None) -> str:
-    """The device as compared: the accelerator trimmed and case-folded, "cpu", or "unrecorded"."""
+    """The device an evaluation ran on, as compared and shown: "nvidia h200 (torch 2.11.0, cuda 13.0)" (the
+    accelerator trimmed and case-folded, "cpu" without one; a missing torch or CUDA "?"), or "unrecorded"."""
     m = run.get("machine") if isinstance(run, dict) else None
     if not isinstance(m, dict):
         return "unrecorded"
-    acc = m.get("accelerator")
-    return acc.strip().casefold() if isinstance(acc, str) and acc.strip() else "cpu"
+    acc = _text(m, "accelerator").casefold() or "cpu"
+    return f"{acc} (torch {_text(m, 'torch') or '?'}, cuda {_text(m, 'cuda') or '?'})"
 
 
 def device_problems(exp: Experiment) -> list[str]:
-    """Problems when the claim's evaluations (GRPO arms, Base, No-update, validity) ran on more than one
-    device."""
-    arms = [a for a in exp.arms.values() if a.kind in (*GRPO_KINDS, "base", "no_update", "validity")]
-    where: dict[str, list[str]] = {}
-    for a in arms:
-        if exp.has_eval(a.name):
-            where.setdefault(device_key(exp.eval_run(a.name)), []).append(a.name)
-    if len(where) < 2:
-        return []
-    said = "; ".join(f"{k}: {', '.join(v)}" for k, v in where.items())
-    return [
-        f"the claim's evaluations ran on {len(where)} devices ({said}); greedy answers differ between GPU models"
-    ]
+    """One problem per GRPO arm whose evaluation and those of its cell's Base, No-update and validity arms
+    ran on more than one device."""
+    out = []
+    for g in exp.grpo_arms():
+        where: dict[str, list[str]] = {}
+        for a in [g, *(c for kind in ("base", "no_update", "validity") for c in exp.same_cell(g, kind))]:
+            if exp.has_eval(a.name):
+                where.setdefault(device_key(exp.eval_run(a.name)), []).append(a.name)
+        if len(where) > 1:
+            said = "; ".join(f"{k}: {', '.join(v)}" for k, v in where.items())
+            out.append(
+                f"arm '{g.name}' and its controls ({g.cell_label}) were evaluated on {len(where)} devices "
+                f"({said}); greedy answers differ between devices"
+            )
+    return out
 
 
 def base_check(exps: list[Experiment], base_arms: list[str | None]) -> dict[str, Any]:
@@ -74,12 +76,11 @@ def base_check(exps: list[Experiment], base_arms: list[str | None]) -> dict[str,
     folder has no Base arm), `devices` (per folder), `problems` and `notes` by the rule above."""
     if not exps or not all(base_arms):
         return {"identical": None, "devices": [], "problems": [], "notes": []}
-    answers, devices, keys, idents = [], [], [], []
+    answers, keys, idents = [], [], []
     for e, arm in zip(exps, base_arms):
         rows = e.results(arm) or []
         answers.append({str(r.get("task_id")): (r.get("final_sql"), r.get("status")) for r in rows})
         run = e.eval_run(arm)
-        devices.append(device_label(run))
         keys.append(device_key(run))
         idents.append(eval_identity(e, arm))
     identical = all(a == answers[0] for a in answers[1:])
@@ -90,7 +91,7 @@ def base_check(exps: list[Experiment], base_arms: list[str | None]) -> dict[str,
     for idx in groups.values():
         if any(answers[i] != answers[idx[0]] for i in idx[1:]):
             problems.append(
-                f"{PREFIX} on one device ({devices[idx[0]]}; greedy on the same weights): the evaluation is "
+                f"{PREFIX} on one device ({keys[idx[0]]}; greedy on the same weights): the evaluation is "
                 "not reproducible or the folders differ in something else"
             )
     reps = [idx[0] for idx in groups.values()]
@@ -98,7 +99,7 @@ def base_check(exps: list[Experiment], base_arms: list[str | None]) -> dict[str,
     differ = {t for i in reps[1:] for t in tasks if answers[i].get(t) != answers[0].get(t)}
     if differ:
         where = "; ".join(
-            f"{devices[idx[0]]}: {', '.join(str(exps[i].dir) for i in idx)}" for idx in groups.values()
+            f"{keys[idx[0]]}: {', '.join(str(exps[i].dir) for i in idx)}" for idx in groups.values()
         )
         why = []
         if any(_machine(e.eval_run(a)) is None for e, a in zip(exps, base_arms)):
@@ -119,4 +120,4 @@ def base_check(exps: list[Experiment], base_arms: list[str | None]) -> dict[str,
                 "(greedy decoding is not bitwise reproducible across GPU models); each seed is compared with "
                 "its own Base"
             )
-    return {"identical": identical, "devices": devices, "problems": problems, "notes": notes}
+    return {"identical": identical, "devices": keys, "problems": problems, "notes": notes}

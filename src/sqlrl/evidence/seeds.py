@@ -9,8 +9,8 @@ sampling). `summarize` takes the folders of one matrix run with different `run.s
   arm whose training changes the weights (not base, no_update), no two folders with the same final weights
   (train run.json `final_identity`, else final/identity.json `weights_hash`) or evaluation results;
 - every folder's own evidence gate, re-applied (not its stored verdict.json);
-- Base evaluations identical answer for answer on one device, one Base weights identity across devices
-  (`devices.base_check`).
+- Base evaluations identical answer for answer on one device; across devices complete machine records,
+  one Base weights identity and at most 10 % of tasks differing (`devices.base_check`).
 Numbers: per seed, GRPO vs Base, No-update and validity-only (`analysis.compare_arms`); across seeds, the
 mean, smallest and largest difference, the seeds where GRPO led with McNemar p < 0.01, and
 `stats.hierarchical_bootstrap` over (seeds, tasks) on the tasks scored in every run of both arms. A claim
