@@ -339,3 +339,15 @@ def test_a_budget_is_refused_alike_in_a_run_file_and_on_the_command_line(sets, a
     on_line = one_line(capsys, "sqlrl eval: ")
     as_flags = re.sub(r"agent\.(\w+) = ", lambda m: "--" + m.group(1).replace("_", "-") + " ", in_file)
     assert as_flags in on_line, (in_file, on_line)
+
+
+def test_a_finished_leakage_audit_is_not_replaced(tmp_path, capsys):
+    out = tmp_path / "audit"
+    out.mkdir()
+    (out / "leakage.json").write_text('{"passed": true}')
+    assert cli.main(["audit", "leakage", "--model", "no-such-model", "--out", str(out)]) == 2
+    said = one_line(capsys, "sqlrl audit leakage: ")
+    assert f"--out {out} holds a finished leakage audit (leakage.json)" in said
+    assert (out / "leakage.json").read_text() == '{"passed": true}' and sorted(
+        p.name for p in out.iterdir()
+    ) == ["leakage.json"]

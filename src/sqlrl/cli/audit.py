@@ -116,6 +116,11 @@ def leakage_main(argv: list[str]) -> int:
         check_budget_args(a)
         tasks = select_tasks(open_data(resolve_data_root(a.data)).load(a.split), a.limit, a.seed)
         check_out_folder(a.out, "audit leakage", "a leakage audit")
+        if (Path(a.out) / "leakage.json").is_file():
+            raise ValueError(
+                f"--out {a.out} holds a finished leakage audit (leakage.json), which a rerun would replace; "
+                "choose a new --out folder"
+            )
     except (ValueError, FileNotFoundError) as e:
         print(f"sqlrl audit leakage: {e}", file=sys.stderr)
         return 2
