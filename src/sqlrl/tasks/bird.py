@@ -23,13 +23,20 @@ sorted folder order.
 from __future__ import annotations
 
 import csv
-import json
 import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from sqlrl.tasks.data import DATA_ARG, DataError, SpiderData, _Example, check_example, embedded_root
+from sqlrl.tasks.data import (
+    DATA_ARG,
+    DataError,
+    SpiderData,
+    _Example,
+    check_example,
+    embedded_root,
+    read_data_json,
+)
 
 __all__ = [
     "BIRD_DIFFICULTIES",
@@ -228,15 +235,7 @@ class BirdData(SpiderData):
         if hit is not None:
             return hit
         path = self._split_file(stem)
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise DataError(f"{path} is not valid UTF-8 JSON ({e}); re-download or fix the file") from e
-        except RecursionError:
-            raise DataError(
-                f"{path} is malformed: its JSON is nested too deeply to read; re-download or fix the file"
-            ) from None
-        out = self._parse(path, raw)
+        out = self._parse(path, read_data_json(path))
         with self._lock:
             self._examples[stem] = out
         return out

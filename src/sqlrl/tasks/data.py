@@ -121,6 +121,19 @@ _HASH_CACHE: dict[tuple[str, int, int], str] = {}
 _HASH_LOCK = threading.Lock()
 
 
+def read_data_json(path: Path):
+    """A data folder's JSON file, parsed; DataError (one line, naming the file) when it is not UTF-8 JSON
+    or is nested too deeply to read."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path} is not valid UTF-8 JSON ({e}); re-download or fix the file") from e
+    except RecursionError:
+        raise DataError(
+            f"{path} is malformed: its JSON is nested too deeply to read; re-download or fix the file"
+        ) from None
+
+
 def file_sha256(path: str | os.PathLike) -> str:
     """sha256 hex of a file's bytes, cached in-process per (real path, mtime_ns, size). OSError for a path
     that is not a regular file (a FIFO or a device would block or never end)."""
@@ -392,14 +405,7 @@ class SpiderData:
             raise DataError(
                 f"no split {stem!r} in {self.root} (no {stem}.json); available: {self._available()}"
             )
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise DataError(f"{path} is not valid UTF-8 JSON ({e}); re-download or fix the file") from e
-        except RecursionError:
-            raise DataError(
-                f"{path} is malformed: its JSON is nested too deeply to read; re-download or fix the file"
-            ) from None
+        raw = read_data_json(path)
         if not isinstance(raw, list):
             raise DataError(
                 f"{path} must hold a JSON list of examples, found {type(raw).__name__}; each example is "
