@@ -562,7 +562,6 @@ def _validate_sizes(cfg: Config, need) -> None:
     for key, value in [
         ("agent.observation_rows", a.observation_rows),
         ("agent.observation_chars", a.observation_chars),
-        ("agent.max_sql_executions", a.max_sql_executions),
         ("run.log_rollouts", r.log_rollouts),
         ("grpo.weight_decay", g.weight_decay),
     ]:
