@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlrl.evidence.provenance import eval_identity
-from sqlrl.evidence.rundir import Experiment
+from sqlrl.evidence.rundir import Arm, Experiment
 
 PREFIX = "the Base evaluations differ between folders"
 
@@ -71,17 +71,26 @@ def device_problems(exp: Experiment) -> list[str]:
     return out
 
 
+def eval_device_problem(exp: Experiment, sft: Arm, rl: Arm) -> str | None:
+    """Why the RL-over-SFT line may not compare `rl` with `sft`: evaluated on two devices (None if one)."""
+    a, b = device_key(exp.eval_run(sft.name)), device_key(exp.eval_run(rl.name))
+    return (
+        None if a == b else f"'{rl.name}' was evaluated on {b}, '{sft.name}' on {a}: answers of two devices"
+    )
+
+
 def base_check(exps: list[Experiment], base_arms: list[str | None]) -> dict[str, Any]:
     """`identical` (every folder's Base gave the same final SQL and status on every task; None when a
     folder has no Base arm), `devices` (per folder), `problems` and `notes` by the rule above."""
     if not exps or not all(base_arms):
         return {"identical": None, "devices": [], "problems": [], "notes": []}
-    answers, keys, idents = [], [], []
+    answers, keys, complete, idents = [], [], [], []
     for e, arm in zip(exps, base_arms):
         rows = e.results(arm) or []
         answers.append({str(r.get("task_id")): (r.get("final_sql"), r.get("status")) for r in rows})
         run = e.eval_run(arm)
         keys.append(device_key(run))
+        complete.append(_machine(run) is not None)
         idents.append(eval_identity(e, arm))
     identical = all(a == answers[0] for a in answers[1:])
     groups: dict[str, list[int]] = {}
@@ -102,7 +111,7 @@ def base_check(exps: list[Experiment], base_arms: list[str | None]) -> dict[str,
             f"{keys[idx[0]]}: {', '.join(str(exps[i].dir) for i in idx)}" for idx in groups.values()
         )
         why = []
-        if any(_machine(e.eval_run(a)) is None for e, a in zip(exps, base_arms)):
+        if not all(complete):
             why.append("a Base evaluation records no complete machine (accelerator, torch, cuda)")
         if None in idents or len(set(idents)) > 1:
             why.append(

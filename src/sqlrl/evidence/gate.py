@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlrl.evidence.devices import device_key, device_problems
+from sqlrl.evidence.devices import device_problems, eval_device_problem
 from sqlrl.evidence.provenance import (
     exclusion_problems,
     identity_problems,
@@ -478,11 +478,6 @@ check_exclusions = _problems_check(
 check_devices = _problems_check("devices", device_problems, "GRPO arms and controls evaluated on one device")
 
 
-def _eval_device_problem(exp: Experiment, s: Arm, g: Arm) -> str | None:
-    a, b = device_key(exp.eval_run(s.name)), device_key(exp.eval_run(g.name))
-    return None if a == b else f"'{g.name}' was evaluated on {b}, '{s.name}' on {a}: answers of two devices"
-
-
 def check_sft_control(exp: Experiment) -> Check:
     """The SFT-only control behind a claim that RL adds value over supervised fine-tuning (not in
     `CHECKS`: it decides `Verdict.rl_over_sft_allowed`, not `claim_allowed`). The control must train at
@@ -534,7 +529,7 @@ def check_sft_control(exp: Experiment) -> Check:
             elif (
                 line := branch_problem(exp, g)
                 or device_problem(exp, s, g, parts)
-                or _eval_device_problem(exp, s, g)
+                or eval_device_problem(exp, s, g)
                 or time_problem(exp, s, g, ts, parts)
             ) is not None:
                 problems.append(line)
