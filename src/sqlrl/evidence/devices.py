@@ -2,7 +2,7 @@
 
 Greedy decoding of the same weights gives the same answers on one GPU model and software stack, but not
 bitwise across GPU models (measured: the final config's Base on an H100 and on an H200, one weights hash,
-differs in 22 of 759 tasks' final SQL, 4 in status, 48.1 % on both; results/2026-12-07-spider-0.5b-gpu-
+differs in 22 of 759 tasks' final SQL or status, 48.1 % on both; results/2026-12-07-spider-0.5b-gpu-
 final-seed0 and -seed1). The device is the eval run.json `machine`: accelerator (trimmed, case-folded;
 "cpu" without one), torch and CUDA versions; "unrecorded" without a record (`device_key`).
 - The gate (`device_problems`): every GRPO arm and its cell's Base, No-update and validity evaluated on one
